@@ -1,0 +1,1 @@
+"""Clients of the outside systems: Kafka, Redis (cache) and Milvus (vector store)."""

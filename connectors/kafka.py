@@ -1,0 +1,132 @@
+"""Kafka client factories, topic creation, and confirmed delivery.
+
+Every client gets its librdkafka properties from :meth:`Settings.kafka_common`, so security
+settings passed through ``EMBEDSTREAM_KAFKA__*`` reach all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from connectors.exceptions import ConfigError, TransientError
+from worker.settings import Settings
+
+
+def make_consumer(settings: Settings, **overrides: object) -> Consumer:
+    """A group consumer that commits only what the worker stores (at-least-once)."""
+    conf: dict[str, object] = {
+        "group.id": settings.group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": True,
+        "partition.assignment.strategy": "cooperative-sticky",
+        # Bound what librdkafka buffers ahead of the worker (bounded memory).
+        "queued.max.messages.kbytes": 65536,
+        "fetch.max.bytes": 52_428_800,
+    }
+    if settings.group_instance_id:
+        conf["group.instance.id"] = settings.group_instance_id
+    conf.update(settings.kafka_common())
+    conf.update(overrides)
+    return Consumer(conf)
+
+
+#: Consumer-only librdkafka properties, kept out of producers (librdkafka warns about each one).
+CONSUMER_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms", "group.",
+                 "partition.assignment.strategy", "auto.offset.reset", "isolation.level", "enable.auto.",
+                 "auto.commit.", "fetch.", "queued.", "enable.partition.eof", "check.crcs")
+
+
+def _for_producer(conf: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in conf.items() if not k.startswith(CONSUMER_ONLY)}
+
+
+def make_producer(settings: Settings, **overrides: object) -> Producer:
+    """An idempotent producer tuned for throughput; delivery is confirmed by :class:`DeliveryBatch`."""
+    conf: dict[str, object] = {
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "compression.type": "lz4",
+        "message.timeout.ms": int(settings.kafka_timeout_seconds * 1000),
+    }
+    conf.update(_for_producer(settings.kafka_common()))
+    conf.update(overrides)
+    return Producer(conf)
+
+
+def make_admin(settings: Settings) -> AdminClient:
+    return AdminClient(_for_producer(settings.kafka_common()))
+
+
+def check_broker(settings: Settings, timeout: float = 10.0) -> None:
+    """Raise :class:`ConfigError` when no broker answers at the bootstrap servers within ``timeout``."""
+    admin = make_admin(settings)
+    try:
+        admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise ConfigError(
+            f"no Kafka broker answered at {settings.kafka_bootstrap_servers!r} within {timeout:.0f}s "
+            f"({exc.args[0].str() if exc.args else exc}). Check EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS; "
+            "for the local stack run `embedstream dev up` and export what it prints."
+        ) from None
+
+
+def create_topics(admin: AdminClient, topics: Iterable[str], partitions: int, timeout: float = 15.0) -> None:
+    """Create ``topics`` with ``partitions`` partitions; topics that already exist are left alone."""
+    futures = admin.create_topics(
+        [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    for topic, fut in futures.items():
+        try:
+            fut.result(timeout=timeout)
+        except KafkaException as exc:
+            if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            raise RuntimeError(f"could not create topic {topic!r}: {exc}") from None
+
+
+class DeliveryBatch:
+    """Produce a group of records and wait until the broker acknowledged every one.
+
+    ``produce`` never blocks for long (it polls the producer when its queue is full); ``confirm``
+    flushes with a deadline and raises :class:`TransientError` if any record was not acknowledged,
+    so the caller retries the whole group instead of committing.
+    """
+
+    def __init__(self, producer: Producer, timeout: float) -> None:
+        self._producer = producer
+        self._timeout = timeout
+        self._pending = 0
+        self._errors: list[str] = []
+
+    def _on_delivery(self, err, _msg) -> None:
+        self._pending -= 1
+        if err is not None:
+            self._errors.append(str(err))
+
+    def produce(self, topic: str, key: bytes | str | None, value: bytes | None, headers=None) -> None:
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=self._on_delivery)
+                self._pending += 1
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise TransientError("kafka", "producer queue stayed full (broker not accepting)") from None
+                self._producer.poll(0.05)
+
+    def confirm(self) -> None:
+        remaining = self._producer.flush(self._timeout)
+        if remaining or self._pending > 0:
+            raise TransientError("kafka", f"{max(remaining, self._pending)} records not acknowledged in time")
+        if self._errors:
+            raise TransientError("kafka", f"{len(self._errors)} deliveries failed, first: {self._errors[0]}")

@@ -1,0 +1,196 @@
+"""Encode and decode the records of the input and output topics.
+
+Both topics carry *schemaless* Avro (no registry framing): the writer and the reader share the
+schema files beside this module, parsed once at import. The input topic also accepts a JSON object
+with the same fields (a value whose first byte is ``{``), and a null value is a tombstone.
+
+Everything that cannot be turned into a :class:`Document` raises :class:`DecodeError`, whose
+``reason`` is one of the dead-letter reasons of the contract, so the worker can dead-letter the
+record without guessing.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import fastavro
+
+SCHEMA_DIR = Path(__file__).resolve().parent
+
+DOCUMENT_SCHEMA = fastavro.parse_schema(json.loads((SCHEMA_DIR / "document.avsc").read_text()))
+EMBEDDING_SCHEMA = fastavro.parse_schema(json.loads((SCHEMA_DIR / "embedding.avsc").read_text()))
+
+
+class DecodeError(ValueError):
+    """A record that can never be decoded. ``reason`` is a dead-letter reason of the contract
+    (``decode_error`` or ``invalid_utf8``); ``str(err)`` says what was wrong."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One document of the input topic. ``event_time`` is epoch milliseconds or None."""
+
+    id: str
+    text: str
+    model: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    event_time: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstone:
+    """A key with a null value: delete ``id`` downstream."""
+
+    id: str
+
+
+def _ms(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return int(value.timestamp() * 1000)
+    return int(value)
+
+
+def encode_document(doc: Document) -> bytes:
+    """Avro bytes of ``doc`` (schemaless, ``schemas/document.avsc``)."""
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(
+        buf,
+        DOCUMENT_SCHEMA,
+        {
+            "id": doc.id,
+            "text": doc.text,
+            "model": doc.model,
+            "metadata": doc.metadata,
+            "event_time": doc.event_time,
+        },
+    )
+    return buf.getvalue()
+
+
+def _key_text(key: bytes | None) -> str | None:
+    if key is None:
+        return None
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeError("invalid_utf8", f"record key is not valid UTF-8: {exc}") from None
+
+
+def _metadata(raw: Any) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise DecodeError("decode_error", f"'metadata' must be an object, got {type(raw).__name__}")
+    out: dict[str, str] = {}
+    for k, v in raw.items():
+        # JSON producers send numbers and booleans; keep them as their JSON text, as the schema
+        # (map<string>) asks for strings.
+        out[str(k)] = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+    return out
+
+
+def document_from_json(value: bytes, key: str | None) -> Document:
+    """A :class:`Document` from JSON bytes (``key`` fills a missing id). Raises :class:`DecodeError`."""
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeError("invalid_utf8", f"JSON value is not valid UTF-8: {exc}") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DecodeError("decode_error", f"value is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise DecodeError("decode_error", f"JSON value must be an object, got {type(obj).__name__}")
+    doc_id = obj.get("id", key)
+    if doc_id is None or doc_id == "":
+        doc_id = key
+    if not isinstance(doc_id, str) or not doc_id:
+        raise DecodeError("decode_error", "JSON document has no string 'id' and the record has no key")
+    body = obj.get("text")
+    if not isinstance(body, str):
+        raise DecodeError("decode_error", f"'text' must be a string, got {type(body).__name__}")
+    model = obj.get("model")
+    if model is not None and not isinstance(model, str):
+        raise DecodeError("decode_error", f"'model' must be a string or null, got {type(model).__name__}")
+    event_time = obj.get("event_time")
+    if event_time is not None and (isinstance(event_time, bool) or not isinstance(event_time, int)):
+        raise DecodeError("decode_error", "'event_time' must be epoch milliseconds (an integer) or null")
+    return Document(doc_id, body, model, _metadata(obj.get("metadata")), event_time)
+
+
+def _from_avro(value: bytes, key: str | None) -> Document:
+    buf = io.BytesIO(value)
+    try:
+        rec = fastavro.schemaless_reader(buf, DOCUMENT_SCHEMA)
+    except UnicodeDecodeError as exc:
+        raise DecodeError("invalid_utf8", f"Avro string is not valid UTF-8: {exc}") from None
+    except (EOFError, StopIteration):
+        raise DecodeError("decode_error", "Avro value is truncated (ended before the record did)") from None
+    except Exception as exc:  # fastavro raises many types on garbage (IndexError, ValueError, ...)
+        raise DecodeError("decode_error", f"value is not a document.avsc record: {exc!r}") from None
+    if buf.tell() != len(value):
+        raise DecodeError(
+            "decode_error",
+            f"value has {len(value) - buf.tell()} trailing bytes after the Avro record (wrong schema?)",
+        )
+    doc_id = rec["id"] or key
+    if not doc_id:
+        raise DecodeError("decode_error", "document has an empty 'id' and the record has no key")
+    return Document(doc_id, rec["text"], rec["model"], dict(rec["metadata"] or {}), _ms(rec["event_time"]))
+
+
+def decode_document(key: bytes | None, value: bytes | None) -> Document | Tombstone:
+    """Decode one input record.
+
+    Returns a :class:`Tombstone` for a null value, else a :class:`Document` (from JSON when the
+    value starts with ``{``, from Avro otherwise). Raises :class:`DecodeError` when the record can
+    never be decoded. Never raises anything else for any input bytes.
+    """
+    key_text = _key_text(key)
+    if value is None:
+        if not key_text:
+            raise DecodeError("decode_error", "tombstone (null value) without a key: nothing to delete")
+        return Tombstone(key_text)
+    if value[:1] == b"{":
+        return document_from_json(value, key_text)
+    return _from_avro(value, key_text)
+
+
+def encode_embedding(record: dict[str, Any]) -> bytes:
+    """Avro bytes of an output record (a dict with the fields of ``schemas/embedding.avsc``)."""
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, EMBEDDING_SCHEMA, record)
+    return buf.getvalue()
+
+
+def decode_embedding(value: bytes) -> dict[str, Any]:
+    """Decode an output record; ``embedded_at`` comes back as epoch milliseconds.
+
+    Raises :class:`DecodeError` on bytes that are not an ``embedding.avsc`` record."""
+    buf = io.BytesIO(value)
+    try:
+        rec = fastavro.schemaless_reader(buf, EMBEDDING_SCHEMA)
+    except UnicodeDecodeError as exc:
+        raise DecodeError("invalid_utf8", f"Avro string is not valid UTF-8: {exc}") from None
+    except (EOFError, StopIteration):
+        raise DecodeError("decode_error", "Avro value is truncated") from None
+    except Exception as exc:
+        raise DecodeError("decode_error", f"value is not an embedding.avsc record: {exc!r}") from None
+    if buf.tell() != len(value):
+        raise DecodeError("decode_error", f"{len(value) - buf.tell()} trailing bytes after the record")
+    rec["embedded_at"] = _ms(rec["embedded_at"])
+    return rec

@@ -1,0 +1,30 @@
+"""Fixtures: the real local stack, started once per session through the code of `embedstream dev up`."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    """Broker, Redis and Milvus on free ports; yields the KEY=VALUE env of `dev up`; stops them after."""
+    from worker.dev import LocalStack
+
+    local = LocalStack(tmp_path_factory.mktemp("stack"))
+    env, started = local.up(partitions=6)
+    assert started
+    yield env
+    local.down()
+
+
+@pytest.fixture(scope="session")
+def model():
+    """The real model (packaged all-MiniLM-L6-v2) at the worker's default precision, loaded once."""
+    from worker.embedding.sentence import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder()

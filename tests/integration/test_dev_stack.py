@@ -1,0 +1,76 @@
+"""`embedstream dev`: one stack however often `up` runs, ports freed by `down`, clear start-up errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from tests.helpers import run_cli
+from worker.dev import LocalStack
+
+pytestmark = pytest.mark.integration
+
+
+def _env():
+    return {k: v for k, v in os.environ.items() if not k.startswith("EMBEDSTREAM_")}
+
+
+def _parse(stdout: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in stdout.strip().splitlines())
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def test_up_twice_is_one_stack_and_down_frees_ports(tmp_path):
+    state = str(tmp_path / "st")
+    first = run_cli(["dev", "up", "--state-dir", state, "--partitions", "2"], _env(), timeout=120)
+    assert first.returncode == 0, first.stderr
+    env = _parse(first.stdout)
+    assert set(env) >= {"EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS", "EMBEDSTREAM_REDIS_URL", "EMBEDSTREAM_MILVUS_URI"}
+    pids = {n: p["pid"] for n, p in LocalStack(state).status().items()}
+    try:
+        second = run_cli(["dev", "up", "--state-dir", state], _env(), timeout=120)
+        assert second.returncode == 0, second.stderr
+        assert "already running" in second.stderr
+        assert _parse(second.stdout) == env
+        assert {n: p["pid"] for n, p in LocalStack(state).status().items()} == pids
+        status = run_cli(["dev", "status", "--state-dir", state], _env())
+        assert status.returncode == 0 and status.stdout.count("running") == 3
+        assert _parse(run_cli(["dev", "env", "--state-dir", state], _env()).stdout) == env
+    finally:
+        down = run_cli(["dev", "down", "--state-dir", state], _env())
+    assert down.returncode == 0
+    ports = [int(v.rsplit(":", 1)[1].split("/")[0]) for k, v in env.items()
+             if k in ("EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS", "EMBEDSTREAM_REDIS_URL", "EMBEDSTREAM_MILVUS_URI")]
+    assert all(_port_free(p) for p in ports)
+    for pid in pids.values():
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    assert run_cli(["dev", "status", "--state-dir", state], _env()).returncode == 1
+
+
+def test_a_part_that_cannot_start_is_named(tmp_path):
+    env = _env()
+    env["CALF_TANSU_BIN"] = "/bin/false"  # the broker binary exits at once
+    res = run_cli(["dev", "up", "--state-dir", str(tmp_path / "st")], env, timeout=120)
+    assert res.returncode != 0
+    assert "broker" in res.stderr and "log" in res.stderr
+    assert LocalStack(tmp_path / "st").status() == {}  # the parts that did start were stopped
+
+
+def test_busy_port_is_refused_with_its_name(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        res = run_cli(["dev", "up", "--state-dir", str(tmp_path / "st"), "--redis-port", str(busy)], _env())
+    assert res.returncode != 0
+    assert "redis" in res.stderr and str(busy) in res.stderr

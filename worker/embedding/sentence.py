@@ -1,0 +1,159 @@
+"""sentence-transformers models, with the precision chosen for the device.
+
+Precision ``auto``: fp16 on CUDA; bf16 on a CPU with avx512_bf16 or AMX (about 4x fp32 there, with
+cosine ≥ 0.998 to fp32); fp32 otherwise (fp16 on a CPU is slower than fp32). Whatever the
+precision, the pooled output is cast to float32 *before* it is normalised: normalising in bf16
+leaves norms off by up to ~0.4 %.
+
+Texts are run in sub-batches cut from the length-sorted list by a token budget, so short texts are
+not padded to the longest one of the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from connectors.exceptions import ConfigError
+from worker.embedding.base import Embedder, resolve_model_path
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def cpu_has_bf16() -> bool:
+    """True when the CPU advertises avx512_bf16 or AMX (Linux ``/proc/cpuinfo`` flags)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def pick_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("EMBEDSTREAM_DEVICE=cuda but torch sees no CUDA device: use auto or cpu")
+    return device
+
+
+def pick_precision(precision: str, device: str) -> str:
+    """The precision ``auto`` resolves to on ``device``; explicit choices are returned unchanged."""
+    if precision != "auto":
+        return precision
+    if device == "cuda":
+        return "fp16"
+    return "bf16" if cpu_has_bf16() else "fp32"
+
+
+def split_by_budget(lengths: list[int], max_texts: int, max_tokens: int) -> list[list[int]]:
+    """Indices of ``lengths`` sorted by length, cut into groups of at most ``max_texts`` texts whose
+    padded cost (count × longest) stays within ``max_tokens``. A text alone over the budget still
+    gets a group of its own."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = lengths[i]  # sorted ascending: the newcomer is the longest
+        if current and (len(current) >= max_texts or (len(current) + 1) * longest > max_tokens):
+            groups.append(current)
+            current = []
+        current.append(i)
+    if current:
+        groups.append(current)
+    return groups
+
+
+class SentenceTransformerEmbedder(Embedder):
+    """A sentence-transformers model on CPU or CUDA at the chosen precision."""
+
+    def __init__(self, model: str | None = None, precision: str = "auto", device: str = "auto",
+                 sub_batch_size: int = 64, sub_batch_tokens: int = 8192) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        self.model_id, path = resolve_model_path(model)
+        self.device = pick_device(device)
+        self.precision = pick_precision(precision, self.device)
+        if self.precision == "fp16" and self.device == "cpu":
+            log.warning("fp16 on a CPU is slower than fp32 here; consider EMBEDSTREAM_PRECISION=auto")
+        try:
+            self._model = SentenceTransformer(
+                str(path), device=self.device, model_kwargs={"torch_dtype": getattr(torch, _DTYPES[self.precision])}
+            )
+        except Exception as exc:
+            raise ConfigError(
+                f"could not load model {self.model_id!r} from {path!r}: {exc}. Check EMBEDSTREAM_MODEL."
+            ) from None
+        self._model.eval()
+        self._torch = torch
+        self._tokenizer = self._model.tokenizer
+        self.max_seq_length = int(self._model.max_seq_length or 512)
+        getdim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        self.dim = int(getdim())
+        from sentence_transformers.models import Normalize
+
+        # Run the modules ourselves, minus Normalize: we normalise in float32 (see module doc).
+        self._modules = [m for m in self._model if not isinstance(m, Normalize)]
+        self.sub_batch_size = sub_batch_size
+        self.sub_batch_tokens = sub_batch_tokens
+        self.texts_embedded = 0
+        self.tokens_real = 0
+        self.tokens_padded = 0
+        log.info("model %s loaded: dim=%d precision=%s device=%s", self.model_id, self.dim, self.precision,
+                 self.device)
+
+    # -- the three phases -------------------------------------------------------------------
+    def token_lengths(self, texts: list[str]) -> list[int]:
+        if not texts:
+            return []
+        enc = self._tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self.max_seq_length,
+                              return_attention_mask=False, return_token_type_ids=False)
+        return [len(ids) for ids in enc["input_ids"]]
+
+    def tokenize(self, texts: list[str]) -> dict:
+        """Padded model inputs for ``texts`` (on the model's device)."""
+        features = self._tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_length,
+                                   return_tensors="pt")
+        mask = features["attention_mask"]
+        self.tokens_real += int(mask.sum())
+        self.tokens_padded += int(mask.numel())
+        return {k: v.to(self.device) for k, v in features.items()}
+
+    def run(self, features: dict):
+        """Forward pass → pooled embeddings (a tensor in the model's dtype)."""
+        with self._torch.inference_mode():
+            for module in self._modules:
+                features = module(features)
+            return features["sentence_embedding"]
+
+    def normalise(self, pooled) -> np.ndarray:
+        """Cast to float32, then L2-normalise (in that order: see the module doc)."""
+        emb = pooled.float()
+        emb = self._torch.nn.functional.normalize(emb, p=2, dim=1)
+        return emb.cpu().numpy()
+
+    # -- the whole ---------------------------------------------------------------------------
+    def embed(self, texts: list[str]) -> np.ndarray:
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        lengths = self.token_lengths(texts)
+        for group in split_by_budget(lengths, self.sub_batch_size, self.sub_batch_tokens):
+            out[group] = self.normalise(self.run(self.tokenize([texts[i] for i in group])))
+        self.texts_embedded += len(texts)
+        return out
+
+    def encode_reference(self, texts: list[str]) -> np.ndarray:
+        """sentence-transformers' own ``encode`` on the same model (the tests' and bench's yardstick)."""
+        return np.asarray(self._model.encode(texts, convert_to_numpy=True, normalize_embeddings=True),
+                          dtype=np.float32)

@@ -1,0 +1,148 @@
+"""``embedstream produce``: documents from a file into the input topic.
+
+Formats (by extension, or ``--format``): JSONL (``{"id", "text", "metadata", "model",
+"event_time"}`` per line), CSV (``id`` and ``text`` columns, every other column → metadata) and
+plain text (one document a line; the id is a stable hash of the text).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from connectors.kafka import DeliveryBatch, make_producer
+from schemas.codec import DecodeError, Document, document_from_json, encode_document
+from worker.settings import Settings
+
+FORMATS = ("jsonl", "csv", "text")
+
+
+class BadLine(ValueError):
+    """A line of the input file that is not a document; ``line`` is 1-based."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(f"line {line}: {message}")
+        self.line = line
+
+
+def detect_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return "jsonl"
+    if suffix == ".csv":
+        return "csv"
+    return "text"
+
+
+def text_id(text: str) -> str:
+    """The stable id of a plain-text document: 20 hex digits of the sha256 of its text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:20]
+
+
+def _jsonl(path: Path) -> Iterator[tuple[int, Document | BadLine]]:
+    with path.open("rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            raw = raw.strip()
+            if not raw:
+                continue
+            try:
+                yield n, document_from_json(raw, None)
+            except DecodeError as exc:
+                yield n, BadLine(n, exc.message)
+
+
+def _csv(path: Path) -> Iterator[tuple[int, Document | BadLine]]:
+    with path.open(newline="", encoding="utf-8", errors="strict") as fh:
+        reader = csv.DictReader(fh)
+        if not reader.fieldnames or "text" not in reader.fieldnames:
+            raise BadLine(1, f"CSV header must have a 'text' column (and usually 'id'); got {reader.fieldnames}")
+        for row in reader:
+            n = reader.line_num
+            if None in row:
+                yield n, BadLine(n, "more fields than the header has")
+                continue
+            text = row.pop("text")
+            if text is None:
+                yield n, BadLine(n, "fewer fields than the header has")
+                continue
+            doc_id = row.pop("id", None) or text_id(text)
+            yield n, Document(doc_id, text, None, {k: v or "" for k, v in row.items()})
+
+
+def _text(path: Path) -> Iterator[tuple[int, Document | BadLine]]:
+    with path.open("rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            try:
+                text = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                yield n, BadLine(n, f"not valid UTF-8: {exc}")
+                continue
+            if text.strip():
+                yield n, Document(text_id(text), text)
+
+
+def read_documents(path: Path, fmt: str | None = None) -> Iterator[tuple[int, Document | BadLine]]:
+    """Yield ``(line number, Document or BadLine)`` for each document-bearing line of ``path``."""
+    fmt = fmt or detect_format(path)
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+    return {"jsonl": _jsonl, "csv": _csv, "text": _text}[fmt](path)
+
+
+@dataclass
+class ProduceResult:
+    produced: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+
+
+def produce_documents(settings: Settings, docs: Iterator[tuple[int, Document | BadLine]], *,
+                      rate: float | None = None, skip_bad: bool = False,
+                      on_progress: Callable[[int], None] = lambda _n: None) -> ProduceResult:
+    """Produce ``docs`` to the input topic, keyed by id, and wait until every one is acknowledged.
+
+    ``rate`` (docs/s) paces an open-loop stream. A :class:`BadLine` raises unless ``skip_bad``.
+    Raises ``connectors.exceptions.TransientError`` when the broker does not acknowledge in time.
+    """
+    producer = make_producer(settings)
+    delivery = DeliveryBatch(producer, settings.kafka_timeout_seconds)
+    result = ProduceResult()
+    start = time.monotonic()
+    for _line, doc in docs:
+        if isinstance(doc, BadLine):
+            if not skip_bad:
+                raise doc
+            result.skipped += 1
+            continue
+        if rate:
+            wait = start + result.produced / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        if doc.event_time is None:
+            doc = Document(doc.id, doc.text, doc.model, doc.metadata, int(time.time() * 1000))
+        delivery.produce(settings.input_topic, doc.id.encode("utf-8"), encode_document(doc))
+        result.produced += 1
+        producer.poll(0)
+        if result.produced % 256 == 0:
+            on_progress(result.produced)
+    delivery.confirm()
+    on_progress(result.produced)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def count_lines(path: Path) -> int:
+    with path.open("rb") as fh:
+        return sum(1 for _ in fh)
+
+
+def write_jsonl(path: Path, docs: list[Document]) -> None:
+    """Write ``docs`` as JSONL that ``produce`` reads back (used by the demo and the tests)."""
+    with path.open("w", encoding="utf-8") as fh:
+        for d in docs:
+            fh.write(json.dumps({"id": d.id, "text": d.text, "metadata": d.metadata}, ensure_ascii=False) + "\n")

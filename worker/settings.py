@@ -1,0 +1,126 @@
+"""The worker's settings: one typed object, validated once at start-up.
+
+Values come from ``EMBEDSTREAM_*`` environment variables, overridden by command-line flags of the
+same name (the CLI is the only place that reads the environment). Any librdkafka property passes
+through as ``EMBEDSTREAM_KAFKA__<property with dots as _>``; :func:`kafka_passthrough` collects
+those, and :meth:`Settings.kafka_common` builds the librdkafka dict in this one place.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+KAFKA_PREFIX = "EMBEDSTREAM_KAFKA__"
+#: librdkafka properties whose values are never logged.
+SECRET_KAFKA_KEYS = ("sasl.password", "sasl.oauthbearer.client.secret", "ssl.key.password", "ssl.key.pem")
+
+
+def kafka_passthrough(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """librdkafka properties given as ``EMBEDSTREAM_KAFKA__SASL_MECHANISM=...`` → ``{"sasl.mechanism": ...}``."""
+    environ = os.environ if environ is None else environ
+    return {
+        key[len(KAFKA_PREFIX) :].lower().replace("_", "."): value
+        for key, value in environ.items()
+        if key.startswith(KAFKA_PREFIX) and len(key) > len(KAFKA_PREFIX)
+    }
+
+
+class Settings(BaseSettings):
+    """Everything the worker and the CLI commands need, with the contract's names and defaults."""
+
+    model_config = SettingsConfigDict(env_prefix="EMBEDSTREAM_", extra="ignore", validate_default=True)
+
+    # Kafka
+    kafka_bootstrap_servers: str | None = Field(None, description="host:port[,host:port] of the brokers")
+    input_topic: str = "documents"
+    output_topic: str = "embeddings"
+    dlq_topic: str = "documents.dlq"
+    group_id: str = "embedstream"
+    group_instance_id: str | None = Field(None, description="static membership id (e.g. the pod name)")
+    kafka: dict[str, str] = Field(default_factory=dict, description="librdkafka passthrough properties")
+    kafka_timeout_seconds: float = Field(30.0, gt=0, description="deadline for delivery confirmation")
+
+    # Model
+    model: str | None = Field(None, description="path or name of a sentence-transformers model")
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    # Batching
+    max_batch_size: int = Field(64, ge=1, le=100_000)
+    max_batch_tokens: int = Field(16_384, ge=16)
+    max_batch_wait_ms: int = Field(100, ge=0)
+    max_inflight_batches: int = Field(4, ge=1, description="batches queued or running before partitions pause")
+    max_text_bytes: int = Field(
+        1_000_000, ge=16, description="hard limit on a record's value; larger records are dead-lettered"
+    )
+
+    # Cache
+    redis_url: SecretStr | None = None
+    cache_ttl_seconds: int = Field(7 * 24 * 3600, ge=1)
+    redis_timeout_ms: int = Field(150, ge=1)
+
+    # Milvus
+    milvus_uri: str | None = None
+    milvus_token: SecretStr | None = None
+    milvus_collection: str = "embeddings"
+    milvus_timeout_seconds: float = Field(10.0, gt=0)
+
+    # Operations
+    metrics_port: int = Field(9400, ge=0, le=65535, description="0 disables the metrics server")
+    shutdown_grace_seconds: float = Field(30.0, gt=0)
+    retry_backoff_max_seconds: float = Field(10.0, gt=0)
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
+
+    @field_validator("kafka_bootstrap_servers", "redis_url", "milvus_uri", "model", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, v):
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @model_validator(mode="after")
+    def _topics_differ(self) -> Settings:
+        if len({self.input_topic, self.output_topic, self.dlq_topic}) != 3:
+            raise ValueError(
+                "EMBEDSTREAM_INPUT_TOPIC, EMBEDSTREAM_OUTPUT_TOPIC and EMBEDSTREAM_DLQ_TOPIC must be "
+                f"three different topics (got {self.input_topic!r}, {self.output_topic!r}, {self.dlq_topic!r})"
+            )
+        if self.max_batch_tokens < 16:
+            raise ValueError("EMBEDSTREAM_MAX_BATCH_TOKENS must be at least 16")
+        return self
+
+    def require(self, *names: str) -> None:
+        """Raise ``ValueError`` naming the environment variable of each setting in ``names`` that is unset."""
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            envs = ", ".join(f"EMBEDSTREAM_{n.upper()} (or --{n.replace('_', '-')})" for n in missing)
+            raise ValueError(f"missing setting: {envs}. `embedstream dev env` prints values for the local stack.")
+
+    def kafka_common(self) -> dict[str, str]:
+        """librdkafka properties shared by every client: bootstrap servers plus the passthrough."""
+        self.require("kafka_bootstrap_servers")
+        conf = {"bootstrap.servers": self.kafka_bootstrap_servers}
+        conf.update(self.kafka)
+        return conf
+
+    def redacted(self) -> dict[str, object]:
+        """The settings as a dict safe to log: secrets and secret librdkafka properties masked."""
+        out = self.model_dump()
+        for key in ("redis_url", "milvus_token"):
+            if out.get(key) is not None:
+                out[key] = "***"
+        out["kafka"] = {k: ("***" if k in SECRET_KAFKA_KEYS else v) for k, v in self.kafka.items()}
+        return out
+
+
+def load_settings(overrides: Mapping[str, object] | None = None) -> Settings:
+    """Build :class:`Settings` from the environment, then ``overrides`` (flags) where not None.
+
+    Raises ``pydantic.ValidationError`` with the offending names when a value is invalid."""
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    given.setdefault("kafka", kafka_passthrough())
+    return Settings(**given)
