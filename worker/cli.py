@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -193,6 +195,85 @@ def tail(
         raise fail(str(exc)) from None
     except KeyboardInterrupt:
         pass
+
+
+# -- run / search ----------------------------------------------------------------------------
+@app.command()
+def run(
+    stop_when_idle: Annotated[Optional[float], typer.Option(
+        "--stop-when-idle", help="Exit 0 once every assigned partition has been at its end for this many "
+        "seconds (backfill / batch mode)", min=0)] = None,
+    kafka_bootstrap_servers: opt.Bootstrap = None,
+    input_topic: opt.InputTopic = None,
+    output_topic: opt.OutputTopic = None,
+    dlq_topic: opt.DlqTopic = None,
+    group_id: opt.GroupId = None,
+    group_instance_id: opt.GroupInstanceId = None,
+    model: opt.Model = None,
+    precision: opt.Precision = None,
+    device: opt.Device = None,
+    max_batch_size: opt.MaxBatchSize = None,
+    max_batch_tokens: opt.MaxBatchTokens = None,
+    max_batch_wait_ms: opt.MaxBatchWaitMs = None,
+    redis_url: opt.RedisUrl = None,
+    cache_ttl_seconds: opt.CacheTtl = None,
+    milvus_uri: opt.MilvusUri = None,
+    milvus_collection: opt.MilvusCollection = None,
+    metrics_port: opt.MetricsPort = None,
+) -> None:
+    """The worker: consume documents, batch, cache, embed, upsert into Milvus, publish, commit.
+
+    Runs until SIGTERM/SIGINT (finishes in-flight batches, commits, exits 0), or with
+    [bold]--stop-when-idle[/] until the input is drained. Every setting also reads from its
+    EMBEDSTREAM_* variable; any librdkafka property passes as EMBEDSTREAM_KAFKA__<NAME_WITH_UNDERSCORES>.
+    """
+    from worker.runner import build_worker, setup_logging
+
+    s = settings_or_exit(**{k: v for k, v in locals().items() if k != "stop_when_idle"})
+    setup_logging(s)
+    try:
+        worker = build_worker(s)
+    except ConfigError as exc:
+        raise fail(f"{exc}", 2) from None
+    worker.install_signal_handlers()
+    stats = worker.run(stop_when_idle=stop_when_idle)
+    elapsed = time.monotonic() - stats.started
+    err.print(f"done: {stats.embedded} embedded ({stats.cached} from cache), {stats.deleted} deleted, "
+              f"{stats.dead_lettered} dead-lettered, {stats.batches} batches in {elapsed:.1f}s")
+
+
+@app.command()
+def search(
+    text: Annotated[str, typer.Argument(help="The query text")],
+    top_k: Annotated[int, typer.Option("--top-k", "-k", help="How many documents to show", min=1)] = 5,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False,
+    model: opt.Model = None,
+    precision: opt.Precision = None,
+    device: opt.Device = None,
+    milvus_uri: opt.MilvusUri = None,
+    milvus_collection: opt.MilvusCollection = None,
+) -> None:
+    """Embed TEXT with the worker's model and precision; show the nearest documents in Milvus."""
+    from worker.search import search_documents
+
+    s = settings_or_exit(model=model, precision=precision, device=device, milvus_uri=milvus_uri,
+                         milvus_collection=milvus_collection)
+    try:
+        hits = search_documents(s, [text], top_k)[0]
+    except (ConfigError, ValueError, TransientError) as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        print(json.dumps(hits, ensure_ascii=False))
+        return
+    console.print(hits_table(text, hits))
+
+
+def hits_table(query: str, hits: list[dict]) -> Table:
+    table = Table("#", "score", "id", "metadata", title=f"[bold]{query}[/]", title_justify="left")
+    for rank, h in enumerate(hits, 1):
+        meta = ", ".join(f"{k}={v}" for k, v in (h.get("metadata") or {}).items())
+        table.add_row(str(rank), f"{h['score']:.3f}", h["id"], meta[:80])
+    return table
 
 
 def main() -> None:  # pragma: no cover - console entry for `python -m worker`

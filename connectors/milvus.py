@@ -1,0 +1,145 @@
+"""The Milvus collection of the contract: created if missing, checked for dim, upserts and deletes.
+
+Every call carries ``timeout=`` (a frozen server blocks forever without it), and every failure of
+the server or the network becomes :class:`TransientError`, so the worker retries instead of
+dead-lettering.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from connectors.exceptions import ConfigError, TransientError
+
+ID_MAX_LENGTH = 512
+
+
+def _transient(exc: Exception) -> TransientError:
+    return TransientError("milvus", f"{type(exc).__name__}: {exc}")
+
+
+class MilvusStore:
+    """One collection: ``id`` VARCHAR pk, ``vector`` FLOAT_VECTOR(dim), ``model``, ``content_hash``,
+    ``metadata`` JSON, ``updated_at`` INT64 (ms); COSINE metric."""
+
+    def __init__(self, uri: str, collection: str, token: str | None = None, timeout: float = 10.0) -> None:
+        from pymilvus import MilvusClient
+
+        self.collection = collection
+        self.timeout = timeout
+        self.uri = uri
+        try:
+            self._client = MilvusClient(uri=uri, token=token or "", timeout=timeout)
+        except Exception as exc:
+            raise ConfigError(f"cannot reach Milvus at {uri!r}: {exc}. Check EMBEDSTREAM_MILVUS_URI.") from None
+
+    def ensure_collection(self, dim: int) -> None:
+        """Create the collection for ``dim`` if missing; raise :class:`ConfigError` when it exists
+        with another dim (the model changed: use a new EMBEDSTREAM_MILVUS_COLLECTION)."""
+        from pymilvus import DataType, MilvusClient
+
+        c = self._client
+        try:
+            if c.has_collection(self.collection, timeout=self.timeout):
+                have = self.dim()
+                if have != dim:
+                    raise ConfigError(
+                        f"Milvus collection {self.collection!r} holds {have}-dim vectors but the model makes "
+                        f"{dim}-dim ones: set EMBEDSTREAM_MILVUS_COLLECTION to a new collection, or use the "
+                        "model the collection was built with."
+                    )
+                c.load_collection(self.collection, timeout=self.timeout)
+                return
+            schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+            schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=ID_MAX_LENGTH)
+            schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
+            schema.add_field("model", DataType.VARCHAR, max_length=256)
+            schema.add_field("content_hash", DataType.VARCHAR, max_length=64)
+            schema.add_field("metadata", DataType.JSON)
+            schema.add_field("updated_at", DataType.INT64)
+            index = c.prepare_index_params()
+            index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="COSINE")
+            c.create_collection(self.collection, schema=schema, index_params=index, timeout=self.timeout)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"Milvus at {self.uri!r} did not answer ({type(exc).__name__}: {exc}). "
+                              "Check EMBEDSTREAM_MILVUS_URI and EMBEDSTREAM_MILVUS_TOKEN.") from None
+
+    def dim(self) -> int:
+        info = self._client.describe_collection(self.collection, timeout=self.timeout)
+        for f in info["fields"]:
+            if f["name"] == "vector":
+                return int(f["params"]["dim"])
+        raise ConfigError(f"Milvus collection {self.collection!r} has no 'vector' field: not an embedstream "
+                          "collection; set EMBEDSTREAM_MILVUS_COLLECTION to another name.")
+
+    def upsert(self, rows: list[dict[str, Any]]) -> None:
+        """Upsert ``rows`` (already deduplicated by id: real Milvus rejects repeated keys in one call)."""
+        if not rows:
+            return
+        try:
+            self._client.upsert(self.collection, rows, timeout=self.timeout)
+        except Exception as exc:
+            raise _transient(exc) from None
+
+    def delete(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        try:
+            self._client.delete(self.collection, ids=ids, timeout=self.timeout)
+        except Exception as exc:
+            raise _transient(exc) from None
+
+    def query_ids(self, ids: list[str] | None = None, fields: tuple[str, ...] = ("id",)) -> list[dict]:
+        """Rows (Strong consistency) for ``ids``, or every row when ``ids`` is None."""
+        flt = "" if ids is None else "id in [" + ",".join(_quote(i) for i in ids) + "]"
+        out: list[dict] = []
+        try:
+            it = self._client.query_iterator(self.collection, batch_size=1000, filter=flt,
+                                             output_fields=list(fields), consistency_level="Strong",
+                                             timeout=self.timeout)
+            while True:
+                page = it.next()
+                if not page:
+                    it.close()
+                    break
+                out.extend(page)
+        except Exception as exc:
+            raise _transient(exc) from None
+        return out
+
+    def count(self) -> int:
+        try:
+            res = self._client.query(self.collection, filter="", output_fields=["count(*)"],
+                                     consistency_level="Strong", timeout=self.timeout)
+        except Exception as exc:
+            raise _transient(exc) from None
+        return int(res[0]["count(*)"])
+
+    def search(self, vector, limit: int = 5) -> list[dict]:
+        try:
+            hits = self._client.search(self.collection, data=[vector], limit=limit,
+                                       output_fields=["id", "metadata", "model"],
+                                       search_params={"metric_type": "COSINE"}, timeout=self.timeout)
+        except Exception as exc:
+            raise _transient(exc) from None
+        return [{"id": h["id"], "score": float(h["distance"]), **h.get("entity", {})} for h in hits[0]]
+
+    def drop(self) -> None:
+        self._client.drop_collection(self.collection, timeout=self.timeout)
+
+    def close(self) -> None:
+        try:
+            self._client.close()
+        except Exception:
+            pass
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

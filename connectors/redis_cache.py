@@ -1,0 +1,94 @@
+"""The Redis embedding cache: one pipelined round trip per batch each way.
+
+Key ``embedstream:v1:<model id>:<sha256 of the normalised text>``; value: a 6-byte header
+(``b"ES"``, dtype code, pad, dim as uint16) and the float32 vector. A value whose header does not
+match the model's dim is a miss. Redis is only ever a speed-up: every error or timeout (bounded by
+``socket_timeout``) is a miss on read and a no-op on write, never an exception to the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("<2sBxH")
+_MAGIC = b"ES"
+_F32 = 1
+
+
+def cache_key(model_id: str, text_hash: str) -> str:
+    return f"embedstream:v1:{model_id}:{text_hash}"
+
+
+def pack_vector(vec: np.ndarray) -> bytes:
+    vec = np.ascontiguousarray(vec, dtype="<f4")
+    return _HEADER.pack(_MAGIC, _F32, vec.shape[0]) + vec.tobytes()
+
+
+def unpack_vector(raw: bytes | None, dim: int) -> np.ndarray | None:
+    """The vector in ``raw``, or None when it is absent or not a float32 vector of ``dim``."""
+    if raw is None or len(raw) != _HEADER.size + 4 * dim:
+        return None
+    magic, dtype, got_dim = _HEADER.unpack_from(raw)
+    if magic != _MAGIC or dtype != _F32 or got_dim != dim:
+        return None
+    return np.frombuffer(raw, dtype="<f4", offset=_HEADER.size).copy()
+
+
+class RedisCache:
+    """``get_many`` / ``set_many`` over one Redis; failures are misses, logged at most every 10 s."""
+
+    def __init__(self, url: str, model_id: str, dim: int, ttl_seconds: int, timeout_ms: int = 150) -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(url, socket_timeout=timeout_ms / 1000,
+                                           socket_connect_timeout=timeout_ms / 1000, retry=None,
+                                           health_check_interval=0)
+        self.model_id = model_id
+        self.dim = dim
+        self.ttl = ttl_seconds
+        self.errors = 0
+        self._last_log = 0.0
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        self.errors += 1
+        now = time.monotonic()
+        if now - self._last_log > 10:
+            self._last_log = now
+            log.warning("cache %s failed (%s: %s); carrying on without the cache", what, type(exc).__name__, exc)
+
+    def get_many(self, hashes: list[str]) -> list[np.ndarray | None]:
+        """Vectors for ``hashes`` (None = miss), in order. Never raises."""
+        if not hashes:
+            return []
+        try:
+            raws = self._redis.mget([cache_key(self.model_id, h) for h in hashes])
+        except Exception as exc:  # any Redis or socket error is a miss, by contract
+            self._failed("read", exc)
+            return [None] * len(hashes)
+        return [unpack_vector(r, self.dim) for r in raws]
+
+    def set_many(self, entries: dict[str, np.ndarray]) -> bool:
+        """Write ``{hash: vector}`` with the TTL in one pipeline. Returns False on failure; never raises."""
+        if not entries:
+            return True
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            for h, vec in entries.items():
+                pipe.set(cache_key(self.model_id, h), pack_vector(vec), ex=self.ttl)
+            pipe.execute()
+            return True
+        except Exception as exc:
+            self._failed("write", exc)
+            return False
+
+    def close(self) -> None:
+        try:
+            self._redis.close()
+        except Exception:
+            pass

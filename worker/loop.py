@@ -1,0 +1,264 @@
+"""The polling loop: consume → validate → batch → pipeline → store offsets → commit.
+
+Owns the consumer and everything that must happen on its thread: rebalance callbacks, pausing
+and resuming partitions for back-pressure, storing the offsets of finished batches and committing
+them, the idle check of ``--stop-when-idle``, and the graceful stop on SIGTERM/SIGINT.
+
+Commit order (the delivery contract): a batch's offsets are stored only after the pipeline's sink
+step confirmed it (Milvus and the broker acknowledged); stored offsets are committed at most every
+``commit_interval`` seconds, and synchronously on revoke and at shutdown. Lost partitions commit
+nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from worker import metrics
+from worker.embedding.base import Embedder
+from worker.pipeline import Pipeline
+from worker.records import Batch, DeadLetter, Delete, Item, TopicPartitionKey
+from worker.steps.batcher import Batcher
+from worker.steps.validate import Validator
+
+log = logging.getLogger(__name__)
+
+CONSUME_CHUNK = 500
+
+
+@dataclass
+class RunStats:
+    """Counters the loop keeps for progress displays and the run summary."""
+
+    embedded: int = 0
+    deleted: int = 0
+    dead_lettered: int = 0
+    cached: int = 0
+    batches: int = 0
+    started: float = field(default_factory=time.monotonic)
+    dlq_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def done(self) -> int:
+        return self.embedded + self.deleted + self.dead_lettered
+
+
+class Worker:
+    """One consumer-group member. ``run()`` blocks until stopped, idle (if asked), or a bug."""
+
+    def __init__(self, consumer: Consumer, topic: str, embedder: Embedder, pipeline: Pipeline, *,
+                 max_batch_size: int, max_batch_tokens: int, max_batch_wait_ms: int, max_inflight: int,
+                 max_text_bytes: int, shutdown_grace: float = 30.0, commit_interval: float = 1.0,
+                 join_grace: float = 30.0, health: metrics.Health | None = None,
+                 on_progress: Callable[[RunStats], None] | None = None) -> None:
+        self.consumer = consumer
+        self.topic = topic
+        self.embedder = embedder
+        self.pipeline = pipeline
+        self.batcher = Batcher(max_batch_size, max_batch_tokens, max_batch_wait_ms / 1000)
+        self.validator = Validator(max_text_bytes, embedder.accepts)
+        self.max_inflight = max_inflight
+        self.shutdown_grace = shutdown_grace
+        self.commit_interval = commit_interval
+        self.join_grace = join_grace
+        self.health = health or metrics.Health()
+        self.on_progress = on_progress
+        self.stats = RunStats()
+        self.assigned: set[TopicPartitionKey] = set()
+        self.eof: dict[TopicPartitionKey, bool] = {}
+        self.paused = False
+        self._stop = False
+        self._signals = 0
+        self._dirty = False
+        self._last_commit = time.monotonic()
+
+    # -- signals -----------------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum, _frame) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log.warning("second signal: exiting at once; unfinished batches are not committed")
+            os._exit(128 + signum)
+        log.info("signal %s: stop fetching, finish in-flight batches, commit, exit", signum)
+        self._stop = True
+
+    def stop(self) -> None:
+        self._stop = True
+
+    # -- rebalance callbacks (run inside consume(), on this thread) ----------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for p in partitions:
+            self.assigned.add((p.topic, p.partition))
+            self.eof[(p.topic, p.partition)] = False
+        if self.paused and partitions:
+            consumer.pause(partitions)  # librdkafka keeps pause state per partition object
+        self.health.assigned = len(self.assigned)
+        log.info("assigned %s", sorted(p.partition for p in partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = {(p.topic, p.partition) for p in partitions}
+        dropped = self.batcher.drop(tps)
+        deadline = time.monotonic() + min(self.shutdown_grace, 20.0)
+        while self.pipeline.inflight and not self.pipeline.aborted and time.monotonic() < deadline:
+            self._collect(timeout=0.1)
+        self._commit(sync=True)
+        self.assigned -= tps
+        for tp in tps:
+            self.eof.pop(tp, None)
+        self.health.assigned = len(self.assigned)
+        log.info("revoked %s (dropped %d uncommitted records still batching)", sorted(p for _, p in tps), dropped)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = {(p.topic, p.partition) for p in partitions}
+        self.batcher.drop(tps)
+        self.assigned -= tps
+        for tp in tps:
+            self.eof.pop(tp, None)
+        self.health.assigned = len(self.assigned)
+        log.warning("lost %s: committing nothing for them", sorted(p for _, p in tps))
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self, stop_when_idle: float | None = None) -> RunStats:
+        self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_lost)
+        idle_since: float | None = None
+        started = time.monotonic()
+        try:
+            while not self._stop:
+                self.health.tick()
+                busy = len(self.batcher) or self.pipeline.inflight
+                msgs = self.consumer.consume(CONSUME_CHUNK, 0.02 if busy else 0.2)
+                self._ingest(msgs)
+                for batch in self.batcher.poll():
+                    self.pipeline.submit(batch)
+                self._collect()
+                self._backpressure()
+                if time.monotonic() - self._last_commit >= self.commit_interval:
+                    self._commit(sync=False)
+                if stop_when_idle is not None:
+                    if self._idle(time.monotonic() - started):
+                        idle_since = idle_since or time.monotonic()
+                        if time.monotonic() - idle_since >= stop_when_idle:
+                            log.info("idle for %.1fs: stopping", stop_when_idle)
+                            break
+                    else:
+                        idle_since = None
+            self._drain()
+        except BaseException:
+            self.pipeline.abort()
+            raise
+        finally:
+            self.consumer.close()
+        return self.stats
+
+    def _ingest(self, msgs: list) -> None:
+        entries = []
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    self.eof[(m.topic(), m.partition())] = True
+                    continue
+                if err.fatal():
+                    raise KafkaException(err)
+                log.warning("consumer: %s", err)
+                continue
+            self.eof[(m.topic(), m.partition())] = False
+            entries.append(self.validator.validate(m))
+        items = [e for e in entries if isinstance(e, Item)]
+        if items:
+            # Count on a bounded prefix: a 1 MB text costs the tokenizer the same as the model sees.
+            limit = self.embedder.max_seq_length * 16
+            for it, n in zip(items, self.embedder.token_lengths([it.text[:limit] for it in items])):
+                it.tokens = n
+        for e in entries:
+            for batch in self.batcher.add(e):
+                self.pipeline.submit(batch)
+
+    def _collect(self, timeout: float = 0.0) -> None:
+        """Account for finished batches and store their offsets (only for partitions still ours)."""
+        for batch in self.pipeline.completed(timeout):
+            self._account(batch)
+            offsets = [TopicPartition(t, p, o) for (t, p), o in batch.offsets.items() if (t, p) in self.assigned]
+            if offsets:
+                self.consumer.store_offsets(offsets=offsets)
+                self._dirty = True
+
+    def _account(self, batch: Batch) -> None:
+        s = self.stats
+        now_ms = time.time() * 1000
+        s.batches += 1
+        for e in batch.entries:
+            if isinstance(e, Item):
+                s.embedded += 1
+                s.cached += e.cached
+                if e.source.timestamp_ms:
+                    metrics.END_TO_END_SECONDS.observe(max(0.0, (now_ms - e.source.timestamp_ms) / 1000))
+            elif isinstance(e, Delete):
+                s.deleted += 1
+            elif isinstance(e, DeadLetter):
+                s.dead_lettered += 1
+                s.dlq_reasons[e.reason] = s.dlq_reasons.get(e.reason, 0) + 1
+                metrics.DLQ_MESSAGES.labels(e.reason).inc()
+        items = sum(isinstance(e, Item) for e in batch.entries)
+        deletes = sum(isinstance(e, Delete) for e in batch.entries)
+        metrics.MESSAGES.labels("embedded").inc(items)
+        metrics.MESSAGES.labels("deleted").inc(deletes)
+        metrics.MESSAGES.labels("dead_lettered").inc(len(batch) - items - deletes)
+        if self.on_progress:
+            self.on_progress(s)
+
+    def _backpressure(self) -> None:
+        full = self.pipeline.inflight >= self.max_inflight
+        if full != self.paused:
+            parts = self.consumer.assignment()
+            (self.consumer.pause if full else self.consumer.resume)(parts)
+            self.paused = full
+            metrics.PAUSED_PARTITIONS.set(len(parts) if full else 0)
+
+    def _commit(self, sync: bool) -> None:
+        self._last_commit = time.monotonic()
+        if not self._dirty:
+            return
+        try:
+            self.consumer.commit(asynchronous=not sync)
+            self._dirty = False
+        except KafkaException as exc:
+            if exc.args and exc.args[0].code() == KafkaError._NO_OFFSET:
+                self._dirty = False
+            else:
+                log.warning("commit failed (%s); will retry with the next commit", exc)
+
+    def _idle(self, running_for: float) -> bool:
+        if len(self.batcher) or self.pipeline.inflight:
+            return False
+        if not self.assigned:
+            return running_for > self.join_grace
+        return all(self.eof.get(tp, False) for tp in self.assigned)
+
+    def _drain(self) -> None:
+        """Shutdown: close the open batch, finish in-flight batches within the grace, commit."""
+        if self.assigned:
+            self.consumer.pause(self.consumer.assignment())
+        for batch in self.batcher.flush():
+            self.pipeline.submit(batch)
+        deadline = time.monotonic() + self.shutdown_grace
+        while self.pipeline.inflight and time.monotonic() < deadline:
+            self._collect(timeout=0.1)
+        if self.pipeline.inflight:
+            log.warning("%d batches unfinished after %.0fs grace: not committing them", self.pipeline.inflight,
+                        self.shutdown_grace)
+            self.pipeline.abort()
+        else:
+            self.pipeline.close()
+        self._commit(sync=True)

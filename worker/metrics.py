@@ -1,0 +1,106 @@
+"""Every metric of the worker, declared once with its meaning, and the /metrics, /healthz, /readyz server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_TOKEN_BUCKETS = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+# Records by final outcome: embedded | deleted | dead_lettered.
+MESSAGES = Counter("embedstream_messages_total", "Input records by final outcome", ["outcome"])
+# Records per batch handed to the pipeline.
+BATCH_SIZE = Histogram("embedstream_batch_size", "Records per batch", buckets=_BATCH_BUCKETS)
+# Real (unpadded) tokens per batch.
+BATCH_TOKENS = Histogram("embedstream_batch_tokens", "Tokens per batch", buckets=_TOKEN_BUCKETS)
+# Wall time of one call to the model (cache misses of one batch).
+EMBED_SECONDS = Histogram("embedstream_embed_seconds", "Model time per batch", buckets=_SECONDS)
+# Record timestamp on the input topic → its output acknowledged.
+END_TO_END_SECONDS = Histogram("embedstream_end_to_end_seconds", "Input record timestamp to sinks confirmed",
+                               buckets=_SECONDS)
+# Cache lookups: hit | miss | error.
+CACHE_REQUESTS = Counter("embedstream_cache_requests_total", "Cache lookups by result", ["result"])
+# Wall time of each sink write per batch: milvus | output | dlq.
+SINK_SECONDS = Histogram("embedstream_sink_seconds", "Sink write time per batch", ["sink"], buckets=_SECONDS)
+# Dead-lettered records by reason.
+DLQ_MESSAGES = Counter("embedstream_dlq_messages_total", "Records sent to the dead-letter topic", ["reason"])
+# Lag per assigned partition, from librdkafka's statistics (high watermark − committed offset).
+CONSUMER_LAG = Gauge("embedstream_consumer_lag", "Consumer lag per partition", ["topic", "partition"])
+# Partitions currently paused for back-pressure or an outage.
+PAUSED_PARTITIONS = Gauge("embedstream_paused_partitions", "Partitions paused by back-pressure")
+# Constant 1, labelled with the model in use.
+MODEL_INFO = Gauge("embedstream_model_info", "The model in use", ["model", "precision", "device"])
+# Transient failures of outside systems, retried: kafka | milvus.
+RETRIES = Counter("embedstream_retries_total", "Transient failures retried", ["system"])
+# Batches waiting for or inside the pipeline.
+INFLIGHT_BATCHES = Gauge("embedstream_inflight_batches", "Batches in the pipeline")
+
+
+def record_lag_from_stats(stats_json: str) -> None:
+    """librdkafka ``stats_cb`` → ``embedstream_consumer_lag`` (its ``consumer_lag`` per partition)."""
+    try:
+        stats = json.loads(stats_json)
+    except ValueError:
+        return
+    for topic, t in stats.get("topics", {}).items():
+        for pid, p in t.get("partitions", {}).items():
+            if pid == "-1" or not p.get("fetch_state") or p.get("fetch_state") == "none":
+                continue
+            lag = p.get("consumer_lag", -1)
+            if lag >= 0:
+                CONSUMER_LAG.labels(topic, pid).set(lag)
+
+
+class Health:
+    """What /healthz and /readyz report. The loop calls ``tick()`` each turn."""
+
+    def __init__(self, max_tick_age: float = 60.0) -> None:
+        self.max_tick_age = max_tick_age
+        self.last_tick = time.monotonic()
+        self.model_loaded = False
+        self.assigned = 0
+
+    def tick(self) -> None:
+        self.last_tick = time.monotonic()
+
+    def alive(self) -> bool:
+        return time.monotonic() - self.last_tick < self.max_tick_age
+
+    def ready(self) -> bool:
+        return self.model_loaded and self.assigned > 0
+
+
+def serve(port: int, health: Health, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz, /readyz on ``port`` from a daemon thread; returns the server."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            if self.path.startswith("/metrics"):
+                body, ctype, code = generate_latest(), CONTENT_TYPE_LATEST, 200
+            elif self.path.startswith("/healthz"):
+                ok = health.alive()
+                body, ctype, code = (b"ok\n" if ok else b"loop stalled\n"), "text/plain", 200 if ok else 503
+            elif self.path.startswith("/readyz"):
+                ok = health.ready()
+                body = b"ready\n" if ok else b"not ready (model loading or no partitions assigned)\n"
+                ctype, code = "text/plain", 200 if ok else 503
+            else:
+                body, ctype, code = b"not found\n", "text/plain", 404
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args):
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

@@ -1,0 +1,117 @@
+"""What travels through the worker: one entry per input record, and batches that carry their offsets.
+
+Every consumed record becomes exactly one entry — :class:`Item` (to embed), :class:`Delete`
+(a tombstone) or :class:`DeadLetter` (can never succeed) — and every entry rides in a batch with
+its partition and offset, so a batch knows, per partition, the next offset to commit once it is
+done (arroyo's habit: offsets travel with the data; only the commit step turns them into commits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import unicodedata
+from dataclasses import dataclass, field
+
+import numpy as np
+
+TopicPartitionKey = tuple[str, int]
+
+
+def normalise_text(text: str) -> str:
+    """The text the model sees and the cache key hashes: Unicode NFC, outer whitespace stripped."""
+    return unicodedata.normalize("NFC", text).strip()
+
+
+def content_hash(text: str) -> str:
+    """sha256 (hex) of a normalised text: the cache key's suffix and the ``content_hash`` field."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(slots=True)
+class Source:
+    """Where a record came from."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None = None
+
+    @property
+    def tp(self) -> TopicPartitionKey:
+        return (self.topic, self.partition)
+
+
+@dataclass(slots=True)
+class Item:
+    """A document to embed. ``vector`` and ``cached`` are filled by the cache and embed steps."""
+
+    source: Source
+    id: str
+    text: str
+    hash: str
+    tokens: int
+    metadata: dict[str, str]
+    vector: np.ndarray | None = None
+    cached: bool = False
+
+
+@dataclass(slots=True)
+class Delete:
+    """A tombstone: delete ``id`` from Milvus and forward a tombstone to the output topic."""
+
+    source: Source
+    id: str
+
+
+@dataclass(slots=True)
+class DeadLetter:
+    """A record that can never succeed, with the original bytes and the reason (contract DLQ headers)."""
+
+    source: Source
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] | None
+    reason: str
+    message: str
+
+
+Entry = Item | Delete | DeadLetter
+
+
+@dataclass
+class Batch:
+    """Entries in consumption order, plus the next offset to commit per partition they touched."""
+
+    entries: list[Entry] = field(default_factory=list)
+    offsets: dict[TopicPartitionKey, int] = field(default_factory=dict)
+    tokens: int = 0
+    opened_at: float = field(default_factory=time.monotonic)
+    seq: int = 0
+    #: Vectors computed by the model for this batch, by content hash (written back to the cache).
+    fresh: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def add(self, entry: Entry) -> None:
+        self.entries.append(entry)
+        src = entry.source
+        self.offsets[src.tp] = max(self.offsets.get(src.tp, 0), src.offset + 1)
+        if isinstance(entry, Item):
+            self.tokens += entry.tokens
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def items(self) -> list[Item]:
+        return [e for e in self.entries if isinstance(e, Item)]
+
+    @property
+    def deletes(self) -> list[Delete]:
+        return [e for e in self.entries if isinstance(e, Delete)]
+
+    @property
+    def dead_letters(self) -> list[DeadLetter]:
+        return [e for e in self.entries if isinstance(e, DeadLetter)]
+
+    def partitions(self) -> set[TopicPartitionKey]:
+        return set(self.offsets)

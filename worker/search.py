@@ -1,0 +1,35 @@
+"""Semantic search over the collection, with the worker's own model and precision."""
+
+from __future__ import annotations
+
+from connectors.exceptions import ConfigError
+from connectors.milvus import MilvusStore
+from worker.embedding.base import Embedder
+from worker.records import normalise_text
+from worker.settings import Settings
+
+
+def search_documents(settings: Settings, queries: list[str], top_k: int = 5,
+                     embedder: Embedder | None = None) -> list[list[dict]]:
+    """Top-``top_k`` hits (``id``, ``score``, ``metadata``) per query. Raises ConfigError on a
+    missing collection or a dim mismatch."""
+    if settings.milvus_uri is None:
+        raise ConfigError("EMBEDSTREAM_MILVUS_URI (or --milvus-uri) is not set")
+    if embedder is None:
+        from worker.runner import load_embedder
+
+        embedder = load_embedder(settings)
+    store = MilvusStore(settings.milvus_uri, settings.milvus_collection,
+                        settings.milvus_token.get_secret_value() if settings.milvus_token else None,
+                        settings.milvus_timeout_seconds)
+    try:
+        if not store._client.has_collection(settings.milvus_collection, timeout=store.timeout):
+            raise ConfigError(f"no collection {settings.milvus_collection!r} in Milvus at {settings.milvus_uri}: "
+                              "run the worker first, or fix EMBEDSTREAM_MILVUS_COLLECTION")
+        if store.dim() != embedder.dim:
+            raise ConfigError(f"collection {settings.milvus_collection!r} holds {store.dim()}-dim vectors, the "
+                              f"model makes {embedder.dim}: use the model the collection was built with")
+        vectors = embedder.embed([normalise_text(q) for q in queries])
+        return [store.search(v, top_k) for v in vectors]
+    finally:
+        store.close()

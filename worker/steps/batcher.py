@@ -1,0 +1,82 @@
+"""Micro-batching: close a batch by count, by token budget, or by the age of its oldest record.
+
+Single-threaded (the polling thread owns it). Entries keep consumption order inside a batch, so
+the offsets a batch carries are the next offsets to commit for its partitions. Reordering by
+length for the model happens later, inside the embed step, and never changes what is committed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+from worker.records import Batch, Entry, Item, TopicPartitionKey
+
+
+class Batcher:
+    """Accumulates entries; ``add`` and ``poll`` return the batches that closed.
+
+    * count: a batch closes when it holds ``max_size`` entries;
+    * tokens: an item that would take the batch over ``max_tokens`` closes the batch first (an
+      item alone over the budget still forms a batch of its own);
+    * deadline: ``poll(now)`` closes the open batch once its oldest entry has waited ``max_wait`` s.
+    """
+
+    def __init__(self, max_size: int, max_tokens: int, max_wait: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_size = max_size
+        self.max_tokens = max_tokens
+        self.max_wait = max_wait
+        self._clock = clock
+        self._open: Batch | None = None
+        self._seq = 0
+
+    def _new(self) -> Batch:
+        self._seq += 1
+        return Batch(opened_at=self._clock(), seq=self._seq)
+
+    def add(self, entry: Entry) -> list[Batch]:
+        closed: list[Batch] = []
+        tokens = entry.tokens if isinstance(entry, Item) else 0
+        if self._open is not None and self._open.tokens and self._open.tokens + tokens > self.max_tokens:
+            closed.append(self._open)
+            self._open = None
+        if self._open is None:
+            self._open = self._new()
+        self._open.add(entry)
+        if len(self._open) >= self.max_size or self._open.tokens >= self.max_tokens:
+            closed.append(self._open)
+            self._open = None
+        return closed
+
+    def poll(self, now: float | None = None) -> list[Batch]:
+        """Close the open batch if its oldest entry is past the deadline."""
+        now = self._clock() if now is None else now
+        if self._open is not None and now - self._open.opened_at >= self.max_wait:
+            batch, self._open = self._open, None
+            return [batch]
+        return []
+
+    def flush(self) -> list[Batch]:
+        """Close the open batch whatever its age (shutdown)."""
+        batch, self._open = self._open, None
+        return [batch] if batch is not None and len(batch) else []
+
+    def drop(self, partitions: Iterable[TopicPartitionKey]) -> int:
+        """Forget the entries of ``partitions`` (revoked or lost); return how many were dropped.
+
+        They were never committed, so their new owner consumes them again."""
+        gone = set(partitions)
+        if self._open is None or not gone:
+            return 0
+        old = self._open
+        keep = [e for e in old.entries if e.source.tp not in gone]
+        self._open = None
+        if keep:
+            self._open = Batch(opened_at=old.opened_at, seq=old.seq)
+            for e in keep:
+                self._open.add(e)
+        return len(old.entries) - len(keep)
+
+    def __len__(self) -> int:
+        return len(self._open) if self._open is not None else 0

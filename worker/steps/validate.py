@@ -1,0 +1,53 @@
+"""Turn a consumed Kafka message into one entry: Item, Delete or DeadLetter.
+
+Runs on the polling thread, so it does only cheap checks; the size limit is enforced on the raw
+bytes before anything is decoded or tokenised, so a 50 MB value costs one ``len``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from schemas.codec import DecodeError, Tombstone, decode_document
+from worker.records import DeadLetter, Delete, Entry, Item, Source, content_hash, normalise_text
+
+#: Milvus VARCHAR primary key limit (bytes) of the collection this worker creates.
+MAX_ID_BYTES = 512
+
+
+class Validator:
+    """``validate(msg)`` → an :class:`Entry`; never raises for any message content.
+
+    ``accepts_model(name)`` says whether the worker's model can serve a record's ``model`` field.
+    Token counts are filled later, per consumed chunk, by the caller (one tokenizer call).
+    """
+
+    def __init__(self, max_bytes: int, accepts_model: Callable[[str | None], bool]) -> None:
+        self.max_bytes = max_bytes
+        self.accepts_model = accepts_model
+
+    def validate(self, msg) -> Entry:
+        ts_type, ts = msg.timestamp()
+        source = Source(msg.topic(), msg.partition(), msg.offset(), ts if ts_type and ts > 0 else None)
+        key, value = msg.key(), msg.value()
+
+        def dead(reason: str, message: str) -> DeadLetter:
+            return DeadLetter(source, key, value, msg.headers(), reason, message)
+
+        if value is not None and len(value) > self.max_bytes:
+            return dead("text_too_long", f"value is {len(value):,} bytes, over the limit of {self.max_bytes:,} "
+                                         "(EMBEDSTREAM_MAX_TEXT_BYTES)")
+        try:
+            doc = decode_document(key, value)
+        except DecodeError as exc:
+            return dead(exc.reason, exc.message)
+        if len(doc.id.encode("utf-8")) > MAX_ID_BYTES:
+            return dead("id_too_long", f"document id is over {MAX_ID_BYTES} bytes")
+        if isinstance(doc, Tombstone):
+            return Delete(source, doc.id)
+        if not self.accepts_model(doc.model):
+            return dead("unknown_model", f"record asks for model {doc.model!r}, which this worker does not serve")
+        text = normalise_text(doc.text)
+        if not text:
+            return dead("empty_text", "text is empty (or only whitespace)")
+        return Item(source, doc.id, text, content_hash(text), 0, doc.metadata)
