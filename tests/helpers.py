@@ -10,9 +10,8 @@ import uuid
 from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-from confluent_kafka.admin import AdminClient
 
-from connectors.kafka import create_topics
+from connectors.kafka import create_topics, make_admin
 from worker.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -35,7 +34,7 @@ def fresh_settings(env: dict[str, str], partitions: int = 6, **overrides) -> Set
         metrics_port=0,
         **overrides,
     )
-    create_topics(AdminClient(s.kafka_common()), [s.input_topic, s.output_topic, s.dlq_topic], partitions)
+    create_topics(make_admin(s), [s.input_topic, s.output_topic, s.dlq_topic], partitions)
     return s
 
 

@@ -30,10 +30,10 @@ Precision = Annotated[Optional[str], typer.Option(
     "\\[env: EMBEDSTREAM_PRECISION]")]
 Device = Annotated[Optional[str], typer.Option("--device", help="auto|cpu|cuda \\[env: EMBEDSTREAM_DEVICE]")]
 MaxBatchSize = Annotated[Optional[int], typer.Option(
-    "--max-batch-size", help="Close a batch at this many records \\[env: EMBEDSTREAM_MAX_BATCH_SIZE; default: 64]")]
+    "--max-batch-size", help="Close a batch at this many records \\[env: EMBEDSTREAM_MAX_BATCH_SIZE; default: 256]")]
 MaxBatchTokens = Annotated[Optional[int], typer.Option(
     "--max-batch-tokens", help="Close a batch at this many tokens \\[env: EMBEDSTREAM_MAX_BATCH_TOKENS; "
-    "default: 16384]")]
+    "default: 32768]")]
 MaxBatchWaitMs = Annotated[Optional[int], typer.Option(
     "--max-batch-wait-ms", help="Close a batch when its oldest record waited this long "
     "\\[env: EMBEDSTREAM_MAX_BATCH_WAIT_MS; default: 100]")]

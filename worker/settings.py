@@ -51,8 +51,8 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
     # Batching
-    max_batch_size: int = Field(64, ge=1, le=100_000)
-    max_batch_tokens: int = Field(16_384, ge=16)
+    max_batch_size: int = Field(256, ge=1, le=100_000)
+    max_batch_tokens: int = Field(32_768, ge=16)
     max_batch_wait_ms: int = Field(100, ge=0)
     max_inflight_batches: int = Field(4, ge=1, description="batches queued or running before partitions pause")
     max_text_bytes: int = Field(

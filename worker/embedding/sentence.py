@@ -53,19 +53,25 @@ def pick_precision(precision: str, device: str) -> str:
     return "bf16" if cpu_has_bf16() else "fp32"
 
 
-def split_by_budget(lengths: list[int], max_texts: int, max_tokens: int) -> list[list[int]]:
-    """Indices of ``lengths`` sorted by length, cut into groups of at most ``max_texts`` texts whose
-    padded cost (count × longest) stays within ``max_tokens``. A text alone over the budget still
-    gets a group of its own."""
+def split_by_budget(lengths: list[int], max_texts: int, max_tokens: int, min_fill: float = 0.8) -> list[list[int]]:
+    """Indices of ``lengths`` sorted by length, cut into groups for the model.
+
+    A group holds at most ``max_texts`` texts, its padded cost (count × longest) stays within
+    ``max_tokens``, and adding a text must keep real ÷ padded tokens ≥ ``min_fill`` (so one long
+    text does not pad many short ones). A text alone over the budget still gets a group of its own.
+    """
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     groups: list[list[int]] = []
     current: list[int] = []
+    real = 0
     for i in order:
         longest = lengths[i]  # sorted ascending: the newcomer is the longest
-        if current and (len(current) >= max_texts or (len(current) + 1) * longest > max_tokens):
+        n = len(current) + 1
+        if current and (n > max_texts or n * longest > max_tokens or (real + longest) < min_fill * n * longest):
             groups.append(current)
-            current = []
+            current, real = [], 0
         current.append(i)
+        real += longest
     if current:
         groups.append(current)
     return groups
@@ -75,7 +81,7 @@ class SentenceTransformerEmbedder(Embedder):
     """A sentence-transformers model on CPU or CUDA at the chosen precision."""
 
     def __init__(self, model: str | None = None, precision: str = "auto", device: str = "auto",
-                 sub_batch_size: int = 64, sub_batch_tokens: int = 8192) -> None:
+                 sub_batch_size: int | None = None, sub_batch_tokens: int | None = None) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         import torch
@@ -104,8 +110,11 @@ class SentenceTransformerEmbedder(Embedder):
 
         # Run the modules ourselves, minus Normalize: we normalise in float32 (see module doc).
         self._modules = [m for m in self._model if not isinstance(m, Normalize)]
-        self.sub_batch_size = sub_batch_size
-        self.sub_batch_tokens = sub_batch_tokens
+        # Measured on a 2-core CPU (bf16, stdlib docstrings): 32 texts / 4,096 tokens per forward pass
+        # beat 64 / 8,192 by ~25 %; a GPU wants far larger passes.
+        gpu = self.device == "cuda"
+        self.sub_batch_size = sub_batch_size or (256 if gpu else 32)
+        self.sub_batch_tokens = sub_batch_tokens or (65_536 if gpu else 4096)
         self.texts_embedded = 0
         self.tokens_real = 0
         self.tokens_padded = 0

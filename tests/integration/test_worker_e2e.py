@@ -1,0 +1,171 @@
+"""The whole path on the real stack and the real model: input topic → Milvus + output topic → commit."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from pydantic import SecretStr
+from confluent_kafka import Consumer, TopicPartition
+
+from connectors.kafka import make_producer
+from connectors.milvus import MilvusStore
+from schemas.codec import Document, decode_embedding, encode_document
+from tests.helpers import fresh_settings, read_topic, run_cli, settings_env
+from worker.corpus import sample_documents
+from worker.records import normalise_text
+
+pytestmark = pytest.mark.integration
+
+
+def cosine_floor(precision: str) -> float:
+    return 0.999 if precision == "fp32" else 0.995
+
+
+def test_end_to_end(stack, model):
+    s = fresh_settings(stack, max_text_bytes=20_000)
+    docs = sample_documents(2000, repeat_fraction=0.15, prefix="e2e")
+    docs = [d for d in docs if len(encode_document(d)) < 20_000]
+    producer = make_producer(s)
+    for d in docs:
+        producer.produce(s.input_topic, key=d.id, value=encode_document(d))
+    tomb_existing = [d.id for d in docs[:25]]
+    for doc_id in [*tomb_existing, "never-existed-1", "never-existed-2"]:
+        producer.produce(s.input_topic, key=doc_id, value=None)
+    bad = {
+        "bad-avro": (b"\x02\x06abc\xff", "decode_error"),
+        "bad-json": (b'{"id": "bad-json", "text": ', "decode_error"),
+        "bad-empty": (encode_document(Document("bad-empty", "   ")), "empty_text"),
+        "bad-utf8": (b'{"id": "bad-utf8", "text": "\xff\xfe"}', "invalid_utf8"),
+        "bad-model": (encode_document(Document("bad-model", "hello", model="no-such-model")), "unknown_model"),
+        "bad-long": (encode_document(Document("bad-long", "word " * 10_000)), "text_too_long"),
+    }
+    for key, (value, _) in bad.items():
+        producer.produce(s.input_topic, key=key, value=value)
+    assert producer.flush(30) == 0
+
+    res = run_cli(["run", "--stop-when-idle", "3"], settings_env(s), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    print(res.stderr[-2000:])
+
+    gone = set(tomb_existing)
+    expected = {d.id: d for d in docs if d.id not in gone}
+    store = MilvusStore(s.milvus_uri, s.milvus_collection)
+    rows = store.query_ids(fields=("id", "vector", "content_hash", "metadata"))
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) and set(ids) == set(expected)
+
+    # vectors: the same as a direct encode at the same precision
+    order = sorted(expected)
+    ref = model.encode_reference([normalise_text(expected[i].text) for i in order])
+    got = np.array([next(r["vector"] for r in rows if r["id"] == i) for i in order], dtype=np.float32) \
+        if len(order) < 50 else np.array([{r["id"]: r["vector"] for r in rows}[i] for i in order], dtype=np.float32)
+    cos = (ref * got).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(got, axis=1)
+    assert cos.min() >= cosine_floor(model.precision), (cos.min(), model.precision)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-4)
+
+    # output topic: every good id; tombstones forwarded
+    out = read_topic(s, s.output_topic, expect=len(docs) + 27)
+    emb_ids = {m.key().decode() for m in out if m.value() is not None}
+    assert emb_ids == {d.id for d in docs}
+    assert {m.key().decode() for m in out if m.value() is None} == gone | {"never-existed-1", "never-existed-2"}
+    sample = decode_embedding(next(m.value() for m in out if m.value() is not None))
+    assert sample["dim"] == 384 and len(sample["vector"]) == 384 and sample["source_topic"] == s.input_topic
+    hdrs = dict(next(m for m in out if m.value() is not None).headers())
+    assert hdrs["embedstream.model"] == b"sentence-transformers/all-MiniLM-L6-v2"
+
+    # DLQ: every bad record, with its reason and original bytes
+    dlq = read_topic(s, s.dlq_topic, expect=len(bad))
+    assert len(dlq) == len(bad)
+    for m in dlq:
+        key = m.key().decode()
+        h = dict(m.headers())
+        assert h["embedstream.error.reason"].decode() == bad[key][1], (key, h)
+        assert h["embedstream.error.message"]
+        assert h["embedstream.source.topic"].decode() == s.input_topic
+        assert m.value() == bad[key][0]
+
+    # committed offsets: at the end of every partition
+    ends = Counter()
+    for m in read_topic(s, s.input_topic, expect=len(docs) + 27 + len(bad)):
+        ends[m.partition()] = max(ends[m.partition()], m.offset() + 1)
+    c = Consumer({**s.kafka_common(), "group.id": s.group_id})
+    committed = c.committed([TopicPartition(s.input_topic, p) for p in range(6)], timeout=10)
+    c.close()
+    assert {tp.partition: tp.offset for tp in committed if tp.partition in ends} == dict(ends)
+    assert "done:" in res.stderr
+
+
+def test_cache_second_stream_is_all_hits_and_survives_redis_down(stack, model, tmp_path):
+    from worker.runner import build_worker
+
+    s = fresh_settings(stack)
+    texts = [d.text for d in sample_documents(300, prefix="c")]
+    producer = make_producer(s)
+    for i, t in enumerate(texts):
+        producer.produce(s.input_topic, key=f"first-{i}", value=encode_document(Document(f"first-{i}", t)))
+    assert producer.flush(30) == 0
+    stats1 = build_worker(s, embedder=model).run(stop_when_idle=2)
+    assert stats1.embedded == 300
+
+    # Same texts under new ids: every one a cache hit, the model never called.
+    for i, t in enumerate(texts):
+        producer.produce(s.input_topic, key=f"second-{i}", value=encode_document(Document(f"second-{i}", t)))
+    assert producer.flush(30) == 0
+    model.texts_embedded = 0
+    stats2 = build_worker(s, embedder=model).run(stop_when_idle=2)
+    assert stats2.embedded == 300 and stats2.cached == 300
+    assert model.texts_embedded == 0
+
+    store = MilvusStore(s.milvus_uri, s.milvus_collection)
+    rows = {r["id"]: np.array(r["vector"]) for r in store.query_ids(fields=("id", "vector"))}
+    for i in range(300):
+        assert np.array_equal(rows[f"first-{i}"], rows[f"second-{i}"])
+    out = read_topic(s, s.output_topic, expect=600)
+    cached_flags = {m.key().decode(): decode_embedding(m.value())["cached"] for m in out}
+    assert all(cached_flags[f"second-{i}"] for i in range(300))
+
+    # Redis unreachable: same results, no error, the model does the work.
+    s_down = s.model_copy(update={"redis_url": SecretStr("redis://127.0.0.1:1/0")})
+    for i, t in enumerate(texts[:100]):
+        producer.produce(s.input_topic, key=f"third-{i}", value=encode_document(Document(f"third-{i}", t)))
+    assert producer.flush(30) == 0
+    model.texts_embedded = 0
+    stats3 = build_worker(s_down, embedder=model).run(stop_when_idle=2)
+    assert stats3.embedded == 100 and stats3.cached == 0 and model.texts_embedded == 100
+    rows = {r["id"]: np.array(r["vector"]) for r in store.query_ids(fields=("id", "vector"))}
+    for i in range(100):
+        cos = rows[f"first-{i}"] @ rows[f"third-{i}"]
+        assert cos > 0.9999
+
+
+def test_startup_errors_are_clear(stack, tmp_path):
+    s = fresh_settings(stack)
+    env = settings_env(s)
+
+    res = run_cli(["run", "--model", str(tmp_path / "no-such-model")], env, timeout=120)
+    assert res.returncode == 2 and "EMBEDSTREAM_MODEL" in res.stderr
+
+    # a collection built for another dim
+    from pymilvus import DataType, MilvusClient
+
+    client = MilvusClient(uri=s.milvus_uri, timeout=10)
+    schema = MilvusClient.create_schema(auto_id=False)
+    schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=64)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=128)
+    client.create_collection("wrong_dim", schema=schema, timeout=10)
+    res = run_cli(["run", "--milvus-collection", "wrong_dim"], env, timeout=120)
+    assert res.returncode == 2 and "128-dim" in res.stderr and "EMBEDSTREAM_MILVUS_COLLECTION" in res.stderr
+
+    res = run_cli(["run", "--kafka-bootstrap-servers", "127.0.0.1:1"], env, timeout=120)
+    assert res.returncode == 2 and "EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS" in res.stderr
+
+    res = run_cli(["run", "--input-topic", "no-such-topic"], env, timeout=120)
+    assert res.returncode == 2 and "no-such-topic" in res.stderr
+
+    bad_env = {**env, "EMBEDSTREAM_PRECISION": "fp8"}
+    res = run_cli(["run"], bad_env, timeout=120)
+    assert res.returncode == 2 and "EMBEDSTREAM_PRECISION" in res.stderr
+    json.dumps(res.stderr)  # printable

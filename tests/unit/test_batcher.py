@@ -1,0 +1,79 @@
+"""The batcher's three closing rules, and the offsets a batch carries."""
+
+from __future__ import annotations
+
+from worker.records import Delete, Item, Source
+from worker.steps.batcher import Batcher
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def item(p: int, o: int, tokens: int = 10, topic: str = "t") -> Item:
+    return Item(Source(topic, p, o), f"id-{p}-{o}", "text", "h", tokens, {})
+
+
+def test_closes_at_max_size():
+    b = Batcher(max_size=3, max_tokens=10_000, max_wait=60, clock=Clock())
+    assert b.add(item(0, 0)) == [] and b.add(item(0, 1)) == []
+    closed = b.add(item(0, 2))
+    assert len(closed) == 1 and len(closed[0]) == 3 and len(b) == 0
+
+
+def test_closes_before_token_budget_is_exceeded():
+    b = Batcher(max_size=100, max_tokens=100, max_wait=60, clock=Clock())
+    assert b.add(item(0, 0, 60)) == []
+    closed = b.add(item(0, 1, 50))  # 110 > 100: the open batch closes first, the newcomer opens the next
+    assert [len(x) for x in closed] == [1] and closed[0].tokens == 60
+    assert len(b) == 1
+
+
+def test_item_alone_over_the_budget_forms_its_own_batch():
+    b = Batcher(max_size=100, max_tokens=100, max_wait=60, clock=Clock())
+    closed = b.add(item(0, 0, 500))
+    assert [x.tokens for x in closed] == [500] and len(b) == 0
+
+
+def test_closes_at_deadline_of_oldest_record():
+    clock = Clock()
+    b = Batcher(max_size=100, max_tokens=10_000, max_wait=0.5, clock=clock)
+    b.add(item(0, 0))
+    clock.now += 0.3
+    b.add(item(0, 1))
+    assert b.poll() == []
+    clock.now += 0.25  # oldest waited 0.55 s
+    closed = b.poll()
+    assert len(closed) == 1 and len(closed[0]) == 2
+
+
+def test_batch_carries_next_offset_per_partition():
+    b = Batcher(max_size=5, max_tokens=10_000, max_wait=60, clock=Clock())
+    b.add(item(0, 7))
+    b.add(item(1, 3))
+    b.add(Delete(Source("t", 0, 8), "x"))
+    b.add(item(2, 0, topic="u"))
+    closed = b.add(item(1, 4))
+    assert closed[0].offsets == {("t", 0): 9, ("t", 1): 5, ("u", 2): 1}
+
+
+def test_tombstones_cost_no_tokens_and_flush_returns_partial_batch():
+    b = Batcher(max_size=10, max_tokens=10, max_wait=60, clock=Clock())
+    for o in range(4):
+        assert b.add(Delete(Source("t", 0, o), str(o))) == []
+    [batch] = b.flush()
+    assert len(batch) == 4 and batch.tokens == 0 and b.flush() == []
+
+
+def test_drop_removes_revoked_partitions_only():
+    b = Batcher(max_size=10, max_tokens=10_000, max_wait=60, clock=Clock())
+    for p in (0, 1, 0, 2):
+        b.add(item(p, len(b)))
+    assert b.drop({("t", 0)}) == 2
+    [batch] = b.flush()
+    assert {e.source.partition for e in batch.entries} == {1, 2}
+    assert set(batch.offsets) == {("t", 1), ("t", 2)}
