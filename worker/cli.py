@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
@@ -57,9 +57,9 @@ DEFAULT_STATE = Path(".embedstream/dev")
 def dev_up(
     state_dir: opt.StateDir = DEFAULT_STATE,
     partitions: Annotated[int, typer.Option(help="Partitions of each topic created", min=1)] = 6,
-    broker_port: Annotated[Optional[int], typer.Option(help="Broker port (default: a free one)")] = None,
-    redis_port: Annotated[Optional[int], typer.Option(help="Redis port (default: a free one)")] = None,
-    milvus_port: Annotated[Optional[int], typer.Option(help="Milvus port (default: a free one)")] = None,
+    broker_port: Annotated[int | None, typer.Option(help="Broker port (default: a free one)")] = None,
+    redis_port: Annotated[int | None, typer.Option(help="Redis port (default: a free one)")] = None,
+    milvus_port: Annotated[int | None, typer.Option(help="Milvus port (default: a free one)")] = None,
     input_topic: opt.InputTopic = None,
     output_topic: opt.OutputTopic = None,
     dlq_topic: opt.DlqTopic = None,
@@ -132,8 +132,8 @@ def dev_env(state_dir: opt.StateDir = DEFAULT_STATE) -> None:
 def produce(
     file: Annotated[Path, typer.Argument(help="JSONL, CSV (id,text,...) or plain text (one document a line)",
                                          exists=True, dir_okay=False, readable=True)],
-    fmt: Annotated[Optional[str], typer.Option("--format", help="jsonl|csv|text (default: from the extension)")] = None,
-    rate: Annotated[Optional[float], typer.Option(help="Produce at this many documents per second", min=0.001)] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help="jsonl|csv|text (default: from the extension)")] = None,
+    rate: Annotated[float | None, typer.Option(help="Produce at this many documents per second", min=0.001)] = None,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip malformed lines (counted) instead of "
                                            "stopping at the first")] = False,
     kafka_bootstrap_servers: opt.Bootstrap = None,
@@ -176,8 +176,8 @@ def produce(
 def tail(
     from_beginning: Annotated[bool, typer.Option("--from-beginning", help="Start at the oldest record "
                                                  "(default: only new records)")] = False,
-    max_records: Annotated[Optional[int], typer.Option("--max", help="Stop after N records", min=1)] = None,
-    timeout: Annotated[Optional[float], typer.Option(help="Stop when no record came for this many seconds")] = None,
+    max_records: Annotated[int | None, typer.Option("--max", help="Stop after N records", min=1)] = None,
+    timeout: Annotated[float | None, typer.Option(help="Stop when no record came for this many seconds")] = None,
     vectors: Annotated[bool, typer.Option(help="Include the vectors in the output")] = True,
     kafka_bootstrap_servers: opt.Bootstrap = None,
     output_topic: opt.OutputTopic = None,
@@ -200,7 +200,7 @@ def tail(
 # -- run / search ----------------------------------------------------------------------------
 @app.command()
 def run(
-    stop_when_idle: Annotated[Optional[float], typer.Option(
+    stop_when_idle: Annotated[float | None, typer.Option(
         "--stop-when-idle", help="Exit 0 once every assigned partition has been at its end for this many "
         "seconds (backfill / batch mode)", min=0)] = None,
     kafka_bootstrap_servers: opt.Bootstrap = None,
@@ -274,6 +274,26 @@ def hits_table(query: str, hits: list[dict]) -> Table:
         meta = ", ".join(f"{k}={v}" for k, v in (h.get("metadata") or {}).items())
         table.add_row(str(rank), f"{h['score']:.3f}", h["id"], meta[:80])
     return table
+
+
+@app.command()
+def demo(
+    docs: Annotated[int, typer.Option(help="Documents in the sample corpus", min=10, max=7000)] = 3000,
+    repeats: Annotated[float, typer.Option(help="Fraction of documents that repeat an earlier text under a new id",
+                                           min=0.0, max=0.95)] = 0.2,
+    state_dir: opt.StateDir = Path(".embedstream/demo"),
+    keep_stack: Annotated[bool, typer.Option("--keep-stack", help="Leave the local stack running afterwards")] = False,
+) -> None:
+    """Start the local stack, stream a sample corpus through the worker, show what came out, stop.
+
+    The corpus is built at run time from the installed Python standard library's docstrings.
+    """
+    from worker.demo import run_demo
+
+    try:
+        run_demo(console, docs=docs, repeats=repeats, state_dir=state_dir, keep_stack=keep_stack)
+    except ConfigError as exc:
+        raise fail(str(exc), 2) from None
 
 
 def main() -> None:  # pragma: no cover - console entry for `python -m worker`

@@ -43,11 +43,25 @@ class RunStats:
     cached: int = 0
     batches: int = 0
     started: float = field(default_factory=time.monotonic)
+    #: When the first record arrived and when the last batch finished (monotonic), for rates.
+    first_record_at: float | None = None
+    last_done_at: float | None = None
     dlq_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def done(self) -> int:
         return self.embedded + self.deleted + self.dead_lettered
+
+    @property
+    def busy_seconds(self) -> float:
+        """First record consumed → last batch committed-ready (excludes group join and idle time)."""
+        if self.first_record_at is None or self.last_done_at is None:
+            return 0.0
+        return self.last_done_at - self.first_record_at
+
+    @property
+    def docs_per_second(self) -> float:
+        return self.done / self.busy_seconds if self.busy_seconds > 0 else 0.0
 
 
 class Worker:
@@ -175,6 +189,8 @@ class Worker:
                 continue
             self.eof[(m.topic(), m.partition())] = False
             entries.append(self.validator.validate(m))
+        if entries and self.stats.first_record_at is None:
+            self.stats.first_record_at = time.monotonic()
         items = [e for e in entries if isinstance(e, Item)]
         if items:
             # Count on a bounded prefix: a 1 MB text costs the tokenizer the same as the model sees.
@@ -198,6 +214,7 @@ class Worker:
         s = self.stats
         now_ms = time.time() * 1000
         s.batches += 1
+        s.last_done_at = time.monotonic()
         for e in batch.entries:
             if isinstance(e, Item):
                 s.embedded += 1

@@ -7,8 +7,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from pydantic import SecretStr
 from confluent_kafka import Consumer, TopicPartition
+from pydantic import SecretStr
 
 from connectors.kafka import make_producer
 from connectors.milvus import MilvusStore

@@ -7,7 +7,8 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME
 
 class FakeMessage:
     def __init__(self, key, value, partition=0, offset=0, topic="docs", headers=None, ts=1_700_000_000_000):
-        self._k, self._v, self._p, self._o, self._t, self._h, self._ts = key, value, partition, offset, topic, headers, ts
+        self._k, self._v, self._p, self._o = key, value, partition, offset
+        self._t, self._h, self._ts = topic, headers, ts
 
     def key(self):
         return self._k

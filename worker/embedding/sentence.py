@@ -85,7 +85,10 @@ class SentenceTransformerEmbedder(Embedder):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         import torch
+        import transformers
         from sentence_transformers import SentenceTransformer
+
+        transformers.logging.disable_progress_bar()  # no "Loading weights" bar in the worker's log
 
         self.model_id, path = resolve_model_path(model)
         self.device = pick_device(device)
