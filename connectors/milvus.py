@@ -30,7 +30,9 @@ class MilvusStore:
         self.timeout = timeout
         self.uri = uri
         try:
-            self._client = MilvusClient(uri=uri, token=token or "", timeout=timeout)
+            # dedicated: pymilvus otherwise shares one channel per URI in a process, and recovers it
+            # with the timeout of whichever client opened it first.
+            self._client = MilvusClient(uri=uri, token=token or "", timeout=timeout, dedicated=True)
         except Exception as exc:
             raise ConfigError(f"cannot reach Milvus at {uri!r}: {exc}. Check EMBEDSTREAM_MILVUS_URI.") from None
 

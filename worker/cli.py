@@ -228,6 +228,7 @@ def run(
     EMBEDSTREAM_* variable; any librdkafka property passes as EMBEDSTREAM_KAFKA__<NAME_WITH_UNDERSCORES>.
     """
     from worker.runner import build_worker, setup_logging
+    from worker.steps.dlq_limit import DlqLimitExceeded
 
     s = settings_or_exit(**{k: v for k, v in locals().items() if k != "stop_when_idle"})
     setup_logging(s)
@@ -236,7 +237,10 @@ def run(
     except ConfigError as exc:
         raise fail(f"{exc}", 2) from None
     worker.install_signal_handlers()
-    stats = worker.run(stop_when_idle=stop_when_idle)
+    try:
+        stats = worker.run(stop_when_idle=stop_when_idle)
+    except DlqLimitExceeded as exc:
+        raise fail(str(exc), 3) from None
     elapsed = time.monotonic() - stats.started
     err.print(f"done: {stats.embedded} embedded ({stats.cached} from cache), {stats.deleted} deleted, "
               f"{stats.dead_lettered} dead-lettered, {stats.batches} batches in {elapsed:.1f}s")
@@ -274,6 +278,58 @@ def hits_table(query: str, hits: list[dict]) -> Table:
         meta = ", ".join(f"{k}={v}" for k, v in (h.get("metadata") or {}).items())
         table.add_row(str(rank), f"{h['score']:.3f}", h["id"], meta[:80])
     return table
+
+
+@app.command()
+def lag(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False,
+    offset_reset_policy: Annotated[str, typer.Option(
+        help="How a partition without a committed offset counts, as in KEDA: latest → 1, earliest → its end "
+        "offset")] = "latest",
+    scale_to_zero_on_invalid_offset: Annotated[bool, typer.Option(
+        help="Count partitions without a committed offset as 0 (KEDA's scaleToZeroOnInvalidOffset)")] = False,
+    lag_threshold: Annotated[int | None, typer.Option(
+        help="Also show the replicas KEDA would ask for at this lagThreshold", min=1)] = None,
+    kafka_bootstrap_servers: opt.Bootstrap = None,
+    input_topic: opt.InputTopic = None,
+    group_id: opt.GroupId = None,
+) -> None:
+    """Per-partition and total lag of the worker's group, computed as KEDA's Kafka scaler computes it
+    (end offset − committed offset)."""
+    from connectors.kafka import make_admin
+    from connectors.lag import as_json as lag_json
+    from connectors.lag import desired_replicas, group_lag
+
+    if offset_reset_policy not in ("latest", "earliest"):
+        raise fail("--offset-reset-policy must be latest or earliest", 2)
+    s = settings_or_exit(kafka_bootstrap_servers=kafka_bootstrap_servers, input_topic=input_topic,
+                         group_id=group_id)
+    try:
+        s.require("kafka_bootstrap_servers")
+        lags = group_lag(make_admin(s), s.group_id, s.input_topic, offset_reset_policy,
+                         scale_to_zero_on_invalid_offset)
+    except (ValueError, RuntimeError) as exc:
+        raise fail(str(exc)) from None
+    except Exception as exc:  # KafkaException from the admin futures
+        raise fail(f"could not read offsets from {s.kafka_bootstrap_servers}: {exc}") from None
+    replicas = desired_replicas(lags, lag_threshold) if lag_threshold else None
+    if as_json:
+        out = lag_json(lags)
+        out.update(group=s.group_id, topic=s.input_topic)
+        if replicas is not None:
+            out["desired_replicas"] = replicas
+        print(json.dumps(out))
+        return
+    table = Table("partition", "end offset", "committed", "lag", title=f"group [bold]{s.group_id}[/] on "
+                  f"[bold]{s.input_topic}[/]", title_justify="left")
+    for p in lags:
+        table.add_row(str(p.partition), f"{p.end_offset:,}", "—" if p.committed is None else f"{p.committed:,}",
+                      f"{p.lag:,}")
+    table.add_section()
+    table.add_row("total", "", "", f"[bold]{sum(p.lag for p in lags):,}[/]")
+    console.print(table)
+    if replicas is not None:
+        console.print(f"KEDA would ask for [bold]{replicas}[/] replica(s) at lagThreshold {lag_threshold}")
 
 
 @app.command()

@@ -139,7 +139,7 @@ def _milvus_ready(port: int) -> bool:
     from pymilvus import MilvusClient
 
     try:
-        client = MilvusClient(uri=f"http://127.0.0.1:{port}", timeout=2)
+        client = MilvusClient(uri=f"http://127.0.0.1:{port}", timeout=2, dedicated=True)
         client.list_collections(timeout=2)
         client.close()
         return True

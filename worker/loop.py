@@ -26,6 +26,7 @@ from worker.embedding.base import Embedder
 from worker.pipeline import Pipeline
 from worker.records import Batch, DeadLetter, Delete, Item, TopicPartitionKey
 from worker.steps.batcher import Batcher
+from worker.steps.dlq_limit import DlqLimit
 from worker.steps.validate import Validator
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class Worker:
                  max_batch_size: int, max_batch_tokens: int, max_batch_wait_ms: int, max_inflight: int,
                  max_text_bytes: int, shutdown_grace: float = 30.0, commit_interval: float = 1.0,
                  join_grace: float = 30.0, health: metrics.Health | None = None,
+                 dlq_limit: DlqLimit | None = None,
                  on_progress: Callable[[RunStats], None] | None = None) -> None:
         self.consumer = consumer
         self.topic = topic
@@ -83,6 +85,8 @@ class Worker:
         self.commit_interval = commit_interval
         self.join_grace = join_grace
         self.health = health or metrics.Health()
+        self.dlq_limit = dlq_limit or DlqLimit(1000, 0.9, 1000)
+        self.pauses = 0
         self.on_progress = on_progress
         self.stats = RunStats()
         self.assigned: set[TopicPartitionKey] = set()
@@ -157,7 +161,9 @@ class Worker:
                     self.pipeline.submit(batch)
                 self._collect()
                 self._backpressure()
-                if time.monotonic() - self._last_commit >= self.commit_interval:
+                if self.commit_interval == 0:
+                    self._commit(sync=True)
+                elif time.monotonic() - self._last_commit >= self.commit_interval:
                     self._commit(sync=False)
                 if stop_when_idle is not None:
                     if self._idle(time.monotonic() - started):
@@ -198,6 +204,12 @@ class Worker:
             for it, n in zip(items, self.embedder.token_lengths([it.text[:limit] for it in items])):
                 it.tokens = n
         for e in entries:
+            # The breaker runs before the entry joins a batch: when it trips, this record and
+            # everything after it stay uncommitted.
+            if isinstance(e, DeadLetter):
+                self.dlq_limit.record(e.reason, e.message)
+            else:
+                self.dlq_limit.record(None)
             for batch in self.batcher.add(e):
                 self.pipeline.submit(batch)
 
@@ -241,6 +253,7 @@ class Worker:
             parts = self.consumer.assignment()
             (self.consumer.pause if full else self.consumer.resume)(parts)
             self.paused = full
+            self.pauses += full
             metrics.PAUSED_PARTITIONS.set(len(parts) if full else 0)
 
     def _commit(self, sync: bool) -> None:

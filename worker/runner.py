@@ -21,6 +21,7 @@ from worker.embedding.base import Embedder
 from worker.loop import RunStats, Worker
 from worker.pipeline import Pipeline
 from worker.settings import Settings
+from worker.steps.dlq_limit import DlqLimit
 from worker.steps.embed import EmbedStep
 from worker.steps.sink import SinkStep
 
@@ -111,4 +112,6 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
                   max_batch_size=settings.max_batch_size, max_batch_tokens=settings.max_batch_tokens,
                   max_batch_wait_ms=settings.max_batch_wait_ms, max_inflight=settings.max_inflight_batches,
                   max_text_bytes=settings.max_text_bytes, shutdown_grace=settings.shutdown_grace_seconds,
-                  join_grace=max(10.0, 2 * session_ms / 1000), health=health, on_progress=on_progress)
+                  commit_interval=settings.commit_interval_ms / 1000,
+                  join_grace=max(10.0, 2 * session_ms / 1000), health=health, on_progress=on_progress,
+                  dlq_limit=DlqLimit(settings.dlq_max_consecutive, settings.dlq_max_ratio, settings.dlq_ratio_window))

@@ -59,6 +59,11 @@ class Settings(BaseSettings):
         1_000_000, ge=16, description="hard limit on a record's value; larger records are dead-lettered"
     )
 
+    dlq_max_consecutive: int = Field(1000, ge=1, description="halt after this many dead-lettered records in a row")
+    dlq_max_ratio: float = Field(0.9, gt=0, le=1, description="halt when more of the last window is dead-lettered")
+    dlq_ratio_window: int = Field(1000, ge=10)
+    commit_interval_ms: int = Field(1000, ge=0, description="0 = commit synchronously after every batch")
+
     # Cache
     redis_url: SecretStr | None = None
     cache_ttl_seconds: int = Field(7 * 24 * 3600, ge=1)

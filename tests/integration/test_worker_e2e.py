@@ -151,7 +151,7 @@ def test_startup_errors_are_clear(stack, tmp_path):
     # a collection built for another dim
     from pymilvus import DataType, MilvusClient
 
-    client = MilvusClient(uri=s.milvus_uri, timeout=10)
+    client = MilvusClient(uri=s.milvus_uri, timeout=10, dedicated=True)
     schema = MilvusClient.create_schema(auto_id=False)
     schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=64)
     schema.add_field("vector", DataType.FLOAT_VECTOR, dim=128)

@@ -1,0 +1,49 @@
+"""The fault suite gets a stack of its own: it freezes and restarts parts of it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.helpers import fresh_settings
+
+PARTITIONS = 6
+
+
+@pytest.fixture(scope="session")
+def fault_stack(tmp_path_factory):
+    from worker.dev import LocalStack
+
+    local = LocalStack(tmp_path_factory.mktemp("fault-stack"))
+    env, _ = local.up(partitions=PARTITIONS)
+    yield local, env
+    local.down()
+
+
+@pytest.fixture()
+def fs(fault_stack):
+    """Fresh topics, group and collection on the fault stack, with settings suited to fault tests:
+    small batches (so a kill loses little) and a commit after every batch."""
+    local, env = fault_stack
+    return fresh_settings(env, partitions=PARTITIONS, max_batch_size=32, commit_interval_ms=0,
+                          shutdown_grace_seconds=20, milvus_timeout_seconds=5, retry_backoff_max_seconds=2)
+
+
+@pytest.fixture()
+def parts(fault_stack):
+    """Pids of the fault stack's broker, Redis and Milvus."""
+    local, _ = fault_stack
+    return {name: p.pid for name, p in local.parts().items()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fault_table(tmp_path_factory):
+    path = tmp_path_factory.mktemp("faults") / "table.tsv"
+    os.environ["EMBEDSTREAM_FAULT_TABLE"] = str(path)
+    yield
+    if path.exists():
+        rows = [line.split("\t") for line in path.read_text().splitlines()]
+        print("\n\nfault suite: scenario | injected | documents | dead-lettered | duplicates on output | recovery s")
+        for r in rows:
+            print(" | ".join(r))

@@ -1,0 +1,211 @@
+"""The fault suite's shared parts: worker processes, fault injection, and the one pass check.
+
+The pass check (``check_nothing_lost``) is the promise of ``reliability.md``, written once:
+Milvus (Strong) holds exactly the ids that should be there, one row each, with vectors equal to a
+direct encode; every good id reached the output topic at least once; the DLQ holds exactly the bad
+records, with reasons and original bytes; and the group's committed offsets are at the end of every
+partition (lag 0).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from confluent_kafka import Consumer, TopicPartition
+
+from connectors.kafka import make_producer
+from connectors.milvus import MilvusStore
+from schemas.codec import Document, encode_document
+from tests.helpers import CLI, REPO, read_topic, settings_env
+from worker.corpus import stdlib_docstrings
+from worker.records import normalise_text
+from worker.settings import Settings
+
+
+def short_docs(n: int, prefix: str) -> list[Document]:
+    """``n`` documents with short, distinct texts (first sentences of stdlib docstrings)."""
+    seen: set[str] = set()
+    out: list[Document] = []
+    for name, doc in stdlib_docstrings():
+        text = doc.split("\n\n")[0].replace("\n", " ").strip()[:160]
+        if len(text) < 15 or text in seen:
+            continue
+        seen.add(text)
+        out.append(Document(f"{prefix}-{len(out)}", text, None, {"from": name}))
+        if len(out) == n:
+            return out
+    raise ValueError(f"only {len(out)} distinct short texts available")
+
+
+@dataclass
+class Expected:
+    """What the stream should leave behind."""
+
+    good: dict[str, str] = field(default_factory=dict)  # id → text
+    deleted: set[str] = field(default_factory=set)
+    bad: dict[str, tuple[bytes | None, str]] = field(default_factory=dict)  # key → (value, reason)
+    records: int = 0  # input records produced in all
+
+    @property
+    def in_milvus(self) -> set[str]:
+        return set(self.good) - self.deleted
+
+
+def produce_docs(s: Settings, docs: list[Document], expected: Expected, producer=None) -> None:
+    producer = producer or make_producer(s)
+    for d in docs:
+        producer.produce(s.input_topic, key=d.id, value=encode_document(d))
+        expected.good[d.id] = d.text
+        expected.records += 1
+        producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+def produce_bad(s: Settings, bad: dict[str, tuple[bytes | None, str]], expected: Expected, producer=None) -> None:
+    producer = producer or make_producer(s, **{"message.max.bytes": 60_000_000})
+    for key, (value, reason) in bad.items():
+        producer.produce(s.input_topic, key=key, value=value)
+        expected.bad[key] = (value, reason)
+        expected.records += 1
+    assert producer.flush(60) == 0
+
+
+def worker_env(s: Settings, **extra: str) -> dict[str, str]:
+    env = settings_env(s)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+class WorkerProcess:
+    """``embedstream run`` as a real subprocess, its output in a log file."""
+
+    def __init__(self, s: Settings, log_dir: Path, name: str, args: tuple[str, ...] = (), **env: str) -> None:
+        self.log_path = log_dir / f"{name}.log"
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([*CLI, "run", *args], env=worker_env(s, **env), cwd=REPO,
+                                     stdout=self._log, stderr=subprocess.STDOUT)
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def terminate(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def __del__(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+
+def committed_total(s: Settings, partitions: int) -> int:
+    """Sum of the group's committed offsets on the input topic (−1001 'none' counts as 0)."""
+    c = Consumer({**s.kafka_common(), "group.id": s.group_id})
+    try:
+        got = c.committed([TopicPartition(s.input_topic, p) for p in range(partitions)], timeout=10)
+    finally:
+        c.close()
+    return sum(max(tp.offset, 0) for tp in got)
+
+
+def wait_until(predicate, timeout: float, every: float = 0.25, what: str = "condition") -> float:
+    """Wait for ``predicate()``; return the seconds it took; AssertionError on timeout."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@contextmanager
+def frozen(pid: int):
+    """SIGSTOP a process for the duration of the block (SIGCONT even if the block fails)."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@dataclass
+class Report:
+    documents: int
+    output_records: int
+    duplicates: int
+    dead_lettered: int
+
+
+def check_nothing_lost(s: Settings, model, expected: Expected, partitions: int) -> Report:
+    """The shared pass check of the fault suite (see the module doc). Returns what it saw."""
+    # Milvus: exactly the expected ids, once each, vectors equal to a direct encode.
+    store = MilvusStore(s.milvus_uri, s.milvus_collection, timeout=30)
+    rows = store.query_ids(fields=("id", "vector"))
+    store.close()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "a Milvus id appears twice"
+    want = expected.in_milvus
+    assert set(ids) == want, f"Milvus: {len(want - set(ids))} missing, {len(set(ids) - want)} unexpected"
+    order = sorted(want)
+    if order:
+        got = np.array([r["vector"] for r in sorted(rows, key=lambda r: r["id"])], dtype=np.float32)
+        ref = model.encode_reference([normalise_text(expected.good[i]) for i in order])
+        cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
+        floor = 0.999 if model.precision == "fp32" else 0.995
+        assert cos.min() >= floor, f"a vector differs from a direct encode: min cosine {cos.min():.4f}"
+
+    # Output topic: every good id at least once.
+    out = read_topic(s, s.output_topic, expect=len(expected.good) + len(expected.deleted), idle=2.0)
+    values = [m for m in out if m.value() is not None]
+    seen = Counter(m.key().decode() for m in values)
+    missing = set(expected.good) - set(seen)
+    assert not missing, f"{len(missing)} good ids never reached the output topic, e.g. {sorted(missing)[:3]}"
+    duplicates = sum(seen.values()) - len(seen)
+
+    # DLQ: exactly the bad records, with reason and original bytes.
+    dlq = read_topic(s, s.dlq_topic, expect=len(expected.bad), idle=2.0)
+    dlq_by_key = {}
+    for m in dlq:
+        dlq_by_key.setdefault(m.key().decode(), m)
+    assert set(dlq_by_key) == set(expected.bad), (sorted(dlq_by_key), sorted(expected.bad))
+    for key, m in dlq_by_key.items():
+        value, reason = expected.bad[key]
+        headers = dict(m.headers())
+        assert headers["embedstream.error.reason"].decode() == reason, (key, headers)
+        if value is not None and len(value) <= 900_000:
+            assert m.value() == value, key
+        elif value is not None:
+            assert int(headers["embedstream.error.original_size"]) == len(value)
+
+    # Lag 0: committed offsets at the end of every partition.
+    ends = Counter()
+    for m in read_topic(s, s.input_topic, expect=expected.records, idle=2.0):
+        ends[m.partition()] = max(ends[m.partition()], m.offset() + 1)
+    c = Consumer({**s.kafka_common(), "group.id": s.group_id})
+    committed = c.committed([TopicPartition(s.input_topic, p) for p in range(partitions)], timeout=10)
+    c.close()
+    lag = {tp.partition: ends[tp.partition] - max(tp.offset, 0) for tp in committed}
+    assert all(v == 0 for v in lag.values()), f"lag left: {lag}"
+    return Report(len(expected.good), len(values), duplicates, len(dlq_by_key))
+
+
+def record_row(scenario: str, injected: str, report: Report, recovery_s: float | None) -> None:
+    """Append one line to the suite's table (printed at the end of the session)."""
+    path = Path(os.environ.get("EMBEDSTREAM_FAULT_TABLE", REPO / ".embedstream" / "fault-table.tsv"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        rec = "" if recovery_s is None else f"{recovery_s:.1f}"
+        fh.write(f"{scenario}\t{injected}\t{report.documents}\t{report.dead_lettered}\t{report.duplicates}\t{rec}\n")

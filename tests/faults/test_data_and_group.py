@@ -1,0 +1,155 @@
+"""Scenarios 5, 6, 7 and 8: rebalances, a slow model, poison pills, the DLQ circuit breaker."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from connectors.kafka import make_producer
+from schemas.codec import Document, encode_document
+from tests.faults.conftest import PARTITIONS
+from tests.faults.harness import (
+    Expected,
+    WorkerProcess,
+    check_nothing_lost,
+    committed_total,
+    produce_bad,
+    produce_docs,
+    record_row,
+    short_docs,
+    wait_until,
+)
+from tests.helpers import fresh_settings, read_topic
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+
+def test_rebalance_one_three_one_while_producing(fs, model, tmp_path):
+    expected = Expected()
+    docs = short_docs(3000, "rb")
+    lock = threading.Lock()
+
+    def trickle():
+        for i in range(0, len(docs), 100):
+            with lock:
+                produce_docs(fs, docs[i:i + 100], expected)
+            time.sleep(0.5)
+
+    producer = threading.Thread(target=trickle)
+    a = WorkerProcess(fs, tmp_path, "a", ("--stop-when-idle", "5"))
+    producer.start()
+    wait_until(lambda: committed_total(fs, PARTITIONS) >= 300, 180, what="first commits")
+    b = WorkerProcess(fs, tmp_path, "b")
+    c = WorkerProcess(fs, tmp_path, "c")
+    wait_until(lambda: "assigned [" in b.log() and "assigned [" in c.log(), 120, what="b and c assigned")
+    time.sleep(4)
+    b.terminate()
+    c.terminate()
+    assert b.wait(60) == 0 and c.wait(60) == 0
+    producer.join(120)
+    assert a.wait(300) == 0, a.log()[-3000:]
+    report = check_nothing_lost(fs, model, expected, PARTITIONS)
+    record_row("5 rebalance 1→3→1", "2 workers joined, then SIGTERM", report, None)
+
+
+class SlowModel:
+    """The real model, plus a sleep per batch longer than half of max.poll.interval.ms."""
+
+    def __init__(self, model, seconds: float) -> None:
+        self._m, self.seconds = model, seconds
+
+    def __getattr__(self, name):
+        return getattr(self._m, name)
+
+    def embed(self, texts):
+        time.sleep(self.seconds)
+        return self._m.embed(texts)
+
+    def warmup(self):
+        pass
+
+
+def test_slow_model_never_gets_the_worker_evicted(fault_stack, model, tmp_path):
+    from worker.runner import build_worker
+
+    _, env = fault_stack
+    s = fresh_settings(env, partitions=PARTITIONS, max_batch_size=40, max_inflight_batches=2, commit_interval_ms=0)
+    s.kafka["max.poll.interval.ms"] = "7000"  # librdkafka's floor is session.timeout.ms (6000)
+    expected = Expected()
+    produce_docs(s, short_docs(240, "slow"), expected)
+    worker = build_worker(s, embedder=SlowModel(model, 4.0))  # 4 s a batch > 3.5 s = ½ max.poll.interval
+    revokes, lost = [], []
+    worker._on_revoke = _spy(worker._on_revoke, revokes)
+    worker._on_lost = _spy(worker._on_lost, lost)
+    t0 = time.monotonic()
+    stats = worker.run(stop_when_idle=2)
+    assert stats.embedded == 240
+    assert worker.pauses >= 1, "partitions were never paused although the model was the bottleneck"
+    assert not lost and len(revokes) <= 1, (revokes, lost)  # only the final close
+    report = check_nothing_lost(s, model, expected, PARTITIONS)
+    record_row("6 slow model", f"4 s per batch, max.poll.interval 7 s, {worker.pauses} pauses", report,
+               time.monotonic() - t0)
+
+
+def _spy(fn, calls):
+    def wrapper(consumer, partitions):
+        calls.append([p.partition for p in partitions])
+        return fn(consumer, partitions)
+
+    return wrapper
+
+
+def test_poison_pills_go_to_the_dlq_and_block_nothing(fs, model, tmp_path):
+    expected = Expected()
+    docs = short_docs(600, "pp")
+    producer = make_producer(fs, **{"message.max.bytes": 60_000_000})
+    bad = {
+        "pp-bad-avro": (b"\x02\x06abc\xff\x00", "decode_error"),
+        "pp-json-garbage": (b'{"id": "pp-json-garbage", "text": tru', "decode_error"),
+        "pp-empty": (encode_document(Document("pp-empty", "  \n ")), "empty_text"),
+        "pp-utf8": (b'{"id": "pp-utf8", "text": "caf\xe9"}', "invalid_utf8"),
+        "pp-huge": (b"{" + b" " * 50_000_000 + b"}", "text_too_long"),
+        "pp-model": (encode_document(Document("pp-model", "hello", model="some/other-model")), "unknown_model"),
+    }
+    for i in range(0, 600, 100):  # bad records interleaved with good ones
+        produce_docs(fs, docs[i:i + 100], expected, producer)
+        produce_bad(fs, dict(list(bad.items())[i // 100:i // 100 + 1]), expected, producer)
+    for key in ("pp-3", "pp-7", "pp-unknown-id"):  # tombstones, one for an id that never existed
+        producer.produce(fs.input_topic, key=key, value=None)
+        expected.records += 1
+    expected.deleted |= {"pp-3", "pp-7"}
+    assert producer.flush(60) == 0
+    w = WorkerProcess(fs, tmp_path, "w", ("--stop-when-idle", "3"))
+    assert w.wait(300) == 0, w.log()[-3000:]
+    report = check_nothing_lost(fs, model, expected, PARTITIONS)
+    assert report.dead_lettered == len(bad)
+    record_row("7 poison pills", "bad Avro, JSON garbage, empty, bad UTF-8, 50 MB, unknown model, tombstones",
+               report, None)
+
+
+def test_dlq_breaker_halts_and_commits_nothing_past_the_bad_run(fault_stack, tmp_path):
+    _, env = fault_stack
+    s = fresh_settings(env, partitions=1, max_batch_size=16, commit_interval_ms=0, dlq_max_consecutive=20)
+    expected = Expected()
+    produce_docs(s, short_docs(50, "brk-good"), expected)
+    produce_bad(s, {f"brk-bad-{i}": (encode_document(Document(f"brk-bad-{i}", "x", model="wrong-model")),
+                                     "unknown_model") for i in range(100)}, expected)
+    produce_docs(s, short_docs(50, "brk-after"), expected)
+    w = WorkerProcess(s, tmp_path, "w", ("--stop-when-idle", "3"))
+    code = w.wait(300)
+    log = w.log()
+    assert code == 3, log[-3000:]
+    assert "unknown_model" in log and "EMBEDSTREAM_MODEL" in log and "in a row" in log
+    c = Consumer({**s.kafka_common(), "group.id": s.group_id})
+    [tp] = c.committed([TopicPartition(s.input_topic, 0)], timeout=10)
+    c.close()
+    # offsets 0-49 good, 50-149 bad, 150-199 good: the breaker trips at the 20th bad record.
+    assert 50 <= tp.offset <= 50 + 20, tp.offset
+    dlq = read_topic(s, s.dlq_topic, idle=2.0)
+    assert len(dlq) == tp.offset - 50  # what was committed past the good records was dead-lettered
+    report_docs = committed_total(s, 1)
+    record_row("8 DLQ breaker", "100 unknown_model in a row (limit 20)",
+               type("R", (), {"documents": report_docs, "dead_lettered": len(dlq), "duplicates": 0})(), None)

@@ -1,0 +1,78 @@
+"""librdkafka's mock cluster (inside the confluent-kafka wheel), driven through ctypes.
+
+A Kafka-protocol cluster with correct ListOffsets and with fault injection (brokers down,
+request errors): used where the local Tansu broker is wrong (ListOffsets) or cannot be faulted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+
+import confluent_kafka
+
+_RD_KAFKA_PRODUCER = 0
+
+
+def _lib() -> ctypes.CDLL:
+    libdir = os.path.join(os.path.dirname(confluent_kafka.__file__), os.pardir, "confluent_kafka.libs")
+    found = glob.glob(os.path.join(libdir, "librdkafka*.so*"))
+    if not found:
+        raise RuntimeError("librdkafka not found inside the confluent-kafka wheel")
+    lib = ctypes.CDLL(found[0])
+    lib.rd_kafka_conf_new.restype = ctypes.c_void_p
+    lib.rd_kafka_conf_set.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                      ctypes.c_size_t]
+    lib.rd_kafka_new.restype = ctypes.c_void_p
+    lib.rd_kafka_new.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.rd_kafka_destroy.argtypes = [ctypes.c_void_p]
+    lib.rd_kafka_mock_cluster_new.restype = ctypes.c_void_p
+    lib.rd_kafka_mock_cluster_new.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.rd_kafka_mock_cluster_destroy.argtypes = [ctypes.c_void_p]
+    lib.rd_kafka_mock_cluster_bootstraps.restype = ctypes.c_char_p
+    lib.rd_kafka_mock_cluster_bootstraps.argtypes = [ctypes.c_void_p]
+    lib.rd_kafka_mock_topic_create.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+    lib.rd_kafka_mock_broker_set_down.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    lib.rd_kafka_mock_broker_set_up.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    return lib
+
+
+class MockCluster:
+    """``with MockCluster(brokers=1) as mc: mc.bootstraps ...``; brokers are numbered from 1."""
+
+    def __init__(self, brokers: int = 1) -> None:
+        self._lib = _lib()
+        err = ctypes.create_string_buffer(512)
+        conf = self._lib.rd_kafka_conf_new()
+        self._lib.rd_kafka_conf_set(conf, b"log_level", b"0", err, 512)
+        self._rk = self._lib.rd_kafka_new(_RD_KAFKA_PRODUCER, conf, err, 512)
+        if not self._rk:
+            raise RuntimeError(f"rd_kafka_new: {err.value.decode()}")
+        self._mc = self._lib.rd_kafka_mock_cluster_new(self._rk, brokers)
+        self.bootstraps = self._lib.rd_kafka_mock_cluster_bootstraps(self._mc).decode()
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        rc = self._lib.rd_kafka_mock_topic_create(self._mc, name.encode(), partitions, 1)
+        if rc != 0:
+            raise RuntimeError(f"mock topic create failed: {rc}")
+
+    def broker_down(self, broker_id: int = 1) -> None:
+        self._lib.rd_kafka_mock_broker_set_down(self._mc, broker_id)
+
+    def broker_up(self, broker_id: int = 1) -> None:
+        self._lib.rd_kafka_mock_broker_set_up(self._mc, broker_id)
+
+    def close(self) -> None:
+        if self._mc:
+            self._lib.rd_kafka_mock_cluster_destroy(self._mc)
+            self._mc = None
+        if self._rk:
+            self._lib.rd_kafka_destroy(self._rk)
+            self._rk = None
+
+    def __enter__(self) -> MockCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,65 @@
+"""The dead-letter circuit breaker: halt a bad deploy instead of dead-lettering a whole topic.
+
+Trips when ``max_consecutive`` records in a row were dead-lettered, or when more than
+``max_ratio`` of the last ``window`` records were. The worker then stops without committing
+anything it had not finished, so after the fix it resumes at the first unprocessed offset.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+
+HINTS = {
+    "unknown_model": "is EMBEDSTREAM_MODEL right, or are producers asking for a model this worker does not serve?",
+    "decode_error": "are producers writing schemas/document.avsc (or JSON objects)? is EMBEDSTREAM_INPUT_TOPIC "
+                    "the right topic?",
+    "invalid_utf8": "are producers encoding text as UTF-8?",
+    "empty_text": "are producers sending documents without text?",
+    "text_too_long": "should EMBEDSTREAM_MAX_TEXT_BYTES be larger?",
+    "id_too_long": "are producers using something other than a document id as the id?",
+}
+
+
+class DlqLimitExceeded(RuntimeError):
+    """Too many records are being dead-lettered: probably a configuration or producer bug."""
+
+
+class DlqLimit:
+    """Feed each record's outcome to ``record``; it raises :class:`DlqLimitExceeded` when tripped."""
+
+    def __init__(self, max_consecutive: int, max_ratio: float, window: int) -> None:
+        self.max_consecutive = max_consecutive
+        self.max_ratio = max_ratio
+        self.window = window
+        self._run = 0
+        self._recent: deque[bool] = deque(maxlen=window)
+        self._bad_in_window = 0
+        self._reasons: Counter[str] = Counter()
+        self._last_message = ""
+
+    def record(self, reason: str | None, message: str = "") -> None:
+        """``reason`` is the dead-letter reason, or None for a record that will be processed."""
+        bad = reason is not None
+        if len(self._recent) == self.window and self._recent[0]:
+            self._bad_in_window -= 1
+        self._recent.append(bad)
+        self._bad_in_window += bad
+        if not bad:
+            self._run = 0
+            self._reasons.clear()
+            return
+        self._run += 1
+        self._reasons[reason] += 1
+        self._last_message = message
+        if self._run >= self.max_consecutive:
+            self._trip(f"{self._run} records in a row were dead-lettered")
+        if len(self._recent) == self.window and self._bad_in_window > self.max_ratio * self.window:
+            self._trip(f"{self._bad_in_window} of the last {self.window} records were dead-lettered")
+
+    def _trip(self, what: str) -> None:
+        reason, count = (self._reasons.most_common(1) or [("?", 0)])[0]
+        raise DlqLimitExceeded(
+            f"halting: {what} (most often {reason}: {self._last_message}). {HINTS.get(reason, '')} "
+            "Nothing after the first unprocessed record was committed: fix the cause and restart. "
+            "(Limits: EMBEDSTREAM_DLQ_MAX_CONSECUTIVE, EMBEDSTREAM_DLQ_MAX_RATIO.)"
+        )
