@@ -21,7 +21,7 @@ CLI = [sys.executable, "-m", "worker.cli"]
 def fresh_settings(env: dict[str, str], partitions: int = 6, **overrides) -> Settings:
     """Settings pointing at the local stack with new topics, group and collection for one test."""
     tag = uuid.uuid4().hex[:8]
-    s = Settings(
+    values = dict(
         kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
         redis_url=env["EMBEDSTREAM_REDIS_URL"],
         milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
@@ -32,8 +32,8 @@ def fresh_settings(env: dict[str, str], partitions: int = 6, **overrides) -> Set
         group_id=f"grp-{tag}",
         milvus_collection=f"c_{tag}",
         metrics_port=0,
-        **overrides,
     )
+    s = Settings(**{**values, **overrides})
     create_topics(make_admin(s), [s.input_topic, s.output_topic, s.dlq_topic], partitions)
     return s
 

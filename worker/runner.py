@@ -93,7 +93,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     store.ensure_collection(embedder.dim)
     cache = open_cache(settings, embedder)
     embedder.warmup()
-    health = metrics.Health()
+    health = metrics.Health(settings.healthz_max_tick_age_seconds)
     health.model_loaded = True
     if settings.metrics_port:
         try:

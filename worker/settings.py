@@ -78,6 +78,7 @@ class Settings(BaseSettings):
     # Operations
     metrics_port: int = Field(9400, ge=0, le=65535, description="0 disables the metrics server")
     shutdown_grace_seconds: float = Field(30.0, gt=0)
+    healthz_max_tick_age_seconds: float = Field(60.0, gt=0, description="/healthz fails when the loop is older")
     retry_backoff_max_seconds: float = Field(10.0, gt=0)
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"

@@ -64,7 +64,7 @@ def test_sigterm_under_load_then_restart_has_no_duplicates(fs, model, tmp_path):
     w2 = WorkerProcess(fs, tmp_path, "w2", ("--stop-when-idle", "3"))
     assert w2.wait(300) == 0, w2.log()[-3000:]
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
-    assert report.duplicates == 0, report
+    assert report.duplicates == 0, (report, w.log()[-4000:], w2.log()[-2000:])
     record_row("9 SIGTERM", f"SIGTERM at 30%, stopped in {stop_s:.1f}s", report, stop_s)
 
 

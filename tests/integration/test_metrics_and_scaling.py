@@ -1,0 +1,134 @@
+"""Metrics and health endpoints after a real stream; three workers sharing six partitions."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from prometheus_client import REGISTRY
+
+from connectors.kafka import make_producer
+from connectors.milvus import MilvusStore
+from schemas.codec import Document, encode_document
+from tests.faults.harness import WorkerProcess, short_docs
+from tests.helpers import fresh_settings, run_cli, settings_env
+from worker.dev import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _value(name: str, **labels) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_metrics_move_by_the_right_amounts_and_health_answers(stack, model):
+    from worker.runner import build_worker
+
+    port = free_port()
+    s = fresh_settings(stack, metrics_port=port, max_batch_size=50)
+    before = {
+        "embedded": _value("embedstream_messages_total", outcome="embedded"),
+        "deleted": _value("embedstream_messages_total", outcome="deleted"),
+        "dead": _value("embedstream_messages_total", outcome="dead_lettered"),
+        "dlq_empty": _value("embedstream_dlq_messages_total", reason="empty_text"),
+        "hits": _value("embedstream_cache_requests_total", result="hit"),
+        "batches": _value("embedstream_batch_size_count"),
+        "milvus": _value("embedstream_sink_seconds_count", sink="milvus"),
+    }
+    docs = short_docs(120, "met")
+    p = make_producer(s)
+    for d in docs:
+        p.produce(s.input_topic, key=d.id, value=encode_document(d))
+    for i in range(4):
+        p.produce(s.input_topic, key=f"met-empty-{i}", value=encode_document(Document(f"met-empty-{i}", " ")))
+    p.produce(s.input_topic, key="met-0", value=None)
+    assert p.flush(10) == 0
+
+    worker = build_worker(s, embedder=model)
+    code, body = _get(port, "/readyz")
+    assert code == 503 and "not ready" in body  # model loaded, no partitions yet
+    assert _get(port, "/healthz")[0] == 200
+    seen_ready = []
+    worker.on_progress = lambda _st: seen_ready.append(_get(port, "/readyz")[0])
+    stats = worker.run(stop_when_idle=2)
+    assert 200 in seen_ready
+    assert stats.embedded == 120 and stats.deleted == 1 and stats.dead_lettered == 4
+    assert _value("embedstream_batch_size_count") - before["batches"] == stats.batches
+    assert _value("embedstream_sink_seconds_count", sink="milvus") - before["milvus"] == stats.batches
+
+    # a second run: 30 known texts under new ids → exactly 30 cache hits, no misses
+    misses = _value("embedstream_cache_requests_total", result="miss")
+    for i, d in enumerate(docs[:30]):
+        p.produce(s.input_topic, key=f"met-rep-{i}", value=encode_document(Document(f"met-rep-{i}", d.text)))
+    assert p.flush(10) == 0
+    s2 = s.model_copy(update={"metrics_port": 0})
+    stats2 = build_worker(s2, embedder=model).run(stop_when_idle=2)
+    assert stats2.cached == 30
+    assert _value("embedstream_cache_requests_total", result="hit") - before["hits"] == 30
+    assert _value("embedstream_cache_requests_total", result="miss") == misses
+
+    assert _value("embedstream_messages_total", outcome="embedded") - before["embedded"] == 150
+    assert _value("embedstream_messages_total", outcome="deleted") - before["deleted"] == 1
+    assert _value("embedstream_messages_total", outcome="dead_lettered") - before["dead"] == 4
+    assert _value("embedstream_dlq_messages_total", reason="empty_text") - before["dlq_empty"] == 4
+    assert _value("embedstream_model_info", model=model.model_id, precision=model.precision, device="cpu") == 1
+    code, text = _get(port, "/metrics")
+    assert code == 200
+    for name in ("embedstream_messages_total", "embedstream_batch_size", "embedstream_batch_tokens",
+                 "embedstream_embed_seconds", "embedstream_end_to_end_seconds", "embedstream_cache_requests_total",
+                 "embedstream_sink_seconds", "embedstream_dlq_messages_total", "embedstream_paused_partitions",
+                 "embedstream_model_info"):
+        assert f"# HELP {name}" in text, name
+    # the loop has stopped: after the tick age passes, /healthz fails
+    worker.health.max_tick_age = 0.5
+    time.sleep(0.6)
+    assert _get(port, "/healthz")[0] == 503
+
+
+def test_three_workers_split_six_partitions(stack, model, tmp_path):
+    s = fresh_settings(stack, max_batch_size=32)
+    docs = short_docs(1500, "scale")
+    # one record per produce batch, so the local broker's ListOffsets (last batch base + 1) is exact
+    p = make_producer(s, **{"linger.ms": 0, "batch.num.messages": 1})
+    for d in docs:
+        p.produce(s.input_topic, key=d.id, value=encode_document(d))
+    assert p.flush(30) == 0
+    workers = [WorkerProcess(s, tmp_path, f"w{i}", ("--stop-when-idle", "6")) for i in range(3)]
+    for w in workers:
+        assert w.wait(400) == 0, w.log()[-3000:]
+    assigned = []
+    for w in workers:
+        last = [line for line in w.log().splitlines() if "assigned [" in line]
+        assert last, w.log()[-2000:]
+        assigned.append(last[-1].split("assigned ")[1])
+    parts = [set(json.loads(a)) for a in assigned]
+    assert all(parts), assigned  # each worker held partitions at the end
+    assert set().union(*parts) == set(range(6))
+
+    rows = MilvusStore(s.milvus_uri, s.milvus_collection).query_ids()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) == len(docs)
+
+    res = run_cli(["lag", "--json"], settings_env(s), timeout=60)
+    assert res.returncode == 0, res.stderr
+    lag = json.loads(res.stdout)
+    c = Consumer({**s.kafka_common(), "group.id": s.group_id})
+    committed = {tp.partition: tp.offset for tp in
+                 c.committed([TopicPartition(s.input_topic, i) for i in range(6)], timeout=10)}
+    c.close()
+    assert {p["partition"]: p["committed"] for p in lag["partitions"]} == committed
+    assert sum(committed.values()) == len(docs)
+    assert lag["total_lag"] == 0
+    print(run_cli(["lag"], settings_env(s), timeout=60).stdout)

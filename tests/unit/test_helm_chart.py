@@ -1,0 +1,159 @@
+"""The Helm chart, rendered by Helm's own engine for several value sets and checked against the
+Kubernetes schemas; KEDA's ScaledObject (a CRD) field by field; bad values rejected."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+helm_python = pytest.importorskip("helm_python")
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+
+CHART = Path(__file__).resolve().parents[2] / "helm" / "embedstream"
+BASE = {"kafka": {"bootstrapServers": "kafka.kafka:9092"}, "milvus": {"uri": "http://milvus.milvus:19530"}}
+CORE_KINDS = {"Deployment", "Service", "ServiceAccount", "PodDisruptionBudget", "HorizontalPodAutoscaler",
+              "ConfigMap"}
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        out[k] = merge(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+def render(values: dict) -> dict[str, dict]:
+    chart = helm_python.Chart.load(str(CHART))
+    files = chart.render(values, name="es", namespace="ml")
+    objs = {}
+    for name, text in files.items():
+        if name.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                objs[doc["kind"]] = doc
+    return objs
+
+
+def env_of(objs) -> dict:
+    container = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e for e in container["env"]}
+
+
+VALUE_SETS = {
+    "defaults (KEDA, scale to zero, CPU)": {},
+    "KEDA off → HPA": {"keda": {"enabled": False}},
+    "SASL + TLS": {"kafka": {"sasl": {"enabled": True, "existingSecret": "kafka-creds"},
+                             "tls": {"enabled": True, "existingSecret": "kafka-ca"}},
+                   "milvus": {"tokenSecret": {"name": "milvus-token"}},
+                   "redis": {"enabled": True, "existingSecret": "redis-url"}},
+    "GPU": {"gpu": {"enabled": True}, "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    "fixed replicas": {"keda": {"enabled": False}, "hpa": {"enabled": False}, "replicaCount": 3,
+                       "metrics": {"serviceMonitor": {"enabled": True}}},
+}
+
+
+@pytest.mark.parametrize("extra", list(VALUE_SETS.values()), ids=list(VALUE_SETS))
+def test_renders_valid_kubernetes_objects(extra):
+    objs = render(merge(BASE, extra))
+    for kind, obj in objs.items():
+        if kind in CORE_KINDS:
+            kubernetes_validate.validate(obj, "1.30", strict=True)
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    env = env_of(objs)
+    assert int(pod["terminationGracePeriodSeconds"]) > int(env["EMBEDSTREAM_SHUTDOWN_GRACE_SECONDS"]["value"])
+    assert env["EMBEDSTREAM_GROUP_INSTANCE_ID"]["value"] == "$(POD_NAME)"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_scaledobject_fields():
+    so = render(BASE)["ScaledObject"]
+    assert so["apiVersion"] == "keda.sh/v1alpha1"
+    assert so["spec"]["minReplicaCount"] == 0 and so["spec"]["maxReplicaCount"] <= 6
+    [trigger] = so["spec"]["triggers"]
+    assert trigger["type"] == "kafka"
+    md = trigger["metadata"]
+    assert md["bootstrapServers"] == "kafka.kafka:9092" and md["consumerGroup"] == "embedstream"
+    assert md["topic"] == "documents"
+    for key in ("lagThreshold", "activationLagThreshold", "limitToPartitionsWithLag"):
+        assert isinstance(md[key], str), key  # KEDA wants strings
+    assert md["offsetResetPolicy"] == "earliest" and md["limitToPartitionsWithLag"] == "true"
+    assert "authenticationRef" not in trigger
+    assert "HorizontalPodAutoscaler" not in render(BASE)
+
+
+def test_sasl_wires_secrets_into_worker_and_keda():
+    objs = render(merge(BASE, VALUE_SETS["SASL + TLS"]))
+    env = env_of(objs)
+    assert env["EMBEDSTREAM_KAFKA__SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "kafka-creds"
+    assert env["EMBEDSTREAM_KAFKA__SECURITY_PROTOCOL"]["value"] == "SASL_SSL"
+    assert env["EMBEDSTREAM_KAFKA__SSL_CA_LOCATION"]["value"].startswith("/etc/embedstream/kafka-tls/")
+    assert env["EMBEDSTREAM_MILVUS_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "milvus-token"
+    assert env["EMBEDSTREAM_REDIS_URL"]["valueFrom"]["secretKeyRef"]["name"] == "redis-url"
+    ta = objs["TriggerAuthentication"]
+    params = {r["parameter"]: r for r in ta["spec"]["secretTargetRef"]}
+    assert set(params) == {"username", "password", "ca"} and params["password"]["name"] == "kafka-creds"
+    trigger = objs["ScaledObject"]["spec"]["triggers"][0]
+    assert trigger["authenticationRef"]["name"] == ta["metadata"]["name"]
+    assert trigger["metadata"]["sasl"] == "scram_sha512" and trigger["metadata"]["tls"] == "enable"
+
+
+def test_gpu_request_and_keda_off_hpa():
+    objs = render(merge(BASE, VALUE_SETS["GPU"]))
+    c = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert env_of(objs)["EMBEDSTREAM_DEVICE"]["value"] == "cuda"
+    hpa = render(merge(BASE, VALUE_SETS["KEDA off → HPA"]))
+    assert "ScaledObject" not in hpa and hpa["HorizontalPodAutoscaler"]["spec"]["maxReplicas"] == 6
+
+
+def test_dashboard_is_valid_json_with_the_contract_metrics():
+    import json
+
+    data = render(BASE)["ConfigMap"]["data"]["embedstream.json"]
+    text = json.dumps(json.loads(data))
+    for metric in ("embedstream_messages_total", "embedstream_end_to_end_seconds_bucket", "embedstream_consumer_lag",
+                   "embedstream_cache_requests_total", "embedstream_dlq_messages_total"):
+        assert metric in text
+
+
+BAD = {
+    "no bootstrap servers": {"kafka": {"bootstrapServers": ""}},
+    "bad bootstrap format": {"kafka": {"bootstrapServers": "kafka"}},
+    "unknown precision": {"model": {"precision": "fp8"}},
+    "SASL without a secret": {"kafka": {"sasl": {"enabled": True}}},
+    "negative min replicas": {"keda": {"minReplicaCount": -1}},
+    "lag threshold as text": {"keda": {"lagThreshold": "lots"}},
+    "bad offset reset policy": {"keda": {"offsetResetPolicy": "newest"}},
+}
+
+
+@pytest.mark.parametrize("extra", list(BAD.values()), ids=list(BAD))
+def test_schema_rejects_bad_values(extra):
+    with pytest.raises(helm_python.HelmError):
+        render(merge(BASE, extra))
+
+
+@pytest.mark.parametrize("extra", [
+    {"keda": {"maxReplicaCount": 12}},  # more replicas than partitions
+    {"terminationGracePeriodSeconds": 30, "shutdownGraceSeconds": 60},
+    {"redis": {"enabled": True}},
+], ids=["replicas over partitions", "grace shorter than drain", "redis without url"])
+def test_template_rejects_inconsistent_values(extra):
+    with pytest.raises(helm_python.HelmError):
+        render(merge(BASE, extra))
+
+
+def test_helm_lint_is_clean():
+    result = helm_python.lint(str(CHART), BASE, strict=True)
+    messages = [m for m in (result.get("messages") or []) if str(m.get("severity", "")).upper() not in ("INFO", "1")]
+    assert not messages and not result["errors"], (messages, result["errors"])
