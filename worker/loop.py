@@ -256,18 +256,27 @@ class Worker:
             self.pauses += full
             metrics.PAUSED_PARTITIONS.set(len(parts) if full else 0)
 
-    def _commit(self, sync: bool) -> None:
+    def _commit(self, sync: bool, attempts: int = 1) -> bool:
+        """Commit the stored offsets; True when nothing is left uncommitted. A failed commit is retried
+        by the next call (the stored offsets stay), or here up to ``attempts`` times (shutdown)."""
         self._last_commit = time.monotonic()
-        if not self._dirty:
-            return
-        try:
-            self.consumer.commit(asynchronous=not sync)
-            self._dirty = False
-        except KafkaException as exc:
-            if exc.args and exc.args[0].code() == KafkaError._NO_OFFSET:
+        for attempt in range(attempts):
+            if not self._dirty:
+                return True
+            try:
+                self.consumer.commit(asynchronous=not sync)
                 self._dirty = False
-            else:
-                log.warning("commit failed (%s); will retry with the next commit", exc)
+                return True
+            except KafkaException as exc:
+                if exc.args and exc.args[0].code() == KafkaError._NO_OFFSET:
+                    self._dirty = False
+                    return True
+                level = logging.ERROR if attempt == attempts - 1 and attempts > 1 else logging.WARNING
+                log.log(level, "commit failed (%s)%s", exc,
+                        "; retrying" if attempt < attempts - 1 else "; the next commit retries it")
+                if attempt < attempts - 1:
+                    time.sleep(0.5)
+        return False
 
     def _idle(self, running_for: float) -> bool:
         if len(self.batcher) or self.pipeline.inflight:
@@ -291,4 +300,6 @@ class Worker:
             self.pipeline.abort()
         else:
             self.pipeline.close()
-        self._commit(sync=True)
+        if self._commit(sync=True, attempts=10):
+            committed = self.consumer.committed(self.consumer.assignment(), timeout=10) if self.assigned else []
+            log.info("shutdown: committed %s", {tp.partition: tp.offset for tp in committed})

@@ -64,7 +64,7 @@ def tail_records(settings: Settings, *, topic: str | None = None, from_beginning
 
 def _render(msg, decode: Callable[[bytes], dict]) -> dict:
     key = msg.key().decode("utf-8", "replace") if msg.key() is not None else None
-    meta = {"partition": msg.partition(), "offset": msg.offset()}
+    meta = {"partition": msg.partition(), "offset": msg.offset(), "timestamp": msg.timestamp()[1]}
     if msg.value() is None:
         return {"id": key, "tombstone": True, **meta}
     try:

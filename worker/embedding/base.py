@@ -1,7 +1,8 @@
 """What the worker needs from a model, and how the default model is found.
 
-An :class:`Embedder` is used from one thread at a time (the embed stage); ``token_lengths`` may be
-called from the polling thread as well, so implementations keep it thread-safe (tokenizers are).
+An :class:`Embedder` is used from one thread at a time (the embed stage), except ``token_lengths``,
+which the polling thread calls concurrently: implementations must not share mutable tokenizer
+state between the two (Hugging Face fast tokenizers keep padding/truncation settings as state).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ not padded to the longest one of the batch.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from pathlib import Path
@@ -106,6 +107,10 @@ class SentenceTransformerEmbedder(Embedder):
         self._model.eval()
         self._torch = torch
         self._tokenizer = self._model.tokenizer
+        # A second tokenizer for token counting on the polling thread: a Hugging Face fast tokenizer
+        # keeps its padding/truncation settings in shared mutable state, so one call from another
+        # thread can turn padding off under the model's call (seen as "Unable to create tensor").
+        self._counting_tokenizer = copy.deepcopy(self._tokenizer)
         self.max_seq_length = int(self._model.max_seq_length or 512)
         getdim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         self.dim = int(getdim())
@@ -128,8 +133,9 @@ class SentenceTransformerEmbedder(Embedder):
     def token_lengths(self, texts: list[str]) -> list[int]:
         if not texts:
             return []
-        enc = self._tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self.max_seq_length,
-                              return_attention_mask=False, return_token_type_ids=False)
+        enc = self._counting_tokenizer(texts, add_special_tokens=True, truncation=True,
+                                       max_length=self.max_seq_length, return_attention_mask=False,
+                                       return_token_type_ids=False)
         return [len(ids) for ids in enc["input_ids"]]
 
     def tokenize(self, texts: list[str]) -> dict:

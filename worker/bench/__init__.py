@@ -1,0 +1,1 @@
+"""``embedstream bench``: the workloads of benchmarks.md, their denominators, and the ratio table."""

@@ -1,0 +1,201 @@
+"""One measurement each: raw encode, the worker end to end, Milvus bulk upsert, a peer engine, latency."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from connectors.kafka import create_topics, make_admin, make_producer
+from connectors.milvus import MilvusStore
+from schemas.codec import Document, encode_document
+from worker.embedding.base import Embedder
+from worker.records import normalise_text
+from worker.settings import Settings
+
+
+@dataclass
+class StreamResult:
+    docs: int
+    seconds: float
+    cached: int
+    tokens_real: int = 0
+    tokens_padded: int = 0
+
+    @property
+    def docs_per_s(self) -> float:
+        return self.docs / self.seconds if self.seconds > 0 else 0.0
+
+
+def raw_encode(embedder, texts: list[str], batch_sizes=(32, 64, 128)) -> tuple[float, int]:
+    """``SentenceTransformer.encode`` docs/s at its best batch size (after one warm-up pass)."""
+    model = embedder._model
+    clean = [normalise_text(t) for t in texts]
+    model.encode(clean[:64], batch_size=32)
+    best, best_bs = 0.0, batch_sizes[0]
+    for bs in batch_sizes:
+        t0 = time.perf_counter()
+        model.encode(clean, batch_size=bs, convert_to_numpy=True, normalize_embeddings=True)
+        rate = len(clean) / (time.perf_counter() - t0)
+        if rate > best:
+            best, best_bs = rate, bs
+    return best, best_bs
+
+
+def fresh_topics(base: Settings, partitions: int = 6, **overrides) -> Settings:
+    tag = uuid.uuid4().hex[:8]
+    s = base.model_copy(update={"input_topic": f"bench-in-{tag}", "output_topic": f"bench-out-{tag}",
+                                "dlq_topic": f"bench-dlq-{tag}", "group_id": f"bench-{tag}",
+                                "milvus_collection": f"bench_{tag}", **overrides})
+    create_topics(make_admin(s), [s.input_topic, s.output_topic, s.dlq_topic], partitions)
+    return s
+
+
+def produce_texts(s: Settings, texts: list[str], prefix: str) -> dict[str, int]:
+    """Produce ``texts`` as documents; return ``{id: event_time ms}``."""
+    producer = make_producer(s)
+    times = {}
+    for i, t in enumerate(texts):
+        doc_id = f"{prefix}-{i}"
+        now = int(time.time() * 1000)
+        producer.produce(s.input_topic, key=doc_id, value=encode_document(Document(doc_id, t, None, {}, now)))
+        times[doc_id] = now
+        if i % 500 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    return times
+
+
+def flush_cache(s: Settings) -> None:
+    """Empty the bench's own Redis, so each workload starts cold (repeats inside it still hit)."""
+    if s.redis_url is not None:
+        import redis
+
+        redis.Redis.from_url(s.redis_url.get_secret_value(), socket_timeout=5).flushdb()
+
+
+def worker_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: str) -> StreamResult:
+    """Backlog ``texts`` on a fresh topic, then run the worker until drained: docs/s end to end."""
+    from worker.runner import build_worker
+
+    s = fresh_topics(base)
+    flush_cache(s)
+    produce_texts(s, texts, prefix)
+    real0, pad0 = getattr(embedder, "tokens_real", 0), getattr(embedder, "tokens_padded", 0)
+    stats = build_worker(s, embedder=embedder).run(stop_when_idle=1.5)
+    return StreamResult(stats.done, stats.busy_seconds, stats.cached,
+                        getattr(embedder, "tokens_real", 0) - real0, getattr(embedder, "tokens_padded", 0) - pad0)
+
+
+def milvus_bulk_upsert(uri: str, rows: int = 5000, dim: int = 384, batch: int = 1000) -> float:
+    """Rows/s of plain batched upserts into a fresh collection (the io denominator)."""
+    store = MilvusStore(uri, f"bench_upsert_{uuid.uuid4().hex[:8]}", timeout=60)
+    store.ensure_collection(dim)
+    rng = np.random.default_rng(0)
+    vecs = rng.standard_normal((rows, dim)).astype(np.float32)
+    t0 = time.perf_counter()
+    for i in range(0, rows, batch):
+        store.upsert([{"id": f"r{j}", "vector": vecs[j], "model": "m", "content_hash": "h", "metadata": {},
+                       "updated_at": 0} for j in range(i, min(i + batch, rows))])
+    rate = rows / (time.perf_counter() - t0)
+    store.drop()
+    store.close()
+    return rate
+
+
+PEER_SCRIPT = r"""
+import asyncio, json, sys, time
+from infinity_emb import AsyncEmbeddingEngine, EngineArgs
+texts = json.load(open(sys.argv[1]))
+args = EngineArgs(model_name_or_path=sys.argv[2], engine="torch", device=sys.argv[3], dtype=sys.argv[4])
+async def main():
+    engine = AsyncEmbeddingEngine.from_args(args)
+    async with engine:
+        await engine.embed(sentences=texts[:32])
+        t0 = time.perf_counter()
+        await asyncio.gather(*[engine.embed(sentences=texts[i:i + 32]) for i in range(0, len(texts), 32)])
+        print(json.dumps({"docs_per_s": len(texts) / (time.perf_counter() - t0)}))
+asyncio.run(main())
+"""
+
+_PEER_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def peer_engine(peer_python: str, model_path: str, texts: list[str], device: str, precision: str,
+                workdir: Path) -> float | None:
+    """infinity-emb's in-process engine in its own virtualenv; None when it is not runnable."""
+    data = workdir / "peer-texts.json"
+    data.write_text(json.dumps([normalise_text(t) for t in texts]))
+    script = workdir / "peer.py"
+    script.write_text(PEER_SCRIPT)
+    try:
+        out = subprocess.run([peer_python, str(script), str(data), model_path, device, _PEER_DTYPES[precision]],
+                             capture_output=True, text=True, timeout=900, env={"HF_HUB_OFFLINE": "1",
+                                                                               "PATH": "/usr/bin:/bin"})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"peer not run: {exc}", file=sys.stderr)
+        return None
+    if out.returncode != 0:
+        print(f"peer failed: {out.stderr[-1500:]}", file=sys.stderr)
+        return None
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["docs_per_s"])
+
+
+def latency_run(base: Settings, embedder: Embedder, texts: list[str], rate: float, seconds: float,
+                prefix: str) -> tuple[float, float, int]:
+    """Open-loop stream at ``rate`` docs/s for ``seconds`` while the worker runs: (p50, p99) in seconds."""
+    from worker.runner import build_worker
+    from worker.tail import tail_records
+
+    s = fresh_topics(base)
+    flush_cache(s)
+    worker = build_worker(s, embedder=embedder)
+    n = max(1, int(rate * seconds))
+    sent: dict[str, int] = {}
+
+    def produce():
+        producer = make_producer(s, **{"linger.ms": 0})
+        start = time.monotonic()
+        for i in range(n):
+            wait = start + i / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            doc_id = f"{prefix}-{i}"
+            now = int(time.time() * 1000)
+            producer.produce(s.input_topic, key=doc_id, value=encode_document(
+                Document(doc_id, texts[i % len(texts)], None, {}, now)))
+            sent[doc_id] = now
+            producer.poll(0)
+        producer.flush(30)
+
+    # Join the group first so the open-loop stream is not measured against the join.
+    t = threading.Thread(target=produce)
+    joined = threading.Event()
+    worker.on_progress = None
+    orig_assign = worker._on_assign
+
+    def on_assign(consumer, partitions):
+        orig_assign(consumer, partitions)
+        joined.set()
+
+    worker._on_assign = on_assign
+    runner = threading.Thread(target=lambda: worker.run(stop_when_idle=2.0))
+    runner.start()
+    joined.wait(60)
+    t.start()
+    t.join()
+    runner.join()
+    lat = []
+    for rec in tail_records(s, from_beginning=True, timeout=2.0):
+        if rec.get("id") in sent and rec.get("timestamp", 0) > 0:
+            lat.append((rec["timestamp"] - sent[rec["id"]]) / 1000)
+    if not lat:
+        return float("nan"), float("nan"), 0
+    return float(np.percentile(lat, 50)), float(np.percentile(lat, 99)), len(lat)

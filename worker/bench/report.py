@@ -1,0 +1,88 @@
+"""The bench's outputs: the ratio table (rich), bench.json and a PNG chart."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rich.table import Table
+
+from worker.bench.run import GOALS
+
+
+def _fmt(x, digits: int = 2) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{x:,.{digits}f}"
+
+
+def ratio_table(out: dict) -> Table:
+    r, w, d = out["ratios"], out["workloads"], out["denominators"]
+    t = Table("ratio", "value", "goal", "measured as", title=f"[bold]embedstream bench[/] — {out['model']} "
+              f"{out['precision']} on {out['device']}{' (quick)' if out['quick'] else ''}", title_justify="left")
+
+    def row(name: str, value, goal_text: str, how: str, ok: bool | None) -> None:
+        mark = "" if ok is None else (" [green]✓[/]" if ok else " [red]✗[/]")
+        t.add_row(name, _fmt(value) + mark, goal_text, how)
+
+    def met(name: str):
+        return None if r.get(name) is None else r[name] >= GOALS[name]
+
+    row("R1", r["R1"], "≥ 0.90", f"worker {_fmt(w['S2']['docs_per_s'], 1)} ÷ raw encode "
+        f"{_fmt(d['raw_S2']['docs_per_s'], 1)} docs/s (S2)", met("R1"))
+    row("R1 (S1 short)", r["R1_S1"], "", f"worker {_fmt(w['S1']['docs_per_s'], 1)} ÷ raw "
+        f"{_fmt(d['raw_S1']['docs_per_s'], 1)} docs/s", None)
+    row("Rpeer", r["Rpeer"], "≥ 1.3", "worker ÷ infinity-emb engine (S2)" if r["Rpeer"] else
+        "peer not run (--peer-python)", met("Rpeer"))
+    row("Rdup90", r["Rdup90"], "≥ 6", f"{_fmt(w['S4_90']['docs_per_s'], 1)} ÷ {_fmt(w['S4_0']['docs_per_s'], 1)} "
+        "docs/s (90% vs 0% repeats)", met("Rdup90"))
+    row("Rio", r["Rio"], "≥ 0.7", f"instant model {_fmt(w['io']['docs_per_s'], 0)} docs/s ÷ Milvus upsert "
+        f"{_fmt(d['milvus_upsert_rows_per_s'], 0)} rows/s", met("Rio"))
+    row("Rpad", r["Rpad"], "≥ 0.85", "real ÷ padded tokens in the model (S2)", met("Rpad"))
+    for lat in out["latency"]:
+        row(f"latency @ {lat['load']:.0%}", None, "", f"p50 {_fmt(lat['p50_s'], 3)} s, p99 {_fmt(lat['p99_s'], 3)} s "
+            f"at {_fmt(lat['rate'], 0)} docs/s ({lat['n']} docs)", None)
+    t.add_row("p99 @ 50%", _fmt(r["p99_at_50pct_s"], 3) + (" [green]✓[/]" if r["p99_goal_met"] else " [red]✗[/]"),
+              f"≤ {_fmt(out['latency_bound_s'], 3)} s", "max wait + 3 × one batch's compute")
+    if "achieved_tflops" in out:
+        t.add_row("TFLOP/s", _fmt(out["achieved_tflops"]), "", "tokens/s × 2 × parameters (S2)")
+    return t
+
+
+def write_json(out: dict, path: Path) -> None:
+    path.write_text(json.dumps(out, indent=2, default=float))
+
+
+def write_chart(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    w, d = out["workloads"], out["denominators"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = ["S1", "S2", "S4_0", "S4_50", "S4_90"]
+    worker = [w[n]["docs_per_s"] for n in names]
+    raw = [d["raw_S1"]["docs_per_s"], d["raw_S2"]["docs_per_s"], d["raw_S2"]["docs_per_s"],
+           d["raw_S2"]["docs_per_s"], d["raw_S2"]["docs_per_s"]]
+    x = range(len(names))
+    ax1.bar([i - 0.2 for i in x], worker, width=0.4, label="embedstream (end to end)")
+    ax1.bar([i + 0.2 for i in x], raw, width=0.4, label="raw encode", alpha=0.6)
+    if d.get("peer_docs_per_s"):
+        ax1.axhline(d["peer_docs_per_s"], color="tab:red", linestyle="--", label="infinity-emb (S2)")
+    ax1.set_xticks(list(x), ["S1 short", "S2 mixed", "S4 0%", "S4 50%", "S4 90%"])
+    ax1.set_ylabel("docs/s")
+    ax1.set_title(f"Throughput — {out['precision']} on {out['device']}")
+    ax1.legend()
+    loads = [lat["load"] * 100 for lat in out["latency"]]
+    ax2.plot(loads, [lat["p50_s"] for lat in out["latency"]], marker="o", label="p50")
+    ax2.plot(loads, [lat["p99_s"] for lat in out["latency"]], marker="o", label="p99")
+    ax2.axhline(out["latency_bound_s"], color="grey", linestyle=":", label="p99 goal")
+    ax2.set_xlabel("load (% of peak)")
+    ax2.set_ylabel("end-to-end latency (s)")
+    ax2.set_title("Latency vs load (S5)")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

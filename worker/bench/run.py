@@ -1,0 +1,115 @@
+"""Run every workload and denominator in one process, minutes apart at most, and compute the ratios."""
+
+from __future__ import annotations
+
+import math
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from worker.bench import measure, workloads
+from worker.dev import LocalStack
+from worker.embedding.fake import FakeEmbedder
+from worker.settings import Settings
+
+GOALS = {"R1": 0.90, "Rpeer": 1.3, "Rdup90": 6.0, "Rio": 0.7, "Rpad": 0.85}
+
+
+def _flops_per_token(embedder) -> float:
+    """~2 × parameters per token for a forward pass (attention's share is small at these lengths)."""
+    params = sum(p.numel() for p in embedder._model.parameters())
+    return 2.0 * params
+
+
+def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | None, docs: int | None,
+              latency_seconds: float | None, state_dir: Path, say: Callable[[str], None]) -> dict:
+    """All measurements of benchmarks.md on a local stack of its own; returns the bench.json dict."""
+    from worker.embedding.sentence import SentenceTransformerEmbedder
+    from worker.runner import setup_logging
+
+    sizes = dict(workloads.QUICK if quick else workloads.FULL)
+    if docs:
+        sizes.update(S1=docs, S2=docs, S4=docs)
+    if latency_seconds:
+        sizes["S5_seconds"] = latency_seconds
+    stack = LocalStack(state_dir)
+    env, _ = stack.up(partitions=6)
+    try:
+        base = Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
+                        redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
+                        kafka={"session.timeout.ms": env["EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS"]},
+                        metrics_port=0, log_level="WARNING", device=device, precision=precision)
+        setup_logging(base)
+        say("loading the model")
+        emb = SentenceTransformerEmbedder(None, precision, device)
+        emb.warmup()
+        texts = {"S1": workloads.short_texts(sizes["S1"]), "S2": workloads.mixed_texts(sizes["S2"])}
+        out: dict = {"machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
+                     "model": emb.model_id, "precision": emb.precision, "device": emb.device, "quick": quick,
+                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "workloads": {}, "denominators": {}}
+        for name in ("S1", "S2"):
+            say(f"{name}: raw encode on {len(texts[name])} texts")
+            raw, bs = measure.raw_encode(emb, texts[name])
+            say(f"{name}: worker end to end")
+            res = measure.worker_stream(base, emb, texts[name], f"{name.lower()}-{int(time.time())}")
+            out["denominators"][f"raw_{name}"] = {"docs_per_s": raw, "batch_size": bs}
+            out["workloads"][name] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds,
+                                      "cached": res.cached, "tokens_real": res.tokens_real,
+                                      "tokens_padded": res.tokens_padded}
+        say("io: the same S2 stream with an instant model")
+        fake = FakeEmbedder(dim=emb.dim, model_id=f"instant-{int(time.time())}")
+        io = measure.worker_stream(base, fake, texts["S2"], "io")
+        out["workloads"]["io"] = {"docs": io.docs, "docs_per_s": io.docs_per_s, "seconds": io.seconds}
+        say("io denominator: milvus-lite bulk upsert")
+        out["denominators"]["milvus_upsert_rows_per_s"] = measure.milvus_bulk_upsert(base.milvus_uri, dim=emb.dim)
+        for frac in (0.0, 0.5, 0.9):
+            say(f"S4: {frac:.0%} repeats")
+            s4_texts = workloads.with_repeats(sizes["S4"], frac, seed=int(time.time()) % 1000 + int(frac * 10))
+            res = measure.worker_stream(base, emb, s4_texts, f"s4-{int(frac * 100)}-{int(time.time())}")
+            out["workloads"][f"S4_{int(frac * 100)}"] = {"docs": res.docs, "docs_per_s": res.docs_per_s,
+                                                         "cached": res.cached}
+        peer = None
+        if peer_python:
+            say("peer: infinity-emb in-process engine")
+            with tempfile.TemporaryDirectory() as tmp:
+                from worker.embedding.base import resolve_model_path
+
+                peer = measure.peer_engine(peer_python, resolve_model_path(None)[1], texts["S2"], emb.device,
+                                           emb.precision, Path(tmp))
+        out["denominators"]["peer_docs_per_s"] = peer
+        peak = out["workloads"]["S2"]["docs_per_s"]
+        batch_compute = base.max_batch_size / max(out["denominators"]["raw_S2"]["docs_per_s"], 1e-9)
+        out["latency"] = []
+        for load in (0.25, 0.5, 0.8):
+            say(f"S5: {load:.0%} of peak ({peak * load:.0f} docs/s) for {sizes['S5_seconds']:.0f}s")
+            p50, p99, n = measure.latency_run(base, emb, texts["S2"], peak * load, sizes["S5_seconds"],
+                                              f"s5-{int(load * 100)}-{int(time.time())}")
+            out["latency"].append({"load": load, "rate": peak * load, "p50_s": p50, "p99_s": p99, "n": n})
+        out["latency_bound_s"] = base.max_batch_wait_ms / 1000 + 3 * batch_compute
+        if emb.device == "cuda":
+            s2 = out["workloads"]["S2"]
+            tokens_per_s = s2["tokens_real"] / s2["seconds"] if s2["seconds"] else 0.0
+            out["achieved_tflops"] = tokens_per_s * _flops_per_token(emb) / 1e12
+        out["ratios"] = ratios(out)
+        return out
+    finally:
+        stack.down()
+
+
+def ratios(out: dict) -> dict:
+    w, d = out["workloads"], out["denominators"]
+    s2 = w["S2"]
+    r = {
+        "R1": s2["docs_per_s"] / d["raw_S2"]["docs_per_s"],
+        "R1_S1": w["S1"]["docs_per_s"] / d["raw_S1"]["docs_per_s"],
+        "Rpeer": (s2["docs_per_s"] / d["peer_docs_per_s"]) if d.get("peer_docs_per_s") else None,
+        "Rdup90": w["S4_90"]["docs_per_s"] / w["S4_0"]["docs_per_s"],
+        "Rio": w["io"]["docs_per_s"] / d["milvus_upsert_rows_per_s"],
+        "Rpad": s2["tokens_real"] / s2["tokens_padded"] if s2["tokens_padded"] else None,
+    }
+    half = next((x for x in out["latency"] if x["load"] == 0.5), None)
+    r["p99_at_50pct_s"] = half["p99_s"] if half else None
+    r["p99_goal_met"] = bool(half and not math.isnan(half["p99_s"]) and half["p99_s"] <= out["latency_bound_s"])
+    return r

@@ -1,0 +1,46 @@
+"""Texts for the benchmark workloads, built at run time from the local standard library."""
+
+from __future__ import annotations
+
+import random
+
+from worker.corpus import stdlib_docstrings
+
+#: Workload sizes (documents) for a full run and for --quick.
+FULL = {"S1": 3000, "S2": 3000, "S4": 2000, "S5_seconds": 30.0}
+QUICK = {"S1": 400, "S2": 400, "S4": 300, "S5_seconds": 8.0}
+
+
+def short_texts(n: int, seed: int = 1) -> list[str]:
+    """S1: one sentence each (the first sentence of a docstring), ~10–40 tokens, all distinct."""
+    seen: set[str] = set()
+    out = []
+    for _name, doc in stdlib_docstrings():
+        first = doc.split("\n\n")[0].replace("\n", " ").split(". ")[0].strip()
+        if 40 <= len(first) <= 200 and first not in seen:
+            seen.add(first)
+            out.append(first)
+    random.Random(seed).shuffle(out)
+    if len(out) < n:
+        raise ValueError(f"only {len(out)} short texts available, asked for {n}")
+    return out[:n]
+
+
+def mixed_texts(n: int, seed: int = 2) -> list[str]:
+    """S2: stdlib docstrings as they are (median ~100 chars, long tail), all distinct."""
+    texts = [doc for _name, doc in stdlib_docstrings()]
+    random.Random(seed).shuffle(texts)
+    if len(texts) < n:
+        raise ValueError(f"only {len(texts)} docstrings available, asked for {n}")
+    return texts[:n]
+
+
+def with_repeats(n: int, fraction: float, seed: int = 3) -> list[str]:
+    """S4: ``n`` texts of which ``fraction`` repeat earlier ones (Zipf-like: a few repeat often)."""
+    rng = random.Random(seed)
+    unique = max(1, int(round(n * (1 - fraction))))
+    base = mixed_texts(unique, seed=seed)
+    weights = [1.0 / (rank + 1) for rank in range(unique)]
+    texts = base + [base[rng.choices(range(unique), weights)[0]] for _ in range(n - unique)]
+    rng.shuffle(texts)
+    return texts
