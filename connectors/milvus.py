@@ -29,12 +29,21 @@ class MilvusStore:
         self.collection = collection
         self.timeout = timeout
         self.uri = uri
-        try:
-            # dedicated: pymilvus otherwise shares one channel per URI in a process, and recovers it
-            # with the timeout of whichever client opened it first.
-            self._client = MilvusClient(uri=uri, token=token or "", timeout=timeout, dedicated=True)
-        except Exception as exc:
-            raise ConfigError(f"cannot reach Milvus at {uri!r}: {exc}. Check EMBEDSTREAM_MILVUS_URI.") from None
+        deadline = time.monotonic() + max(timeout, 5.0)
+        delay = 0.25
+        while True:
+            try:
+                # dedicated: pymilvus otherwise shares one channel per URI in a process, and recovers it
+                # with the timeout of whichever client opened it first.
+                self._client = MilvusClient(uri=uri, token=token or "", timeout=timeout, dedicated=True)
+                return
+            except Exception as exc:
+                # A busy or just-starting server refuses the handshake now and then: retry until the
+                # deadline before calling the setting wrong.
+                if time.monotonic() + delay > deadline:
+                    raise ConfigError(f"cannot reach Milvus at {uri!r}: {exc}. Check EMBEDSTREAM_MILVUS_URI.") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     def ensure_collection(self, dim: int) -> None:
         """Create the collection for ``dim`` if missing; raise :class:`ConfigError` when it exists

@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,9 @@ SCHEMA_DIR = Path(__file__).resolve().parent
 
 DOCUMENT_SCHEMA = fastavro.parse_schema(json.loads((SCHEMA_DIR / "document.avsc").read_text()))
 EMBEDDING_SCHEMA = fastavro.parse_schema(json.loads((SCHEMA_DIR / "embedding.avsc").read_text()))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 class DecodeError(ValueError):
@@ -60,7 +63,8 @@ def _ms(value: Any) -> int | None:
     if isinstance(value, datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=timezone.utc)
-        return int(value.timestamp() * 1000)
+        # integer arithmetic: float timestamps lose a millisecond now and then
+        return (value - _EPOCH) // timedelta(milliseconds=1)
     return int(value)
 
 

@@ -33,6 +33,8 @@ def _lib() -> ctypes.CDLL:
     lib.rd_kafka_mock_cluster_bootstraps.restype = ctypes.c_char_p
     lib.rd_kafka_mock_cluster_bootstraps.argtypes = [ctypes.c_void_p]
     lib.rd_kafka_mock_topic_create.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
+    lib.rd_kafka_mock_push_request_errors_array.argtypes = [ctypes.c_void_p, ctypes.c_int16, ctypes.c_size_t,
+                                                             ctypes.POINTER(ctypes.c_int)]
     lib.rd_kafka_mock_broker_set_down.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     lib.rd_kafka_mock_broker_set_up.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     return lib
@@ -56,6 +58,11 @@ class MockCluster:
         rc = self._lib.rd_kafka_mock_topic_create(self._mc, name.encode(), partitions, 1)
         if rc != 0:
             raise RuntimeError(f"mock topic create failed: {rc}")
+
+    def push_request_errors(self, api_key: int, errors: list[int]) -> None:
+        """The next ``len(errors)`` requests of ``api_key`` (0 = Produce) fail with these error codes."""
+        arr = (ctypes.c_int * len(errors))(*errors)
+        self._lib.rd_kafka_mock_push_request_errors_array(self._mc, api_key, len(errors), arr)
 
     def broker_down(self, broker_id: int = 1) -> None:
         self._lib.rd_kafka_mock_broker_set_down(self._mc, broker_id)

@@ -26,7 +26,7 @@ from worker.embedding.base import Embedder
 from worker.pipeline import Pipeline
 from worker.records import Batch, DeadLetter, Delete, Item, TopicPartitionKey
 from worker.steps.batcher import Batcher
-from worker.steps.dlq_limit import DlqLimit
+from worker.steps.dlq_limit import DlqLimit, DlqLimitExceeded
 from worker.steps.validate import Validator
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,8 @@ class Worker:
 
     def __init__(self, consumer: Consumer, topic: str, embedder: Embedder, pipeline: Pipeline, *,
                  max_batch_size: int, max_batch_tokens: int, max_batch_wait_ms: int, max_inflight: int,
-                 max_text_bytes: int, shutdown_grace: float = 30.0, commit_interval: float = 1.0,
+                 max_text_bytes: int, max_batch_bytes: int = 16 * 1024 * 1024, shutdown_grace: float = 30.0,
+                 commit_interval: float = 1.0,
                  join_grace: float = 30.0, health: metrics.Health | None = None,
                  dlq_limit: DlqLimit | None = None,
                  on_progress: Callable[[RunStats], None] | None = None) -> None:
@@ -78,7 +79,7 @@ class Worker:
         self.topic = topic
         self.embedder = embedder
         self.pipeline = pipeline
-        self.batcher = Batcher(max_batch_size, max_batch_tokens, max_batch_wait_ms / 1000)
+        self.batcher = Batcher(max_batch_size, max_batch_tokens, max_batch_wait_ms / 1000, max_bytes=max_batch_bytes)
         self.validator = Validator(max_text_bytes, embedder.accepts)
         self.max_inflight = max_inflight
         self.shutdown_grace = shutdown_grace
@@ -96,6 +97,8 @@ class Worker:
         self._signals = 0
         self._dirty = False
         self._last_commit = time.monotonic()
+        self._unassigned_since: float | None = time.monotonic()
+        self._reapply_pause = False
 
     # -- signals -----------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -119,8 +122,14 @@ class Worker:
             self.assigned.add((p.topic, p.partition))
             self.eof[(p.topic, p.partition)] = False
         if self.paused and partitions:
-            consumer.pause(partitions)  # librdkafka keeps pause state per partition object
+            consumer.pause(partitions)
+        # librdkafka keeps the pause state of a partition object across revoke/lost and reassignment:
+        # a partition paused when it was lost comes back paused. Re-apply our state to the whole
+        # assignment once the library has assigned it (after this callback returns).
+        self._reapply_pause = True
         self.health.assigned = len(self.assigned)
+        # An assignment (even an empty one) ends any wait for a rejoin.
+        self._unassigned_since = None if self.assigned else (self._unassigned_since or time.monotonic())
         log.info("assigned %s", sorted(p.partition for p in partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -134,6 +143,8 @@ class Worker:
         for tp in tps:
             self.eof.pop(tp, None)
         self.health.assigned = len(self.assigned)
+        if not self.assigned:
+            self._unassigned_since = time.monotonic()
         log.info("revoked %s (dropped %d uncommitted records still batching)", sorted(p for _, p in tps), dropped)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -143,6 +154,8 @@ class Worker:
         for tp in tps:
             self.eof.pop(tp, None)
         self.health.assigned = len(self.assigned)
+        # Lost partitions come back through a rejoin: never take their absence for the end of input.
+        self._unassigned_since = None
         log.warning("lost %s: committing nothing for them", sorted(p for _, p in tps))
 
     # -- the loop ----------------------------------------------------------------------------
@@ -150,7 +163,6 @@ class Worker:
         self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
         idle_since: float | None = None
-        started = time.monotonic()
         try:
             while not self._stop:
                 self.health.tick()
@@ -166,7 +178,7 @@ class Worker:
                 elif time.monotonic() - self._last_commit >= self.commit_interval:
                     self._commit(sync=False)
                 if stop_when_idle is not None:
-                    if self._idle(time.monotonic() - started):
+                    if self._idle():
                         idle_since = idle_since or time.monotonic()
                         if time.monotonic() - idle_since >= stop_when_idle:
                             log.info("idle for %.1fs: stopping", stop_when_idle)
@@ -174,6 +186,11 @@ class Worker:
                     else:
                         idle_since = None
             self._drain()
+        except DlqLimitExceeded:
+            # Finish and commit the batches already in flight (all before the bad run), then halt.
+            self._finish_inflight()
+            self.pipeline.abort()
+            raise
         except BaseException:
             self.pipeline.abort()
             raise
@@ -249,6 +266,14 @@ class Worker:
 
     def _backpressure(self) -> None:
         full = self.pipeline.inflight >= self.max_inflight
+        if self._reapply_pause:
+            self._reapply_pause = False
+            parts = self.consumer.assignment()
+            if parts:
+                (self.consumer.pause if full else self.consumer.resume)(parts)
+            self.paused = full
+            metrics.PAUSED_PARTITIONS.set(len(parts) if full else 0)
+            return
         if full != self.paused:
             parts = self.consumer.assignment()
             (self.consumer.pause if full else self.consumer.resume)(parts)
@@ -278,12 +303,21 @@ class Worker:
                     time.sleep(0.5)
         return False
 
-    def _idle(self, running_for: float) -> bool:
+    def _idle(self) -> bool:
+        """Nothing buffered or in flight, and every assigned partition at its end. A worker without
+        partitions (more workers than partitions, or just after losing them) counts as idle only once
+        it has had none for ``join_grace`` seconds, long enough for a rejoin."""
         if len(self.batcher) or self.pipeline.inflight:
             return False
         if not self.assigned:
-            return running_for > self.join_grace
+            return self._unassigned_since is not None and time.monotonic() - self._unassigned_since > self.join_grace
         return all(self.eof.get(tp, False) for tp in self.assigned)
+
+    def _finish_inflight(self) -> None:
+        deadline = time.monotonic() + self.shutdown_grace
+        while self.pipeline.inflight and time.monotonic() < deadline:
+            self._collect(timeout=0.1)
+        self._commit(sync=True, attempts=5)
 
     def _drain(self) -> None:
         """Shutdown: close the open batch, finish in-flight batches within the grace, commit."""

@@ -79,6 +79,15 @@ class DeadLetter:
 Entry = Item | Delete | DeadLetter
 
 
+def entry_size(entry: Item | Delete | DeadLetter) -> int:
+    """Approximate bytes an entry holds: its text or original value."""
+    if isinstance(entry, Item):
+        return len(entry.text)
+    if isinstance(entry, DeadLetter):
+        return len(entry.value or b"")
+    return 0
+
+
 @dataclass
 class Batch:
     """Entries in consumption order, plus the next offset to commit per partition they touched."""
@@ -86,6 +95,8 @@ class Batch:
     entries: list[Entry] = field(default_factory=list)
     offsets: dict[TopicPartitionKey, int] = field(default_factory=dict)
     tokens: int = 0
+    #: Bytes of the record values in the batch (bounds the memory a batch holds).
+    size: int = 0
     opened_at: float = field(default_factory=time.monotonic)
     seq: int = 0
     #: Vectors computed by the model for this batch, by content hash (written back to the cache).
@@ -97,6 +108,7 @@ class Batch:
         self.offsets[src.tp] = max(self.offsets.get(src.tp, 0), src.offset + 1)
         if isinstance(entry, Item):
             self.tokens += entry.tokens
+        self.size += entry_size(entry)
 
     def __len__(self) -> int:
         return len(self.entries)

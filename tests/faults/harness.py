@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -92,6 +93,18 @@ class WorkerProcess:
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen([*CLI, "run", *args], env=worker_env(s, **env), cwd=REPO,
                                      stdout=self._log, stderr=subprocess.STDOUT)
+        self.rss_samples: list[int] = []  # resident set size in MiB, sampled every 0.2 s
+        threading.Thread(target=self._sample_rss, daemon=True).start()
+
+    def _sample_rss(self) -> None:
+        while self.proc.poll() is None:
+            try:
+                for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        self.rss_samples.append(int(line.split()[1]) // 1024)
+            except OSError:
+                return
+            time.sleep(0.2)
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 def test_kill_9_mid_stream_three_times(fs, model, tmp_path):
     expected = Expected()
-    produce_docs(fs, short_docs(3000, "k9"), expected)
+    produce_docs(fs, short_docs(2000, "k9"), expected)
     kills = 0
     recoveries = []
     for fraction in (0.15, 0.4, 0.65):

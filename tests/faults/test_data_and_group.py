@@ -146,10 +146,38 @@ def test_dlq_breaker_halts_and_commits_nothing_past_the_bad_run(fault_stack, tmp
     c = Consumer({**s.kafka_common(), "group.id": s.group_id})
     [tp] = c.committed([TopicPartition(s.input_topic, 0)], timeout=10)
     c.close()
-    # offsets 0-49 good, 50-149 bad, 150-199 good: the breaker trips at the 20th bad record.
-    assert 50 <= tp.offset <= 50 + 20, tp.offset
+    # offsets 0-49 good, 50-149 bad, 150-199 good: the breaker trips at the 20th bad record; the full
+    # batches of good records already in flight (3 × 16) finish and are committed, nothing after.
+    assert 48 <= tp.offset <= 50 + 20, tp.offset
     dlq = read_topic(s, s.dlq_topic, idle=2.0)
-    assert len(dlq) == tp.offset - 50  # what was committed past the good records was dead-lettered
+    assert len(dlq) == max(0, tp.offset - 50)  # anything committed past the good records was dead-lettered
     report_docs = committed_total(s, 1)
     record_row("8 DLQ breaker", "100 unknown_model in a row (limit 20)",
                type("R", (), {"documents": report_docs, "dead_lettered": len(dlq), "duplicates": 0})(), None)
+
+
+def test_memory_stays_bounded_under_floods(fs, model, tmp_path):
+    """A flood of tiny records, a burst of tombstones and oversized values: the worker's memory stays
+    within its documented bound (model + in-flight batches × EMBEDSTREAM_MAX_BATCH_BYTES + librdkafka's
+    queue), whatever the input."""
+    expected = Expected()
+    producer = make_producer(fs, **{"message.max.bytes": 60_000_000, "linger.ms": 20})
+    w = WorkerProcess(fs, tmp_path, "w", ("--stop-when-idle", "4"))
+    wait_until(lambda: "assigned [" in w.log(), 120, what="the worker to join")
+    baseline = max(w.rss_samples[-5:])
+    tiny = [Document(f"tiny-{i}", f"t {i}") for i in range(6000)]
+    produce_docs(fs, tiny, expected, producer)
+    for i in range(0, 6000, 2):  # a burst of tombstones for half of them
+        producer.produce(fs.input_topic, key=f"tiny-{i}", value=None)
+        expected.records += 1
+        expected.deleted.add(f"tiny-{i}")
+    produce_bad(fs, {f"huge-{i}": (b"{" + b" " * 40_000_000 + b"}", "text_too_long") for i in range(3)},
+                expected, producer)
+    assert w.wait(400) == 0, w.log()[-3000:]
+    peak = max(w.rss_samples)
+    report = check_nothing_lost(fs, model, expected, PARTITIONS)
+    # in flight: (4 batches + the open one) × 16 MiB of text, plus librdkafka's 64 MiB queue and one
+    # 40 MB record being fetched; 600 MiB leaves room for allocator slack.
+    assert peak - baseline < 600, f"RSS grew from {baseline} to {peak} MiB"
+    record_row("12 bounded memory", f"6,000 tiny + 3,000 tombstones + 3 × 40 MB; RSS {baseline} → {peak} MiB",
+               report, None)

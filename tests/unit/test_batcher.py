@@ -97,3 +97,13 @@ def test_dlq_limit_trips_on_a_run_and_on_a_ratio():
         ratio.record("empty_text" if i % 2 else None)  # exactly half: allowed
     with pytest.raises(DlqLimitExceeded, match="6 of the last 10"):
         ratio.record("empty_text")  # the window slides: 6 bad of the last 10
+
+
+def test_closes_at_byte_budget_and_counts_dead_letters():
+    from worker.records import DeadLetter, Source
+
+    b = Batcher(max_size=100, max_tokens=10_000, max_wait=60, clock=Clock(), max_bytes=1000)
+    big = Item(Source("t", 0, 0), "a", "x" * 600, "h", 5, {})
+    assert b.add(big) == []
+    closed = b.add(DeadLetter(Source("t", 0, 1), b"k", b"y" * 500, None, "text_too_long", "m"))
+    assert len(closed) == 1 and closed[0].size == 1100

@@ -46,7 +46,8 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         emb = SentenceTransformerEmbedder(None, precision, device)
         emb.warmup()
         texts = {"S1": workloads.short_texts(sizes["S1"]), "S2": workloads.mixed_texts(sizes["S2"])}
-        out: dict = {"machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()},
+        machine = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()}
+        out: dict = {"machine": machine,
                      "model": emb.model_id, "precision": emb.precision, "device": emb.device, "quick": quick,
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "workloads": {}, "denominators": {}}
         for name in ("S1", "S2"):

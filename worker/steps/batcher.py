@@ -19,12 +19,15 @@ class Batcher:
     * count: a batch closes when it holds ``max_size`` entries;
     * tokens: an item that would take the batch over ``max_tokens`` closes the batch first (an
       item alone over the budget still forms a batch of its own);
-    * deadline: ``poll(now)`` closes the open batch once its oldest entry has waited ``max_wait`` s.
+    * deadline: ``poll(now)`` closes the open batch once its oldest entry has waited ``max_wait`` s;
+    * bytes: a batch closes once its texts and dead-lettered values hold ``max_bytes`` (so the memory
+      in flight stays below (in-flight batches + 1) × ``max_bytes`` whatever the records' sizes).
     """
 
     def __init__(self, max_size: int, max_tokens: int, max_wait: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_bytes: int = 16 * 1024 * 1024) -> None:
         self.max_size = max_size
+        self.max_bytes = max_bytes
         self.max_tokens = max_tokens
         self.max_wait = max_wait
         self._clock = clock
@@ -44,7 +47,8 @@ class Batcher:
         if self._open is None:
             self._open = self._new()
         self._open.add(entry)
-        if len(self._open) >= self.max_size or self._open.tokens >= self.max_tokens:
+        if (len(self._open) >= self.max_size or self._open.tokens >= self.max_tokens
+                or self._open.size >= self.max_bytes):
             closed.append(self._open)
             self._open = None
         return closed

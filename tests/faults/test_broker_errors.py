@@ -1,0 +1,105 @@
+"""Scenario 2, second half: broker request errors and a broker down, on librdkafka's mock cluster
+(the local broker cannot inject them). While delivery fails, no commit may advance."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from prometheus_client import REGISTRY
+
+from connectors.kafka import make_producer
+from schemas.codec import encode_document
+from tests.faults.harness import short_docs, wait_until
+from tests.helpers import read_topic
+from tests.mock_cluster import MockCluster
+from worker.settings import Settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+PRODUCE = 0
+NOT_ENOUGH_REPLICAS = 19  # retriable
+
+
+def _committed(s: Settings, partitions: int) -> int:
+    c = Consumer({**s.kafka_common(), "group.id": s.group_id})
+    try:
+        return sum(max(tp.offset, 0) for tp in
+                   c.committed([TopicPartition(s.input_topic, p) for p in range(partitions)], timeout=10))
+    finally:
+        c.close()
+
+
+@pytest.fixture()
+def mock_settings(fault_stack):
+    _, env = fault_stack
+    with MockCluster() as mc:
+        tag = uuid.uuid4().hex[:6]
+        s = Settings(kafka_bootstrap_servers=mc.bootstraps, milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
+                     redis_url=env["EMBEDSTREAM_REDIS_URL"], kafka={"session.timeout.ms": "6000"},
+                     input_topic=f"in-{tag}", output_topic=f"out-{tag}", dlq_topic=f"dlq-{tag}",
+                     group_id=f"g-{tag}", milvus_collection=f"mock_{tag}", metrics_port=0, max_batch_size=25,
+                     commit_interval_ms=0, kafka_timeout_seconds=3, retry_backoff_max_seconds=1)
+        for t in (s.input_topic, s.output_topic, s.dlq_topic):
+            mc.create_topic(t, 2)
+        yield mc, s
+
+
+def _run_in_thread(s, model, idle: float = 3.0):
+    from worker.runner import build_worker
+
+    worker = build_worker(s, embedder=model)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(stats=worker.run(stop_when_idle=idle)))
+    thread.start()
+    return worker, thread, result
+
+
+def _retries() -> float:
+    return REGISTRY.get_sample_value("embedstream_retries_total", {"system": "kafka"}) or 0.0
+
+
+def test_produce_errors_hold_commits_back(mock_settings, model):
+    mc, s = mock_settings
+    docs = short_docs(150, "perr")
+    p = make_producer(s)
+    for d in docs:
+        p.produce(s.input_topic, key=d.id, value=encode_document(d))
+    assert p.flush(10) == 0
+    retries_before = _retries()
+    mc.push_request_errors(PRODUCE, [NOT_ENOUGH_REPLICAS] * 60)
+    worker, thread, result = _run_in_thread(s, model)
+    wait_until(lambda: _retries() > retries_before, 60, what="a failed delivery to be retried")
+    assert _committed(s, 2) == 0, "an offset was committed while deliveries were failing"
+    thread.join(240)
+    assert not thread.is_alive()
+    assert result["stats"].embedded == 150
+    assert _committed(s, 2) == 150
+    out = read_topic(s, s.output_topic, expect=150)
+    assert {m.key().decode() for m in out} == {d.id for d in docs}
+
+
+def test_broker_down_then_up(mock_settings, model):
+    mc, s = mock_settings
+    docs = short_docs(300, "bdown")
+    p = make_producer(s)
+    for d in docs[:150]:
+        p.produce(s.input_topic, key=d.id, value=encode_document(d))
+    assert p.flush(10) == 0
+    # idle limit above the outage: a drained worker must not take the outage for the end of input
+    worker, thread, result = _run_in_thread(s, model, idle=20.0)
+    wait_until(lambda: _committed(s, 2) >= 150, 120, what="the first half committed")
+    mc.broker_down(1)
+    for d in docs[150:]:  # buffered by the producer until the broker is back
+        p.produce(s.input_topic, key=d.id, value=encode_document(d))
+    time.sleep(8)
+    mc.broker_up(1)
+    assert p.flush(30) == 0
+    thread.join(240)
+    assert not thread.is_alive()
+    assert _committed(s, 2) == 300
+    out = read_topic(s, s.output_topic, expect=300)
+    assert {m.key().decode() for m in out} == {d.id for d in docs}
