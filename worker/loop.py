@@ -178,7 +178,8 @@ class Worker:
                 elif time.monotonic() - self._last_commit >= self.commit_interval:
                     self._commit(sync=False)
                 if stop_when_idle is not None:
-                    if self._idle():
+                    recent_error = time.monotonic() - self.health.last_kafka_error < stop_when_idle
+                    if self._idle() and not recent_error:
                         idle_since = idle_since or time.monotonic()
                         if time.monotonic() - idle_since >= stop_when_idle:
                             log.info("idle for %.1fs: stopping", stop_when_idle)

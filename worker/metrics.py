@@ -65,6 +65,13 @@ class Health:
         self.last_tick = time.monotonic()
         self.model_loaded = False
         self.assigned = 0
+        #: monotonic time of the last error librdkafka reported for the cluster (0: never)
+        self.last_kafka_error = 0.0
+
+    def on_kafka_error(self, err) -> None:
+        """librdkafka ``error_cb``: broker down, transport errors. Remembered so that a worker never
+        takes an unreachable cluster for the end of its input."""
+        self.last_kafka_error = time.monotonic()
 
     def tick(self) -> None:
         self.last_tick = time.monotonic()

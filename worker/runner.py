@@ -107,7 +107,8 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
                         backoff_max=settings.retry_backoff_max_seconds)
     session_ms = int(settings.kafka.get("session.timeout.ms", 45000))
     consumer = make_consumer(settings, **{"statistics.interval.ms": 5000,
-                                          "stats_cb": metrics.record_lag_from_stats})
+                                          "stats_cb": metrics.record_lag_from_stats,
+                                          "error_cb": health.on_kafka_error})
     return Worker(consumer, settings.input_topic, embedder, pipeline,
                   max_batch_size=settings.max_batch_size, max_batch_tokens=settings.max_batch_tokens,
                   max_batch_wait_ms=settings.max_batch_wait_ms, max_inflight=settings.max_inflight_batches,
