@@ -169,8 +169,12 @@ class Worker:
                 busy = len(self.batcher) or self.pipeline.inflight
                 msgs = self.consumer.consume(CONSUME_CHUNK, 0.02 if busy else 0.2)
                 self._ingest(msgs)
-                for batch in self.batcher.poll():
-                    self.pipeline.submit(batch)
+                # A batch past its deadline closes only when the model is free: while the model is
+                # busy it could not start earlier anyway, and it keeps growing instead of queueing
+                # as many small batches (continuous batching).
+                if self.pipeline.embed_backlog == 0:
+                    for batch in self.batcher.poll():
+                        self.pipeline.submit(batch)
                 self._collect()
                 self._backpressure()
                 if self.commit_interval == 0:

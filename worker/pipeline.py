@@ -47,7 +47,10 @@ class _Stage(threading.Thread):
                 self.outbox.put(None)
                 return
             try:
-                self.outbox.put(self.pipeline.retrying(self.name, self.step, batch))
+                result = self.pipeline.retrying(self.name, self.step, batch)
+                if self.name == "embed":
+                    self.pipeline._left_embed()
+                self.outbox.put(result)
             except Aborted:
                 return
             except BaseException as exc:  # a bug: hand it to the polling thread, which crashes
@@ -68,6 +71,8 @@ class Pipeline:
         self._to_sink: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
         self._inflight = 0
+        self._embed_backlog = 0
+        self._lock = threading.Lock()
         self._stages = [_Stage("embed", embed, self._to_embed, self._to_sink, self),
                         _Stage("sink", sink, self._to_sink, self._done, self)]
         for stage in self._stages:
@@ -81,7 +86,18 @@ class Pipeline:
     def inflight(self) -> int:
         return self._inflight
 
+    @property
+    def embed_backlog(self) -> int:
+        """Batches waiting for or inside the embed stage (0: the model is free)."""
+        return self._embed_backlog
+
+    def _left_embed(self) -> None:
+        with self._lock:
+            self._embed_backlog -= 1
+
     def submit(self, batch: Batch) -> None:
+        with self._lock:
+            self._embed_backlog += 1
         self._inflight += 1
         metrics.INFLIGHT_BATCHES.set(self._inflight)
         metrics.BATCH_SIZE.observe(len(batch))

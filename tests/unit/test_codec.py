@@ -126,3 +126,17 @@ def test_arbitrary_bytes_never_raise_anything_but_decode_error(raw):
         decode_document(b"k", raw)
     except DecodeError as exc:
         assert exc.reason in ("decode_error", "invalid_utf8") and str(exc)
+
+
+@given(embeddings)
+@settings(max_examples=200)
+def test_hand_written_embedding_encoder_matches_fastavro(rec):
+    import io
+
+    import fastavro
+
+    from schemas.codec import EMBEDDING_SCHEMA
+
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, EMBEDDING_SCHEMA, rec)
+    assert encode_embedding(rec) == buf.getvalue()

@@ -1,13 +1,16 @@
 """Cache lookup and embedding of one batch.
 
-Identical texts in a batch are looked up and embedded once; the cache is read with one pipelined
-MGET per batch; only the misses reach the model. The vectors of the misses are handed on (in
-``batch.fresh``) so the sink step writes them back to the cache after the batch is durable.
+Identical texts in a batch are looked up and embedded once. Lookups go first to a small in-process
+memo of the vectors this worker computed lately (it covers repeats whose first copy is still in
+flight, before its batch has filled Redis), then to Redis with one pipelined MGET per batch; only
+the misses reach the model. The vectors of the misses are handed on (in ``batch.fresh``) so the
+sink step writes them back to Redis after the batch is durable.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 
 import numpy as np
 
@@ -22,9 +25,13 @@ class EmbedStep:
 
     Raises only what the model raises (a bug: crash); the cache never raises."""
 
-    def __init__(self, embedder: Embedder, cache: RedisCache | None) -> None:
+    def __init__(self, embedder: Embedder, cache: RedisCache | None, memo_size: int = 20_000) -> None:
         self.embedder = embedder
         self.cache = cache
+        # ~1.5 KB a 384-dim vector: 20,000 entries ≈ 30 MB. Only used with a cache configured:
+        # without Redis the operator asked for no caching.
+        self.memo_size = memo_size if cache is not None else 0
+        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def process(self, batch: Batch) -> Batch:
         items = batch.items
@@ -37,14 +44,22 @@ class EmbedStep:
         hashes = list(first_text)
         vectors: dict[str, np.ndarray] = {}
         hit: set[str] = set()
+        for h in hashes:
+            vec = self._memo.get(h)
+            if vec is not None:
+                self._memo.move_to_end(h)
+                vectors[h] = vec
+                hit.add(h)
         if self.cache is not None:
+            asked = [h for h in hashes if h not in vectors]
             errors_before = self.cache.errors
-            for h, vec in zip(hashes, self.cache.get_many(hashes)):
+            for h, vec in zip(asked, self.cache.get_many(asked)):
                 if vec is not None:
                     vectors[h] = vec
                     hit.add(h)
             if self.cache.errors != errors_before:
-                metrics.CACHE_REQUESTS.labels("error").inc(len(hashes))
+                metrics.CACHE_REQUESTS.labels("error").inc(len(asked))
+                metrics.CACHE_REQUESTS.labels("hit").inc(len(hashes) - len(asked))
             else:
                 metrics.CACHE_REQUESTS.labels("hit").inc(len(hit))
                 metrics.CACHE_REQUESTS.labels("miss").inc(len(hashes) - len(hit))
@@ -56,6 +71,10 @@ class EmbedStep:
             for h, vec in zip(missing, embedded):
                 vectors[h] = vec
                 batch.fresh[h] = vec
+                if self.memo_size:
+                    self._memo[h] = vec
+            while len(self._memo) > self.memo_size:
+                self._memo.popitem(last=False)
         for it in items:
             it.vector = vectors[it.hash]
             it.cached = it.hash in hit

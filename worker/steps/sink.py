@@ -1,4 +1,4 @@
-"""Write one finished batch: Milvus, then the output and dead-letter topics, then the cache.
+"""Write one finished batch: the output and dead-letter topics and Milvus, then the cache.
 
 The order is the delivery contract: a batch counts as done (its offsets may be committed) only
 when Milvus has acknowledged the upserts and deletes *and* the broker has acknowledged every output
@@ -69,17 +69,13 @@ class SinkStep:
     def process(self, batch: Batch) -> Batch:
         now = int(time.time() * 1000)
         upserts, deletes = final_operations(batch)
+        # Hand the records to the producer first: librdkafka sends them while Milvus upserts. Both
+        # must be confirmed before the batch counts as done; the order between them does not matter.
         t0 = time.perf_counter()
-        self.store.upsert([{"id": i, "vector": it.vector, "model": self.model_id, "content_hash": it.hash,
-                            "metadata": it.metadata, "updated_at": now} for i, it in upserts.items()])
-        self.store.delete(deletes)
-        t1 = time.perf_counter()
-        metrics.SINK_SECONDS.labels("milvus").observe(t1 - t0)
-
         delivery = DeliveryBatch(self.producer, self.s.kafka_timeout_seconds)
         for e in batch.entries:
             if isinstance(e, Item):
-                rec = {"id": e.id, "model": self.model_id, "dim": self.dim, "vector": e.vector.tolist(),
+                rec = {"id": e.id, "model": self.model_id, "dim": self.dim, "vector": e.vector,
                        "content_hash": e.hash, "cached": e.cached, "source_topic": e.source.topic,
                        "source_partition": e.source.partition, "source_offset": e.source.offset,
                        "metadata": e.metadata, "embedded_at": now}
@@ -91,8 +87,14 @@ class SinkStep:
             else:
                 value, headers = dlq_headers(e, self.dlq_value_limit)
                 delivery.produce(self.s.dlq_topic, e.key, value, headers)
+        t1 = time.perf_counter()
+        self.store.upsert([{"id": i, "vector": it.vector, "model": self.model_id, "content_hash": it.hash,
+                            "metadata": it.metadata, "updated_at": now} for i, it in upserts.items()])
+        self.store.delete(deletes)
+        t2 = time.perf_counter()
+        metrics.SINK_SECONDS.labels("milvus").observe(t2 - t1)
         delivery.confirm()
-        metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t1)
+        metrics.SINK_SECONDS.labels("output").observe((t1 - t0) + (time.perf_counter() - t2))
 
         if self.cache is not None and getattr(batch, "fresh", None):
             self.cache.set_many(batch.fresh)
