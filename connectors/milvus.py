@@ -13,6 +13,10 @@ from typing import Any
 from connectors.exceptions import ConfigError, TransientError
 
 ID_MAX_LENGTH = 512
+# pymilvus pings every 10 s even without calls; gRPC servers by default allow one ping per 5 min
+# and answer more with GOAWAY "too_many_pings", dropping the channel. Every call here carries its
+# own timeout, so keepalive pings add nothing: keep them rare and only during calls.
+_GRPC_OPTIONS = {"grpc.keepalive_time_ms": 300_000, "grpc.keepalive_permit_without_calls": 0}
 
 
 def _transient(exc: Exception) -> TransientError:
@@ -35,7 +39,8 @@ class MilvusStore:
             try:
                 # dedicated: pymilvus otherwise shares one channel per URI in a process, and recovers it
                 # with the timeout of whichever client opened it first.
-                self._client = MilvusClient(uri=uri, token=token or "", timeout=timeout, dedicated=True)
+                self._client = MilvusClient(uri=uri, token=token or "", timeout=timeout, dedicated=True,
+                                            grpc_options=_GRPC_OPTIONS)
                 return
             except Exception as exc:
                 # A busy or just-starting server refuses the handshake now and then: retry until the

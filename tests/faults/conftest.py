@@ -30,6 +30,14 @@ def fs(fault_stack):
                           shutdown_grace_seconds=20, milvus_timeout_seconds=5, retry_backoff_max_seconds=2)
 
 
+@pytest.fixture(autouse=True)
+def no_worker_left_behind():
+    yield
+    from tests.faults.harness import WorkerProcess
+
+    WorkerProcess.kill_all()
+
+
 @pytest.fixture()
 def parts(fault_stack):
     """Pids of the fault stack's broker, Redis and Milvus."""

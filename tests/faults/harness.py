@@ -86,13 +86,25 @@ def worker_env(s: Settings, **extra: str) -> dict[str, str]:
 
 
 class WorkerProcess:
-    """``embedstream run`` as a real subprocess, its output in a log file."""
+    """``embedstream run`` as a real subprocess, its output in a log file. Every instance is killed
+    at the end of its test (``kill_all``), so a failed test leaves no worker behind."""
+
+    live: list[WorkerProcess] = []
+
+    @classmethod
+    def kill_all(cls) -> None:
+        for w in cls.live:
+            if w.proc.poll() is None:
+                w.proc.kill()
+                w.proc.wait(30)
+        cls.live.clear()
 
     def __init__(self, s: Settings, log_dir: Path, name: str, args: tuple[str, ...] = (), **env: str) -> None:
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen([*CLI, "run", *args], env=worker_env(s, **env), cwd=REPO,
                                      stdout=self._log, stderr=subprocess.STDOUT)
+        WorkerProcess.live.append(self)
         self.rss_samples: list[int] = []  # resident set size in MiB, sampled every 0.2 s
         threading.Thread(target=self._sample_rss, daemon=True).start()
 
@@ -119,9 +131,6 @@ class WorkerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def __del__(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
 
 
 def committed_total(s: Settings, partitions: int) -> int:

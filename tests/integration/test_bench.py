@@ -20,7 +20,8 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads((tmp_path / "bench.json").read_text())
     assert {"model", "precision", "device", "workloads", "denominators", "latency", "ratios",
-            "latency_bound_s"} <= set(out)
+            "latency_bound_s", "quality"} <= set(out)
+    assert {"vs", "texts", "min_cosine", "mean_cosine"} <= set(out["quality"])
     assert {"S1", "S2", "io", "S4_0", "S4_50", "S4_90"} <= set(out["workloads"])
     for name in ("S1", "S2", "S4_0", "S4_90"):
         assert out["workloads"][name]["docs"] == 60 and out["workloads"][name]["docs_per_s"] > 0

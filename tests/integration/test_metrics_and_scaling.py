@@ -89,6 +89,7 @@ def test_metrics_move_by_the_right_amounts_and_health_answers(stack, model):
     for name in ("embedstream_messages_total", "embedstream_batch_size", "embedstream_batch_tokens",
                  "embedstream_embed_seconds", "embedstream_end_to_end_seconds", "embedstream_cache_requests_total",
                  "embedstream_sink_seconds", "embedstream_dlq_messages_total", "embedstream_paused_partitions",
+                 "embedstream_consumer_lag",
                  "embedstream_model_info"):
         assert f"# HELP {name}" in text, name
     # the loop has stopped: after the tick age passes, /healthz fails
@@ -99,6 +100,8 @@ def test_metrics_move_by_the_right_amounts_and_health_answers(stack, model):
 
 def test_three_workers_split_six_partitions(stack, model, tmp_path):
     s = fresh_settings(stack, max_batch_size=32)
+    # the eager protocol here (the fault suite's rebalance scenario runs cooperative-sticky, the default)
+    s.kafka["partition.assignment.strategy"] = "range"
     docs = short_docs(1500, "scale")
     # one record per produce batch, so the local broker's ListOffsets (last batch base + 1) is exact
     p = make_producer(s, **{"linger.ms": 0, "batch.num.messages": 1})
@@ -106,8 +109,11 @@ def test_three_workers_split_six_partitions(stack, model, tmp_path):
         p.produce(s.input_topic, key=d.id, value=encode_document(d))
     assert p.flush(30) == 0
     workers = [WorkerProcess(s, tmp_path, f"w{i}", ("--stop-when-idle", "6")) for i in range(3)]
-    for w in workers:
-        assert w.wait(400) == 0, w.log()[-3000:]
+    try:
+        for w in workers:
+            assert w.wait(400) == 0, w.log()[-3000:]
+    finally:
+        WorkerProcess.kill_all()
     assigned = []
     for w in workers:
         last = [line for line in w.log().splitlines() if "assigned [" in line]

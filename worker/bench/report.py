@@ -40,6 +40,10 @@ def ratio_table(out: dict) -> Table:
     row("Rio", r["Rio"], "≥ 0.7", f"instant model {_fmt(w['io']['docs_per_s'], 0)} docs/s ÷ Milvus upsert "
         f"{_fmt(d['milvus_upsert_rows_per_s'], 0)} rows/s", met("Rio"))
     row("Rpad", r["Rpad"], "≥ 0.85", "real ÷ padded tokens in the model (S2)", met("Rpad"))
+    q = out.get("quality")
+    if q:
+        t.add_row(f"quality ({out['precision']})", _fmt(q["min_cosine"], 4), "", f"cosine to {q['vs']} on "
+                  f"{q['texts']} S2 texts: min {_fmt(q['min_cosine'], 4)}, mean {_fmt(q['mean_cosine'], 5)}")
     for lat in out["latency"]:
         row(f"latency @ {lat['load']:.0%}", None, "", f"p50 {_fmt(lat['p50_s'], 3)} s, p99 {_fmt(lat['p99_s'], 3)} s "
             f"at {_fmt(lat['rate'], 0)} docs/s ({lat['n']} docs)", None)

@@ -50,6 +50,8 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         out: dict = {"machine": machine,
                      "model": emb.model_id, "precision": emb.precision, "device": emb.device, "quick": quick,
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "workloads": {}, "denominators": {}}
+        say("quality gate: cosine to fp32 on the S2 texts")
+        out["quality"] = quality_gate(emb, texts["S2"][:500])
         for name in ("S1", "S2"):
             say(f"{name}: raw encode on {len(texts[name])} texts")
             raw, bs = measure.raw_encode(emb, texts[name])
@@ -97,6 +99,21 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         return out
     finally:
         stack.down()
+
+
+def quality_gate(emb, texts: list[str]) -> dict:
+    """Cosine of the worker's vectors (its precision) to fp32 vectors of the same model and texts."""
+    import numpy as np
+
+    from worker.embedding.sentence import SentenceTransformerEmbedder
+
+    if emb.precision == "fp32":
+        return {"vs": "fp32", "texts": len(texts), "min_cosine": 1.0, "mean_cosine": 1.0}
+    ref = SentenceTransformerEmbedder(None, "fp32", emb.device)
+    a, b = emb.embed(texts), ref.embed(texts)
+    cos = (a * b).sum(1)  # both L2-normalised
+    del ref
+    return {"vs": "fp32", "texts": len(texts), "min_cosine": float(np.min(cos)), "mean_cosine": float(np.mean(cos))}
 
 
 def ratios(out: dict) -> dict:
