@@ -276,6 +276,7 @@ class Worker:
             parts = self.consumer.assignment()
             if parts:
                 (self.consumer.pause if full else self.consumer.resume)(parts)
+            self.pauses += full and not self.paused
             self.paused = full
             metrics.PAUSED_PARTITIONS.set(len(parts) if full else 0)
             return

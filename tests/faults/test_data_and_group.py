@@ -76,7 +76,9 @@ def test_slow_model_never_gets_the_worker_evicted(fault_stack, model, tmp_path):
     from worker.runner import build_worker
 
     _, env = fault_stack
-    s = fresh_settings(env, partitions=PARTITIONS, max_batch_size=40, max_inflight_batches=2, commit_interval_ms=0)
+    # no cache: earlier tests cached these texts, and a cache hit would never reach the slow model
+    s = fresh_settings(env, partitions=PARTITIONS, max_batch_size=40, max_inflight_batches=2, commit_interval_ms=0,
+                       redis_url=None)
     s.kafka["max.poll.interval.ms"] = "7000"  # librdkafka's floor is session.timeout.ms (6000)
     expected = Expected()
     produce_docs(s, short_docs(240, "slow"), expected)
