@@ -57,7 +57,7 @@ class MilvusStore:
 
         c = self._client
         try:
-            if c.has_collection(self.collection, timeout=self.timeout):
+            if self.exists():
                 have = self.dim()
                 if have != dim:
                     raise ConfigError(
@@ -82,6 +82,9 @@ class MilvusStore:
         except Exception as exc:
             raise ConfigError(f"Milvus at {self.uri!r} did not answer ({type(exc).__name__}: {exc}). "
                               "Check EMBEDSTREAM_MILVUS_URI and EMBEDSTREAM_MILVUS_TOKEN.") from None
+
+    def exists(self) -> bool:
+        return bool(self._client.has_collection(self.collection, timeout=self.timeout))
 
     def dim(self) -> int:
         info = self._client.describe_collection(self.collection, timeout=self.timeout)
@@ -108,12 +111,11 @@ class MilvusStore:
         except Exception as exc:
             raise _transient(exc) from None
 
-    def query_ids(self, ids: list[str] | None = None, fields: tuple[str, ...] = ("id",)) -> list[dict]:
-        """Rows (Strong consistency) for ``ids``, or every row when ``ids`` is None."""
-        flt = "" if ids is None else "id in [" + ",".join(_quote(i) for i in ids) + "]"
+    def query_ids(self, fields: tuple[str, ...] = ("id",)) -> list[dict]:
+        """Every row's ``fields``, read at Strong consistency."""
         out: list[dict] = []
         try:
-            it = self._client.query_iterator(self.collection, batch_size=1000, filter=flt,
+            it = self._client.query_iterator(self.collection, batch_size=1000, filter="",
                                              output_fields=list(fields), consistency_level="Strong",
                                              timeout=self.timeout)
             while True:
@@ -151,11 +153,3 @@ class MilvusStore:
             self._client.close()
         except Exception:
             pass
-
-
-def _quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

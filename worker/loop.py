@@ -113,9 +113,6 @@ class Worker:
         log.info("signal %s: stop fetching, finish in-flight batches, commit, exit", signum)
         self._stop = True
 
-    def stop(self) -> None:
-        self._stop = True
-
     # -- rebalance callbacks (run inside consume(), on this thread) ----------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for p in partitions:
@@ -249,20 +246,21 @@ class Worker:
         now_ms = time.time() * 1000
         s.batches += 1
         s.last_done_at = time.monotonic()
+        items = deletes = 0
         for e in batch.entries:
             if isinstance(e, Item):
-                s.embedded += 1
+                items += 1
                 s.cached += e.cached
                 if e.source.timestamp_ms:
                     metrics.END_TO_END_SECONDS.observe(max(0.0, (now_ms - e.source.timestamp_ms) / 1000))
             elif isinstance(e, Delete):
-                s.deleted += 1
+                deletes += 1
             elif isinstance(e, DeadLetter):
-                s.dead_lettered += 1
                 s.dlq_reasons[e.reason] = s.dlq_reasons.get(e.reason, 0) + 1
                 metrics.DLQ_MESSAGES.labels(e.reason).inc()
-        items = sum(isinstance(e, Item) for e in batch.entries)
-        deletes = sum(isinstance(e, Delete) for e in batch.entries)
+        s.embedded += items
+        s.deleted += deletes
+        s.dead_lettered += len(batch) - items - deletes
         metrics.MESSAGES.labels("embedded").inc(items)
         metrics.MESSAGES.labels("deleted").inc(deletes)
         metrics.MESSAGES.labels("dead_lettered").inc(len(batch) - items - deletes)
@@ -271,21 +269,15 @@ class Worker:
 
     def _backpressure(self) -> None:
         full = self.pipeline.inflight >= self.max_inflight
-        if self._reapply_pause:
-            self._reapply_pause = False
-            parts = self.consumer.assignment()
-            if parts:
-                (self.consumer.pause if full else self.consumer.resume)(parts)
-            self.pauses += full and not self.paused
-            self.paused = full
-            metrics.PAUSED_PARTITIONS.set(len(parts) if full else 0)
+        if full == self.paused and not self._reapply_pause:
             return
-        if full != self.paused:
-            parts = self.consumer.assignment()
+        self._reapply_pause = False
+        parts = self.consumer.assignment()
+        if parts:
             (self.consumer.pause if full else self.consumer.resume)(parts)
-            self.paused = full
-            self.pauses += full
-            metrics.PAUSED_PARTITIONS.set(len(parts) if full else 0)
+        self.pauses += full and not self.paused
+        self.paused = full
+        metrics.PAUSED_PARTITIONS.set(len(parts) if full else 0)
 
     def _commit(self, sync: bool, attempts: int = 1) -> bool:
         """Commit the stored offsets; True when nothing is left uncommitted. A failed commit is retried

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -139,10 +138,3 @@ def produce_documents(settings: Settings, docs: Iterator[tuple[int, Document | B
 def count_lines(path: Path) -> int:
     with path.open("rb") as fh:
         return sum(1 for _ in fh)
-
-
-def write_jsonl(path: Path, docs: list[Document]) -> None:
-    """Write ``docs`` as JSONL that ``produce`` reads back (used by the demo and the tests)."""
-    with path.open("w", encoding="utf-8") as fh:
-        for d in docs:
-            fh.write(json.dumps({"id": d.id, "text": d.text, "metadata": d.metadata}, ensure_ascii=False) + "\n")

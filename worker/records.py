@@ -116,14 +116,3 @@ class Batch:
     @property
     def items(self) -> list[Item]:
         return [e for e in self.entries if isinstance(e, Item)]
-
-    @property
-    def deletes(self) -> list[Delete]:
-        return [e for e in self.entries if isinstance(e, Delete)]
-
-    @property
-    def dead_letters(self) -> list[DeadLetter]:
-        return [e for e in self.entries if isinstance(e, DeadLetter)]
-
-    def partitions(self) -> set[TopicPartitionKey]:
-        return set(self.offsets)

@@ -23,7 +23,7 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5,
                         settings.milvus_token.get_secret_value() if settings.milvus_token else None,
                         settings.milvus_timeout_seconds)
     try:
-        if not store._client.has_collection(settings.milvus_collection, timeout=store.timeout):
+        if not store.exists():
             raise ConfigError(f"no collection {settings.milvus_collection!r} in Milvus at {settings.milvus_uri}: "
                               "run the worker first, or fix EMBEDSTREAM_MILVUS_COLLECTION")
         if store.dim() != embedder.dim:

@@ -96,8 +96,6 @@ class Settings(BaseSettings):
                 "EMBEDSTREAM_INPUT_TOPIC, EMBEDSTREAM_OUTPUT_TOPIC and EMBEDSTREAM_DLQ_TOPIC must be "
                 f"three different topics (got {self.input_topic!r}, {self.output_topic!r}, {self.dlq_topic!r})"
             )
-        if self.max_batch_tokens < 16:
-            raise ValueError("EMBEDSTREAM_MAX_BATCH_TOKENS must be at least 16")
         return self
 
     def require(self, *names: str) -> None:

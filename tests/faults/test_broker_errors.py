@@ -8,12 +8,11 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import REGISTRY
 
 from connectors.kafka import make_producer
 from schemas.codec import encode_document
-from tests.faults.harness import short_docs, wait_until
+from tests.faults.harness import committed_total, short_docs, wait_until
 from tests.helpers import read_topic
 from tests.mock_cluster import MockCluster
 from worker.settings import Settings
@@ -22,15 +21,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 PRODUCE = 0
 NOT_ENOUGH_REPLICAS = 19  # retriable
-
-
-def _committed(s: Settings, partitions: int) -> int:
-    c = Consumer({**s.kafka_common(), "group.id": s.group_id})
-    try:
-        return sum(max(tp.offset, 0) for tp in
-                   c.committed([TopicPartition(s.input_topic, p) for p in range(partitions)], timeout=10))
-    finally:
-        c.close()
 
 
 @pytest.fixture()
@@ -73,11 +63,11 @@ def test_produce_errors_hold_commits_back(mock_settings, model):
     mc.push_request_errors(PRODUCE, [NOT_ENOUGH_REPLICAS] * 60)
     worker, thread, result = _run_in_thread(s, model)
     wait_until(lambda: _retries() > retries_before, 60, what="a failed delivery to be retried")
-    assert _committed(s, 2) == 0, "an offset was committed while deliveries were failing"
+    assert committed_total(s, 2) == 0, "an offset was committed while deliveries were failing"
     thread.join(240)
     assert not thread.is_alive()
     assert result["stats"].embedded == 150
-    assert _committed(s, 2) == 150
+    assert committed_total(s, 2) == 150
     out = read_topic(s, s.output_topic, expect=150)
     assert {m.key().decode() for m in out} == {d.id for d in docs}
 
@@ -104,12 +94,12 @@ def test_broker_down_mid_stream(mock_settings, model):
         p.produce(s.input_topic, key=d.id, value=encode_document(d))
     assert p.flush(10) == 0
     worker, thread, result = _run_in_thread(s, _Paced(model), idle=5.0)
-    wait_until(lambda: _committed(s, 2) >= 75, 120, what="the first batches committed")
+    wait_until(lambda: committed_total(s, 2) >= 75, 120, what="the first batches committed")
     mc.broker_down(1)
     time.sleep(8)
     mc.broker_up(1)
     thread.join(240)
     assert not thread.is_alive()
-    assert _committed(s, 2) == 400
+    assert committed_total(s, 2) == 400
     out = read_topic(s, s.output_topic, expect=400)
     assert {m.key().decode() for m in out} == {d.id for d in docs}

@@ -96,6 +96,6 @@ class SinkStep:
         delivery.confirm()
         metrics.SINK_SECONDS.labels("output").observe((t1 - t0) + (time.perf_counter() - t2))
 
-        if self.cache is not None and getattr(batch, "fresh", None):
+        if self.cache is not None and batch.fresh:
             self.cache.set_many(batch.fresh)
         return batch
