@@ -7,8 +7,11 @@ dead-lettering.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
+
+import numpy as np
 
 from connectors.exceptions import ConfigError, TransientError
 
@@ -21,6 +24,39 @@ _GRPC_OPTIONS = {"grpc.keepalive_time_ms": 300_000, "grpc.keepalive_permit_witho
 
 def _transient(exc: Exception) -> TransientError:
     return TransientError("milvus", f"{type(exc).__name__}: {exc}")
+
+
+try:  # pymilvus' generated protobuf modules (internal, so optional: see MilvusStore.upsert_columns)
+    from pymilvus.grpc_gen import milvus_pb2 as _milvus_pb2
+    from pymilvus.grpc_gen import schema_pb2 as _schema_pb2
+
+    _pb: tuple[Any, Any] | None = (_milvus_pb2, _schema_pb2)
+except ImportError:
+    _pb = None
+
+
+def _upsert_request(collection: str, ids: list[str], vectors: np.ndarray, model: str, hashes: list[str],
+                    metadata: list[dict[str, str]], updated_at: int):
+    """The UpsertRequest for the collection's six fields, one column each."""
+    milvus_pb2, schema_pb2 = _pb
+    n = len(ids)
+    req = milvus_pb2.UpsertRequest(collection_name=collection, num_rows=n)
+
+    def column(name: str, dtype: int) -> Any:
+        field = req.fields_data.add()
+        field.field_name, field.type = name, dtype
+        return field
+
+    column("id", schema_pb2.VarChar).scalars.string_data.data.extend(ids)
+    vec = column("vector", schema_pb2.FloatVector).vectors
+    vec.dim = int(vectors.shape[1])
+    vec.float_vector.data.extend(np.ascontiguousarray(vectors, dtype=np.float32).ravel().tolist())
+    column("model", schema_pb2.VarChar).scalars.string_data.data.extend([model] * n)
+    column("content_hash", schema_pb2.VarChar).scalars.string_data.data.extend(hashes)
+    column("metadata", schema_pb2.JSON).scalars.json_data.data.extend(
+        [json.dumps(m, separators=(",", ":")).encode() for m in metadata])
+    column("updated_at", schema_pb2.Int64).scalars.long_data.data.extend([updated_at] * n)
+    return req
 
 
 class MilvusStore:
@@ -93,6 +129,28 @@ class MilvusStore:
                 return int(f["params"]["dim"])
         raise ConfigError(f"Milvus collection {self.collection!r} has no 'vector' field: not an embedstream "
                           "collection; set EMBEDSTREAM_MILVUS_COLLECTION to another name.")
+
+    def upsert_columns(self, ids: list[str], vectors: np.ndarray, model: str, hashes: list[str],
+                       metadata: list[dict[str, str]], updated_at: int) -> None:
+        """Upsert rows given as columns (``ids`` unique, ``vectors`` shape ``(len(ids), dim)``).
+
+        Same effect as :meth:`upsert`, built as one protobuf request: pymilvus packs dict rows in
+        Python field by field, holding the GIL that the worker's other threads need; a column of
+        vectors goes into the request in one copy."""
+        if not ids:
+            return
+        connection = getattr(self._client, "_get_connection", None)
+        if connection is None or _pb is None:  # a pymilvus without these internals (or a fake): rows
+            self.upsert([{"id": i, "vector": v, "model": model, "content_hash": h, "metadata": m,
+                          "updated_at": updated_at} for i, v, h, m in zip(ids, vectors, hashes, metadata)])
+            return
+        request = _upsert_request(self.collection, ids, vectors, model, hashes, metadata, updated_at)
+        try:
+            # A prepared request skips pymilvus' packing; ``schema`` only saves it a describe call.
+            connection().upsert(self.collection, [], upsert_param=request, schema={"fields": []},
+                                timeout=self.timeout)
+        except Exception as exc:
+            raise _transient(exc) from None
 
     def upsert(self, rows: list[dict[str, Any]]) -> None:
         """Upsert ``rows`` (already deduplicated by id: real Milvus rejects repeated keys in one call)."""

@@ -73,7 +73,7 @@ class Worker:
                  max_text_bytes: int, max_batch_bytes: int = 16 * 1024 * 1024, shutdown_grace: float = 30.0,
                  commit_interval: float = 1.0,
                  join_grace: float = 30.0, health: metrics.Health | None = None,
-                 dlq_limit: DlqLimit | None = None,
+                 dlq_limit: DlqLimit | None = None, pause_after: float = 1.0,
                  on_progress: Callable[[RunStats], None] | None = None) -> None:
         self.consumer = consumer
         self.topic = topic
@@ -88,6 +88,10 @@ class Worker:
         self.health = health or metrics.Health()
         self.dlq_limit = dlq_limit or DlqLimit(1000, 0.9, 1000)
         self.pauses = 0
+        #: Seconds the pipeline may stay full (not consuming, partitions still fetching into
+        #: librdkafka's bounded queue) before the assignment is paused. Well under max.poll.interval.ms.
+        self.pause_after = pause_after
+        self._full_since: float | None = None
         self.on_progress = on_progress
         self.stats = RunStats()
         self.assigned: set[TopicPartitionKey] = set()
@@ -163,8 +167,11 @@ class Worker:
         try:
             while not self._stop:
                 self.health.tick()
-                busy = len(self.batcher) or self.pipeline.inflight
-                msgs = self.consumer.consume(CONSUME_CHUNK, 0.02 if busy else 0.2)
+                # A full pipeline holds off consuming for a moment before it pauses: pausing drops
+                # the records librdkafka has prefetched, and fetching them again after the resume
+                # leaves the pipeline idle (~0.25 s a time, measured on an io-bound stream).
+                holding = self.pipeline.inflight >= self.max_inflight and not self.paused
+                msgs = [] if holding else self._consume()
                 self._ingest(msgs)
                 # A batch past its deadline closes only when the model is free: while the model is
                 # busy it could not start earlier anyway, and it keeps growing instead of queueing
@@ -172,7 +179,7 @@ class Worker:
                 if self.pipeline.embed_backlog == 0:
                     for batch in self.batcher.poll():
                         self.pipeline.submit(batch)
-                self._collect()
+                self._collect(0.02 if holding else 0.0)
                 self._backpressure()
                 if self.commit_interval == 0:
                     self._commit(sync=True)
@@ -199,6 +206,19 @@ class Worker:
         finally:
             self.consumer.close()
         return self.stats
+
+    def _consume(self) -> list:
+        """What the consumer holds now, else wait briefly for the first record.
+
+        ``consume(n, timeout)`` blocks until it has ``n`` records *or* the timeout passes, so asking
+        for a chunk with a timeout stalls the loop whenever fewer records are at hand (right after a
+        resume, or at a low rate). Take what is there without waiting; only when nothing is, wait for
+        one record (which returns as soon as it arrives)."""
+        msgs = self.consumer.consume(CONSUME_CHUNK, 0)
+        if msgs:
+            return msgs
+        busy = len(self.batcher) or self.pipeline.inflight
+        return self.consumer.consume(1, 0.02 if busy else 0.2)
 
     def _ingest(self, msgs: list) -> None:
         entries = []
@@ -268,16 +288,23 @@ class Worker:
             self.on_progress(s)
 
     def _backpressure(self) -> None:
-        full = self.pipeline.inflight >= self.max_inflight
-        if full == self.paused and not self._reapply_pause:
+        """Pause the assignment once the pipeline has been full for ``pause_after`` s; resume when a
+        batch slot frees. (Until then the loop only stops consuming; see ``run``.)"""
+        now = time.monotonic()
+        if self.pipeline.inflight >= self.max_inflight:
+            self._full_since = self._full_since or now
+        else:
+            self._full_since = None
+        pause = self._full_since is not None and now - self._full_since >= self.pause_after
+        if pause == self.paused and not self._reapply_pause:
             return
         self._reapply_pause = False
         parts = self.consumer.assignment()
         if parts:
-            (self.consumer.pause if full else self.consumer.resume)(parts)
-        self.pauses += full and not self.paused
-        self.paused = full
-        metrics.PAUSED_PARTITIONS.set(len(parts) if full else 0)
+            (self.consumer.pause if pause else self.consumer.resume)(parts)
+        self.pauses += pause and not self.paused
+        self.paused = pause
+        metrics.PAUSED_PARTITIONS.set(len(parts) if pause else 0)
 
     def _commit(self, sync: bool, attempts: int = 1) -> bool:
         """Commit the stored offsets; True when nothing is left uncommitted. A failed commit is retried

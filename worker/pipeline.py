@@ -5,7 +5,13 @@
 
 Stages are FIFO and single-threaded, so batches complete in the order they were submitted and
 per-partition offsets only move forward. While one batch is in the model the previous one is being
-written, so the model never waits on I/O. A stage that meets a :class:`TransientError` retries the
+written, so the model never waits on I/O.
+
+A stage takes every batch already waiting in its queue as one *group* (dynamic batching): under a
+backlog the model sorts and cuts a larger set of texts by length (less padding) and Milvus gets
+fewer, larger upserts, while at low load a group is a single batch and latency is unchanged. The
+number of batches in flight (the polling thread's limit) bounds a group. Batches still leave a
+stage one by one, in order. A stage that meets a :class:`TransientError` retries the
 same batch with capped exponential backoff and jitter until it succeeds or the pipeline is
 aborted; any other exception is a bug and is re-raised on the polling thread by ``completed()``.
 """
@@ -25,7 +31,8 @@ from worker.records import Batch
 
 log = logging.getLogger(__name__)
 
-Step = Callable[[Batch], Batch]
+#: A stage's work: process a group of batches (in submission order) in place.
+Step = Callable[[list[Batch]], None]
 
 
 class Aborted(Exception):
@@ -40,21 +47,35 @@ class _Stage(threading.Thread):
         self.outbox = outbox
         self.pipeline = pipeline
 
+    def _next_group(self) -> tuple[list[Batch], bool]:
+        """Block for one batch, then take those already waiting: ``(group, the end was reached)``."""
+        group: list[Batch] = []
+        item = self.inbox.get()
+        while item is not None:
+            group.append(item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return group, False
+        return group, True
+
     def run(self) -> None:
         while True:
-            batch = self.inbox.get()
-            if batch is None:
-                self.outbox.put(None)
-                return
+            group, end = self._next_group()
             try:
-                result = self.pipeline.retrying(self.name, self.step, batch)
-                if self.name == "embed":
-                    self.pipeline._left_embed()
-                self.outbox.put(result)
+                if group:
+                    self.pipeline.retrying(self.name, self.step, group)
+                    if self.name == "embed":
+                        self.pipeline._left_embed(len(group))
+                    for batch in group:
+                        self.outbox.put(batch)
             except Aborted:
                 return
             except BaseException as exc:  # a bug: hand it to the polling thread, which crashes
                 self.pipeline.failure = exc
+                self.outbox.put(None)
+                return
+            if end:
                 self.outbox.put(None)
                 return
 
@@ -91,9 +112,9 @@ class Pipeline:
         """Batches waiting for or inside the embed stage (0: the model is free)."""
         return self._embed_backlog
 
-    def _left_embed(self) -> None:
+    def _left_embed(self, n: int) -> None:
         with self._lock:
-            self._embed_backlog -= 1
+            self._embed_backlog -= n
 
     def submit(self, batch: Batch) -> None:
         with self._lock:
@@ -123,18 +144,18 @@ class Pipeline:
             raise self.failure
         return out
 
-    def retrying(self, name: str, step: Step, batch: Batch) -> Batch:
-        """Run ``step(batch)``, retrying :class:`TransientError` with capped exponential backoff + jitter."""
+    def retrying(self, name: str, step: Step, group: list[Batch]) -> None:
+        """Run ``step(group)``, retrying :class:`TransientError` with capped exponential backoff + jitter."""
         delay = 0.1
         while True:
             if self._abort.is_set():
                 raise Aborted()
             try:
-                result = step(batch)
+                step(group)
                 if self.retrying_since is not None:
                     log.info("%s: recovered after %.1fs", name, time.monotonic() - self.retrying_since)
                     self.retrying_since = None
-                return result
+                return
             except TransientError as exc:
                 metrics.RETRIES.labels(exc.system).inc()
                 if self.retrying_since is None:

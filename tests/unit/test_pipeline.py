@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -64,3 +65,23 @@ def test_abort_stops_retrying():
     p.abort()
     time.sleep(0.2)
     assert p.completed() == [] and p.inflight == 1
+
+
+def test_batches_waiting_for_a_busy_stage_are_taken_as_one_group_and_leave_in_order():
+    release = threading.Event()
+    groups: list[list[int]] = []
+
+    def embed(group):
+        groups.append([b.seq for b in group])
+        release.wait(5)
+
+    p = Pipeline(embed, lambda g: None)
+    p.submit(Batch(seq=0))
+    time.sleep(0.2)  # the stage is now blocked on batch 0
+    for i in range(1, 5):
+        p.submit(Batch(seq=i))
+    assert p.embed_backlog == 5
+    release.set()
+    assert [b.seq for b in _wait(p, 5)] == [0, 1, 2, 3, 4]
+    assert groups == [[0], [1, 2, 3, 4]] and p.embed_backlog == 0
+    p.close()

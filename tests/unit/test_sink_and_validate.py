@@ -37,7 +37,7 @@ def test_sink_upserts_never_inserts_and_dedupes_last_wins():
               _item("c", 4, 0.4), Delete(Source("docs", 0, 5), "c"), _item("c", 6, 0.5)):
         batch.add(e)
     client, producer = RecordingMilvusClient(), RecordingProducer()
-    _sink(client, producer).process(batch)
+    _sink(client, producer).process([batch])
     kinds = [k for k, _ in client.calls]
     assert "insert" not in kinds and kinds == ["upsert", "delete"]
     rows = client.calls[0][1]
@@ -53,22 +53,38 @@ def test_final_operations_order():
     batch = Batch()
     batch.add(Delete(Source("d", 0, 0), "x"))
     batch.add(_item("x", 1, 0.1))
-    ups, dels = final_operations(batch)
+    ups, dels = final_operations([batch])
     assert list(ups) == ["x"] and dels == []
+
+
+def test_a_group_is_one_upsert_and_the_last_operation_across_batches_wins():
+    first, second = Batch(), Batch()
+    for e in (_item("a", 0, 0.1), _item("b", 1, 0.2)):
+        first.add(e)
+    for e in (Delete(Source("docs", 0, 2), "a"), _item("b", 3, 0.3), _item("d", 4, 0.4)):
+        second.add(e)
+    client, producer = RecordingMilvusClient(), RecordingProducer()
+    _sink(client, producer).process([first, second])
+    assert [k for k, _ in client.calls] == ["upsert", "delete"]
+    rows = {r["id"]: r for r in client.calls[0][1]}
+    assert sorted(rows) == ["b", "d"] and rows["b"]["content_hash"] == "h3"
+    assert client.calls[1][1] == ["a"]
+    # every record of both batches reaches the output topic, in consumption order
+    assert [k for _, k, _, _ in producer.records] == [b"a", b"b", b"a", b"b", b"d"]
 
 
 def test_failed_delivery_fails_the_batch():
     batch = Batch()
     batch.add(_item("a", 0, 0.1))
     with pytest.raises(TransientError):
-        _sink(RecordingMilvusClient(), RecordingProducer(fail=True)).process(batch)
+        _sink(RecordingMilvusClient(), RecordingProducer(fail=True)).process([batch])
 
 
 def test_dead_letters_keep_original_bytes_and_get_contract_headers():
     batch = Batch()
     batch.add(DeadLetter(Source("docs", 2, 9), b"k", b"\x00bad", [("trace", b"1")], "decode_error", "boom"))
     producer = RecordingProducer()
-    _sink(RecordingMilvusClient(), producer).process(batch)
+    _sink(RecordingMilvusClient(), producer).process([batch])
     [(topic, key, value, headers)] = producer.records
     h = dict(headers)
     assert topic == "documents.dlq" and key == b"k" and value == b"\x00bad"

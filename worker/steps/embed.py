@@ -1,10 +1,11 @@
-"""Cache lookup and embedding of one batch.
+"""Cache lookup and embedding of a group of batches.
 
-Identical texts in a batch are looked up and embedded once. Lookups go first to a small in-process
+Identical texts in a group are looked up and embedded once. Lookups go first to a small in-process
 memo of the vectors this worker computed lately (it covers repeats whose first copy is still in
-flight, before its batch has filled Redis), then to Redis with one pipelined MGET per batch; only
-the misses reach the model. The vectors of the misses are handed on (in ``batch.fresh``) so the
-sink step writes them back to Redis after the batch is durable.
+flight, before its batch has filled Redis), then to Redis with one pipelined MGET per group; only
+the misses reach the model, all in one call (which sorts them by length). The vectors of the misses
+are handed on (in each batch's ``fresh``) so the sink step writes them back to Redis after the batch
+is durable.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from worker.records import Batch
 
 
 class EmbedStep:
-    """``process(batch)`` fills ``item.vector`` and ``item.cached`` for every item. Blocks on the model.
+    """``process(group)`` fills ``item.vector`` and ``item.cached`` for every item. Blocks on the model.
 
     Raises only what the model raises (a bug: crash); the cache never raises."""
 
@@ -33,11 +34,12 @@ class EmbedStep:
         self.memo_size = memo_size if cache is not None else 0
         self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
 
-    def process(self, batch: Batch) -> Batch:
-        items = batch.items
-        batch.fresh = {}
+    def process(self, group: list[Batch]) -> None:
+        for batch in group:
+            batch.fresh = {}
+        items = [it for batch in group for it in batch.items]
         if not items:
-            return batch
+            return
         first_text: dict[str, str] = {}
         for it in items:
             first_text.setdefault(it.hash, it.text)
@@ -70,12 +72,13 @@ class EmbedStep:
             metrics.EMBED_SECONDS.observe(time.perf_counter() - t0)
             for h, vec in zip(missing, embedded):
                 vectors[h] = vec
-                batch.fresh[h] = vec
                 if self.memo_size:
                     self._memo[h] = vec
             while len(self._memo) > self.memo_size:
                 self._memo.popitem(last=False)
-        for it in items:
-            it.vector = vectors[it.hash]
-            it.cached = it.hash in hit
-        return batch
+        for batch in group:
+            for it in batch.items:
+                it.vector = vectors[it.hash]
+                it.cached = it.hash in hit
+                if not it.cached:
+                    batch.fresh[it.hash] = it.vector

@@ -1,8 +1,10 @@
-"""Write one finished batch: the output and dead-letter topics and Milvus, then the cache.
+"""Write a group of finished batches: the output and dead-letter topics and Milvus, then the cache.
 
 The order is the delivery contract: a batch counts as done (its offsets may be committed) only
 when Milvus has acknowledged the upserts and deletes *and* the broker has acknowledged every output
-and dead-letter record. Any outage raises :class:`TransientError` and the whole step is retried:
+and dead-letter record. A group is written with one Milvus upsert and one delete (the last
+operation per id across the group wins) and done as a whole. Any outage raises
+:class:`TransientError` and the whole step is retried:
 Milvus upserts are idempotent, the output topic is at-least-once. The cache is filled last and
 best-effort; it never fails a batch.
 """
@@ -10,7 +12,9 @@ best-effort; it never fails a batch.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 from confluent_kafka import Producer
 
 from connectors.kafka import DeliveryBatch
@@ -22,12 +26,13 @@ from worker.records import Batch, DeadLetter, Delete, Item
 from worker.settings import Settings
 
 
-def final_operations(batch: Batch) -> tuple[dict[str, Item], list[str]]:
-    """Per id, the last operation of the batch wins: ``(upserts by id, ids to delete)``."""
+def final_operations(group: list[Batch]) -> tuple[dict[str, Item], list[str]]:
+    """Per id, the last operation of the group wins: ``(upserts by id, ids to delete)``."""
     last: dict[str, Item | Delete] = {}
-    for e in batch.entries:
-        if isinstance(e, (Item, Delete)):
-            last[e.id] = e
+    for batch in group:
+        for e in batch.entries:
+            if isinstance(e, (Item, Delete)):
+                last[e.id] = e
     upserts = {i: e for i, e in last.items() if isinstance(e, Item)}
     deletes = [i for i, e in last.items() if isinstance(e, Delete)]
     return upserts, deletes
@@ -53,7 +58,7 @@ def dlq_headers(d: DeadLetter, max_value: int) -> tuple[bytes | None, list[tuple
 
 
 class SinkStep:
-    """``process(batch)`` makes the batch durable; raises :class:`TransientError` to be retried."""
+    """``process(group)`` makes the batches durable; raises :class:`TransientError` to be retried."""
 
     def __init__(self, settings: Settings, store: MilvusStore, producer: Producer, model_id: str, dim: int,
                  cache: RedisCache | None, dlq_value_limit: int = 900_000) -> None:
@@ -65,37 +70,52 @@ class SinkStep:
         self.cache = cache
         self.dlq_value_limit = dlq_value_limit
         self._model_header = model_id.encode()
+        self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
 
-    def process(self, batch: Batch) -> Batch:
-        now = int(time.time() * 1000)
-        upserts, deletes = final_operations(batch)
-        # Hand the records to the producer first: librdkafka sends them while Milvus upserts. Both
-        # must be confirmed before the batch counts as done; the order between them does not matter.
+    def _write_milvus(self, upserts: dict[str, Item], deletes: list[str], now: int) -> float:
+        """Upsert then delete (ids never in both); returns the seconds it took."""
         t0 = time.perf_counter()
-        delivery = DeliveryBatch(self.producer, self.s.kafka_timeout_seconds)
-        for e in batch.entries:
-            if isinstance(e, Item):
-                rec = {"id": e.id, "model": self.model_id, "dim": self.dim, "vector": e.vector,
-                       "content_hash": e.hash, "cached": e.cached, "source_topic": e.source.topic,
-                       "source_partition": e.source.partition, "source_offset": e.source.offset,
-                       "metadata": e.metadata, "embedded_at": now}
-                delivery.produce(self.s.output_topic, e.id.encode(), encode_embedding(rec),
-                                 [("embedstream.model", self._model_header),
-                                  ("embedstream.cached", b"true" if e.cached else b"false")])
-            elif isinstance(e, Delete):
-                delivery.produce(self.s.output_topic, e.id.encode(), None, [("embedstream.model", self._model_header)])
-            else:
-                value, headers = dlq_headers(e, self.dlq_value_limit)
-                delivery.produce(self.s.dlq_topic, e.key, value, headers)
-        t1 = time.perf_counter()
-        self.store.upsert([{"id": i, "vector": it.vector, "model": self.model_id, "content_hash": it.hash,
-                            "metadata": it.metadata, "updated_at": now} for i, it in upserts.items()])
+        items = list(upserts.values())
+        if items:
+            self.store.upsert_columns(list(upserts), np.stack([it.vector for it in items]), self.model_id,
+                                      [it.hash for it in items], [it.metadata for it in items], now)
         self.store.delete(deletes)
-        t2 = time.perf_counter()
-        metrics.SINK_SECONDS.labels("milvus").observe(t2 - t1)
-        delivery.confirm()
-        metrics.SINK_SECONDS.labels("output").observe((t1 - t0) + (time.perf_counter() - t2))
+        return time.perf_counter() - t0
 
-        if self.cache is not None and batch.fresh:
-            self.cache.set_many(batch.fresh)
-        return batch
+    def process(self, group: list[Batch]) -> None:
+        now = int(time.time() * 1000)
+        upserts, deletes = final_operations(group)
+        # Milvus writes on a helper thread while this one encodes and hands the records to the
+        # producer (librdkafka sends them meanwhile): the server works while Python does. Both
+        # must be confirmed before the batches count as done; the order between them does not matter.
+        write = self._milvus.submit(self._write_milvus, upserts, deletes, now)
+        t0 = time.perf_counter()
+        try:
+            delivery = DeliveryBatch(self.producer, self.s.kafka_timeout_seconds)
+            for e in (e for batch in group for e in batch.entries):
+                if isinstance(e, Item):
+                    rec = {"id": e.id, "model": self.model_id, "dim": self.dim, "vector": e.vector,
+                           "content_hash": e.hash, "cached": e.cached, "source_topic": e.source.topic,
+                           "source_partition": e.source.partition, "source_offset": e.source.offset,
+                           "metadata": e.metadata, "embedded_at": now}
+                    delivery.produce(self.s.output_topic, e.id.encode(), encode_embedding(rec),
+                                     [("embedstream.model", self._model_header),
+                                      ("embedstream.cached", b"true" if e.cached else b"false")])
+                elif isinstance(e, Delete):
+                    delivery.produce(self.s.output_topic, e.id.encode(), None,
+                                     [("embedstream.model", self._model_header)])
+                else:
+                    value, headers = dlq_headers(e, self.dlq_value_limit)
+                    delivery.produce(self.s.dlq_topic, e.key, value, headers)
+            produced = time.perf_counter() - t0
+        finally:
+            # Never leave a write running behind a retry: one writer at a time.
+            milvus_seconds = write.result()
+        metrics.SINK_SECONDS.labels("milvus").observe(milvus_seconds)
+        t1 = time.perf_counter()
+        delivery.confirm()
+        metrics.SINK_SECONDS.labels("output").observe(produced + time.perf_counter() - t1)
+
+        fresh = {h: v for batch in group for h, v in batch.fresh.items()}
+        if self.cache is not None and fresh:
+            self.cache.set_many(fresh)
