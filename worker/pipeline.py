@@ -83,8 +83,11 @@ class _Stage(threading.Thread):
 class Pipeline:
     """``submit`` batches, collect them from ``completed``; ``inflight`` counts those in between."""
 
-    def __init__(self, embed: Step, sink: Step, backoff_max: float = 10.0) -> None:
+    def __init__(self, embed: Step, sink: Step, backoff_max: float = 10.0,
+                 release: Callable[[], None] | None = None) -> None:
         self.backoff_max = backoff_max
+        #: Called once by ``close`` after both stages have stopped (closes what the steps hold).
+        self.release = release
         self.failure: BaseException | None = None
         self.retrying_since: float | None = None
         self._abort = threading.Event()
@@ -175,3 +178,6 @@ class Pipeline:
         self._to_embed.put(None)
         for stage in self._stages:
             stage.join(timeout)
+        if self.release is not None and not any(stage.is_alive() for stage in self._stages):
+            release, self.release = self.release, None
+            release()

@@ -102,10 +102,11 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
             raise ConfigError(f"cannot serve metrics on port {settings.metrics_port} ({exc}): set "
                               "EMBEDSTREAM_METRICS_PORT to a free port, or 0 to turn it off") from None
     producer = make_producer(settings)
-    pipeline = Pipeline(EmbedStep(embedder, cache).process,
-                        SinkStep(settings, store, producer, embedder.model_id, embedder.dim, cache).process,
-                        backoff_max=settings.retry_backoff_max_seconds)
+    sink = SinkStep(settings, store, producer, embedder.model_id, embedder.dim, cache)
+    pipeline = Pipeline(EmbedStep(embedder, cache).process, sink.process,
+                        backoff_max=settings.retry_backoff_max_seconds, release=sink.close)
     session_ms = int(settings.kafka.get("session.timeout.ms", 45000))
+    max_poll_s = int(settings.kafka.get("max.poll.interval.ms", 300_000)) / 1000
     consumer = make_consumer(settings, **{"statistics.interval.ms": 5000,
                                           "stats_cb": metrics.record_lag_from_stats,
                                           "error_cb": health.on_kafka_error})
@@ -116,4 +117,5 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
                   shutdown_grace=settings.shutdown_grace_seconds,
                   commit_interval=settings.commit_interval_ms / 1000,
                   join_grace=max(10.0, 2 * session_ms / 1000), health=health, on_progress=on_progress,
+                  pause_after=min(5.0, max_poll_s / 3),
                   dlq_limit=DlqLimit(settings.dlq_max_consecutive, settings.dlq_max_ratio, settings.dlq_ratio_window))

@@ -25,10 +25,11 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     assert {"S1", "S2", "io", "S4_0", "S4_50", "S4_90"} <= set(out["workloads"])
     for name in ("S1", "S2", "S4_0", "S4_90"):
         assert out["workloads"][name]["docs"] == 60 and out["workloads"][name]["docs_per_s"] > 0
-    assert {"raw_S1", "raw_S2", "milvus_upsert_rows_per_s", "peer_docs_per_s"} <= set(out["denominators"])
+    assert {"raw_S1", "raw_S2", "milvus_upsert_rows_per_s", "milvus_upsert_columnar_rows_per_s",
+            "peer_docs_per_s"} <= set(out["denominators"])
     assert [x["load"] for x in out["latency"]] == [0.25, 0.5, 0.8]
     assert all(x["n"] > 0 for x in out["latency"])
-    for key in ("R1", "R1_S1", "Rpeer", "Rdup90", "Rio", "Rpad", "p99_at_50pct_s", "p99_goal_met"):
+    for key in ("R1", "R1_S1", "Rpeer", "Rdup90", "Rio", "Rio_columnar", "Rpad", "p99_at_50pct_s", "p99_goal_met"):
         assert key in out["ratios"]
     assert out["ratios"]["Rpeer"] is None  # no --peer-python given
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

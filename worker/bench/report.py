@@ -37,8 +37,11 @@ def ratio_table(out: dict) -> Table:
         "peer not run (--peer-python)", met("Rpeer"))
     row("Rdup90", r["Rdup90"], "≥ 6", f"{_fmt(w['S4_90']['docs_per_s'], 1)} ÷ {_fmt(w['S4_0']['docs_per_s'], 1)} "
         "docs/s (90% vs 0% repeats)", met("Rdup90"))
-    row("Rio", r["Rio"], "≥ 0.7", f"instant model {_fmt(w['io']['docs_per_s'], 0)} docs/s ÷ Milvus upsert "
+    row("Rio", r["Rio"], "≥ 0.7", f"instant model {_fmt(w['io']['docs_per_s'], 0)} docs/s ÷ MilvusClient.upsert "
         f"{_fmt(d['milvus_upsert_rows_per_s'], 0)} rows/s", met("Rio"))
+    if r.get("Rio_columnar"):
+        row("Rio (columnar)", r["Rio_columnar"], "", "the same ÷ the worker's own columnar upsert "
+            f"{_fmt(d['milvus_upsert_columnar_rows_per_s'], 0)} rows/s", None)
     row("Rpad", r["Rpad"], "≥ 0.85", "real ÷ padded tokens in the model (S2)", met("Rpad"))
     q = out.get("quality")
     if q:

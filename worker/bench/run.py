@@ -31,7 +31,7 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
 
     sizes = dict(workloads.QUICK if quick else workloads.FULL)
     if docs:
-        sizes.update(S1=docs, S2=docs, S4=docs)
+        sizes.update(S1=docs, S2=docs, S4=docs, io=docs)
     if latency_seconds:
         sizes["S5_seconds"] = latency_seconds
     stack = LocalStack(state_dir)
@@ -51,22 +51,24 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
                      "model": emb.model_id, "precision": emb.precision, "device": emb.device, "quick": quick,
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "workloads": {}, "denominators": {}}
         say("quality gate: cosine to fp32 on the S2 texts")
-        out["quality"] = quality_gate(emb, texts["S2"][:500])
+        out["quality"] = quality_gate(emb, texts["S2"][:sizes["quality_texts"]])
         for name in ("S1", "S2"):
             say(f"{name}: raw encode on {len(texts[name])} texts")
-            raw, bs = measure.raw_encode(emb, texts[name])
+            raw, bs = measure.raw_encode(emb, texts[name], batch_sizes=sizes["raw_batch_sizes"])
             say(f"{name}: worker end to end")
             res = measure.worker_stream(base, emb, texts[name], f"{name.lower()}-{int(time.time())}")
             out["denominators"][f"raw_{name}"] = {"docs_per_s": raw, "batch_size": bs}
             out["workloads"][name] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds,
                                       "cached": res.cached, "tokens_real": res.tokens_real,
                                       "tokens_padded": res.tokens_padded}
-        say("io: the same S2 stream with an instant model")
+        say(f"io: {sizes['io']} S2 texts with an instant model")
         fake = FakeEmbedder(dim=emb.dim, model_id=f"instant-{int(time.time())}")
-        io = measure.worker_stream(base, fake, texts["S2"], "io")
+        io = measure.worker_stream(base, fake, workloads.mixed_texts(sizes["io"]), "io")
         out["workloads"]["io"] = {"docs": io.docs, "docs_per_s": io.docs_per_s, "seconds": io.seconds}
         say("io denominator: milvus-lite bulk upsert")
-        out["denominators"]["milvus_upsert_rows_per_s"] = measure.milvus_bulk_upsert(base.milvus_uri, dim=emb.dim)
+        rows, columnar = measure.milvus_bulk_upsert(base.milvus_uri, rows=sizes["upsert_rows"], dim=emb.dim)
+        out["denominators"]["milvus_upsert_rows_per_s"] = rows
+        out["denominators"]["milvus_upsert_columnar_rows_per_s"] = columnar
         for frac in (0.0, 0.5, 0.9):
             say(f"S4: {frac:.0%} repeats")
             s4_texts = workloads.with_repeats(sizes["S4"], frac, seed=int(time.time()) % 1000 + int(frac * 10))
@@ -125,6 +127,8 @@ def ratios(out: dict) -> dict:
         "Rpeer": (s2["docs_per_s"] / d["peer_docs_per_s"]) if d.get("peer_docs_per_s") else None,
         "Rdup90": w["S4_90"]["docs_per_s"] / w["S4_0"]["docs_per_s"],
         "Rio": w["io"]["docs_per_s"] / d["milvus_upsert_rows_per_s"],
+        "Rio_columnar": (w["io"]["docs_per_s"] / d["milvus_upsert_columnar_rows_per_s"]
+                         if d.get("milvus_upsert_columnar_rows_per_s") else None),
         "Rpad": s2["tokens_real"] / s2["tokens_padded"] if s2["tokens_padded"] else None,
     }
     half = next((x for x in out["latency"] if x["load"] == 0.5), None)

@@ -6,9 +6,12 @@ import random
 
 from worker.corpus import stdlib_docstrings
 
-#: Workload sizes (documents) for a full run and for --quick.
-FULL = {"S1": 3000, "S2": 3000, "S4": 2000, "S5_seconds": 30.0}
-QUICK = {"S1": 400, "S2": 400, "S4": 300, "S5_seconds": 8.0}
+#: Workload sizes (documents) for a full run and for --quick. The io run (instant model) gets more
+#: documents than S2 so that it lasts long enough to outweigh the pipeline's fill and drain.
+FULL = {"S1": 3000, "S2": 3000, "S4": 3000, "io": 6000, "upsert_rows": 10_000, "S5_seconds": 30.0,
+        "quality_texts": 500, "raw_batch_sizes": (32, 64, 128)}
+QUICK = {"S1": 400, "S2": 400, "S4": 300, "io": 800, "upsert_rows": 2000, "S5_seconds": 6.0,
+         "quality_texts": 200, "raw_batch_sizes": (32, 64)}
 
 
 def short_texts(n: int, seed: int = 1) -> list[str]:

@@ -1,8 +1,9 @@
 """What the worker needs from a model, and how the default model is found.
 
-An :class:`Embedder` is used from one thread at a time (the embed stage), except ``token_lengths``,
-which the polling thread calls concurrently: implementations must not share mutable tokenizer
-state between the two (Hugging Face fast tokenizers keep padding/truncation settings as state).
+An :class:`Embedder` is used from one thread at a time (the embed stage), except
+``estimate_tokens``, which the polling thread calls concurrently. It must not touch the tokenizer:
+Hugging Face fast tokenizers keep padding/truncation settings as shared state, and a count from
+another thread once turned padding off under the model's call ("Unable to create tensor").
 """
 
 from __future__ import annotations
@@ -28,9 +29,16 @@ class Embedder(abc.ABC):
     #: Number of texts that went through the model (the cache test counts these).
     texts_embedded: int = 0
 
-    @abc.abstractmethod
-    def token_lengths(self, texts: list[str]) -> list[int]:
-        """Tokens each text will cost the model (special tokens included, truncation applied)."""
+    #: Characters per token of the estimate (WordPiece on English prose and docstrings; measured on
+    #: the bench's texts: the sum is within 1 % on docstrings and 5 % on one-sentence texts).
+    chars_per_token: float = 4.0
+
+    def estimate_tokens(self, texts: list[str]) -> list[int]:
+        """About how many tokens each text costs the model (special tokens included, truncation
+        applied), without tokenizing: the batcher's token budget. The model itself sorts and cuts
+        its forward passes by exact counts. Pure: safe from any thread."""
+        cap, per = self.max_seq_length, self.chars_per_token
+        return [min(cap, 2 + int(len(t) / per)) for t in texts]
 
     @abc.abstractmethod
     def embed(self, texts: list[str]) -> np.ndarray:

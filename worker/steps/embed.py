@@ -4,8 +4,7 @@ Identical texts in a group are looked up and embedded once. Lookups go first to 
 memo of the vectors this worker computed lately (it covers repeats whose first copy is still in
 flight, before its batch has filled Redis), then to Redis with one pipelined MGET per group; only
 the misses reach the model, all in one call (which sorts them by length). The vectors of the misses
-are handed on (in each batch's ``fresh``) so the sink step writes them back to Redis after the batch
-is durable.
+are handed on (in each batch's ``fresh``) so the sink step writes them back to Redis.
 """
 
 from __future__ import annotations

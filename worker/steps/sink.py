@@ -1,12 +1,12 @@
-"""Write a group of finished batches: the output and dead-letter topics and Milvus, then the cache.
+"""Write a group of finished batches: Milvus, the output and dead-letter topics, and the cache.
 
 The order is the delivery contract: a batch counts as done (its offsets may be committed) only
 when Milvus has acknowledged the upserts and deletes *and* the broker has acknowledged every output
 and dead-letter record. A group is written with one Milvus upsert and one delete (the last
 operation per id across the group wins) and done as a whole. Any outage raises
 :class:`TransientError` and the whole step is retried:
-Milvus upserts are idempotent, the output topic is at-least-once. The cache is filled last and
-best-effort; it never fails a batch.
+Milvus upserts are idempotent, the output topic is at-least-once. The cache is filled while
+Milvus writes, best-effort; it never fails a batch.
 """
 
 from __future__ import annotations
@@ -72,6 +72,13 @@ class SinkStep:
         self._model_header = model_id.encode()
         self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
 
+    def close(self) -> None:
+        """Release the Milvus writer thread and the producer (call once the step is no longer used)."""
+        self._milvus.shutdown(wait=True)
+        # close() flushes without a time limit: only call it once nothing is left to deliver.
+        if self.producer.flush(self.s.kafka_timeout_seconds) == 0:
+            self.producer.close()
+
     def _write_milvus(self, upserts: dict[str, Item], deletes: list[str], now: int) -> float:
         """Upsert then delete (ids never in both); returns the seconds it took."""
         t0 = time.perf_counter()
@@ -108,6 +115,11 @@ class SinkStep:
                     value, headers = dlq_headers(e, self.dlq_value_limit)
                     delivery.produce(self.s.dlq_topic, e.key, value, headers)
             produced = time.perf_counter() - t0
+            # A vector depends only on the text and the model, so the cache may be filled before the
+            # batches are durable: do it while Milvus is still writing.
+            fresh = {h: v for batch in group for h, v in batch.fresh.items()}
+            if self.cache is not None and fresh:
+                self.cache.set_many(fresh)
         finally:
             # Never leave a write running behind a retry: one writer at a time.
             milvus_seconds = write.result()
@@ -115,7 +127,3 @@ class SinkStep:
         t1 = time.perf_counter()
         delivery.confirm()
         metrics.SINK_SECONDS.labels("output").observe(produced + time.perf_counter() - t1)
-
-        fresh = {h: v for batch in group for h, v in batch.fresh.items()}
-        if self.cache is not None and fresh:
-            self.cache.set_many(fresh)
