@@ -19,15 +19,17 @@ MESSAGES = Counter("embedstream_messages_total", "Input records by final outcome
 BATCH_SIZE = Histogram("embedstream_batch_size", "Records per batch", buckets=_BATCH_BUCKETS)
 # Real (unpadded) tokens per batch.
 BATCH_TOKENS = Histogram("embedstream_batch_tokens", "Tokens per batch", buckets=_TOKEN_BUCKETS)
-# Wall time of one call to the model (cache misses of one batch).
-EMBED_SECONDS = Histogram("embedstream_embed_seconds", "Model time per batch", buckets=_SECONDS)
+# Wall time of one call to the model (the cache misses of one group of batches).
+EMBED_SECONDS = Histogram("embedstream_embed_seconds", "Model time per call (one group of batches)",
+                          buckets=_SECONDS)
 # Record timestamp on the input topic → its output acknowledged.
 END_TO_END_SECONDS = Histogram("embedstream_end_to_end_seconds", "Input record timestamp to sinks confirmed",
                                buckets=_SECONDS)
 # Cache lookups: hit | miss | error.
 CACHE_REQUESTS = Counter("embedstream_cache_requests_total", "Cache lookups by result", ["result"])
-# Wall time of each sink write per batch: milvus | output | dlq.
-SINK_SECONDS = Histogram("embedstream_sink_seconds", "Sink write time per batch", ["sink"], buckets=_SECONDS)
+# Wall time of each sink write, once per group of batches: milvus | output (output and DLQ records).
+SINK_SECONDS = Histogram("embedstream_sink_seconds", "Sink write time per group of batches", ["sink"],
+                         buckets=_SECONDS)
 # Dead-lettered records by reason.
 DLQ_MESSAGES = Counter("embedstream_dlq_messages_total", "Records sent to the dead-letter topic", ["reason"])
 # Lag per assigned partition, from librdkafka's statistics (high watermark − committed offset).

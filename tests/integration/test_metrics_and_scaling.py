@@ -70,7 +70,8 @@ def test_metrics_move_by_the_right_amounts_and_health_answers(stack, model):
     assert 200 in seen_ready
     assert stats.embedded == 120 and stats.deleted == 1 and stats.dead_lettered == 4
     assert _value("embedstream_batch_size_count") - before["batches"] == stats.batches
-    assert _value("embedstream_sink_seconds_count", sink="milvus") - before["milvus"] == stats.batches
+    # one Milvus write per group of batches the sink took at once
+    assert 1 <= _value("embedstream_sink_seconds_count", sink="milvus") - before["milvus"] <= stats.batches
 
     # a second run: 30 known texts under new ids → exactly 30 cache hits, no misses
     misses = _value("embedstream_cache_requests_total", result="miss")
