@@ -81,6 +81,13 @@ def flush_cache(s: Settings) -> None:
         redis.Redis.from_url(s.redis_url.get_secret_value(), socket_timeout=5).flushdb()
 
 
+def drop_collection(s: Settings) -> None:
+    """Drop a finished run's collection: later runs should not share milvus-lite with its rows."""
+    store = MilvusStore(s.milvus_uri, s.milvus_collection, timeout=30)
+    store.drop()
+    store.close()
+
+
 def worker_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: str) -> StreamResult:
     """Backlog ``texts`` on a fresh topic, then run the worker until drained: docs/s end to end."""
     from worker.runner import build_worker
@@ -90,6 +97,7 @@ def worker_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: 
     produce_texts(s, texts, prefix)
     real0, pad0 = getattr(embedder, "tokens_real", 0), getattr(embedder, "tokens_padded", 0)
     stats = build_worker(s, embedder=embedder).run(stop_when_idle=1.5)
+    drop_collection(s)
     return StreamResult(stats.done, stats.busy_seconds, stats.cached,
                         getattr(embedder, "tokens_real", 0) - real0, getattr(embedder, "tokens_padded", 0) - pad0)
 
@@ -203,6 +211,7 @@ def latency_run(base: Settings, embedder: Embedder, texts: list[str], rate: floa
     t.start()
     t.join()
     runner.join()
+    drop_collection(s)
     lat = []
     for rec in tail_records(s, from_beginning=True, timeout=2.0):
         if rec.get("id") in sent and rec.get("timestamp", 0) > 0:
