@@ -68,7 +68,7 @@ def write_chart(out: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     w, d = out["workloads"], out["denominators"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(15, 4.5), gridspec_kw={"width_ratios": [3, 1.4, 2.2]})
     names = ["S1", "S2", "S4_0", "S4_50", "S4_90"]
     worker = [w[n]["docs_per_s"] for n in names]
     raw = [d["raw_S1"]["docs_per_s"], d["raw_S2"]["docs_per_s"], d["raw_S2"]["docs_per_s"],
@@ -82,6 +82,14 @@ def write_chart(out: dict, path: Path) -> None:
     ax1.set_ylabel("docs/s")
     ax1.set_title(f"Throughput — {out['precision']} on {out['device']}")
     ax1.legend()
+    io_bars = [("worker,\ninstant model", w["io"]["docs_per_s"]),
+               ("MilvusClient\n.upsert", d["milvus_upsert_rows_per_s"])]
+    if d.get("milvus_upsert_columnar_rows_per_s"):
+        io_bars.append(("columnar\nupsert", d["milvus_upsert_columnar_rows_per_s"]))
+    ax3.bar(range(len(io_bars)), [v for _, v in io_bars], color=["tab:blue", "tab:grey", "tab:grey"][:len(io_bars)])
+    ax3.set_xticks(range(len(io_bars)), [n for n, _ in io_bars])
+    ax3.set_ylabel("docs/s (rows/s)")
+    ax3.set_title("I/O path (Rio)")
     loads = [lat["load"] * 100 for lat in out["latency"]]
     ax2.plot(loads, [lat["p50_s"] for lat in out["latency"]], marker="o", label="p50")
     ax2.plot(loads, [lat["p99_s"] for lat in out["latency"]], marker="o", label="p99")
