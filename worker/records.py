@@ -101,6 +101,8 @@ class Batch:
     seq: int = 0
     #: Vectors computed by the model for this batch, by content hash (written back to the cache).
     fresh: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Its output and dead-letter records were acknowledged (a retry for Milvus skips them).
+    delivered: bool = False
 
     def add(self, entry: Entry) -> None:
         self.entries.append(entry)

@@ -38,12 +38,16 @@ class FakeMessage:
 class RecordingMilvusClient:
     """Records every call; never inserts, so a test can assert the sink used upsert."""
 
-    def __init__(self):
+    def __init__(self, fail_upserts: int = 0):
         self.calls: list[tuple[str, object]] = []
+        self.fail_upserts = fail_upserts  # the first N upserts time out, as a frozen server's would
 
     def upsert(self, collection, rows, timeout=None):
         assert timeout is not None, "every Milvus call needs a timeout"
         self.calls.append(("upsert", rows))
+        if self.fail_upserts:
+            self.fail_upserts -= 1
+            raise TimeoutError("deadline exceeded")
 
     def insert(self, collection, rows, timeout=None):
         self.calls.append(("insert", rows))

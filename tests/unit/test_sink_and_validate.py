@@ -73,6 +73,20 @@ def test_a_group_is_one_upsert_and_the_last_operation_across_batches_wins():
     assert [k for _, k, _, _ in producer.records] == [b"a", b"b", b"a", b"b", b"d"]
 
 
+def test_a_retry_after_a_milvus_failure_does_not_produce_the_records_again():
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), _item("b", 1, 0.2)):
+        batch.add(e)
+    client, producer = RecordingMilvusClient(fail_upserts=2), RecordingProducer()
+    sink = _sink(client, producer)
+    for _ in range(2):
+        with pytest.raises(TransientError):
+            sink.process([batch])
+    sink.process([batch])
+    assert [k for k, _ in client.calls] == ["upsert"] * 3  # Milvus is written at every attempt
+    assert [k for _, k, _, _ in producer.records] == [b"a", b"b"]  # the output only once
+
+
 def test_failed_delivery_fails_the_batch():
     batch = Batch()
     batch.add(_item("a", 0, 0.1))

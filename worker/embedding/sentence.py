@@ -159,21 +159,23 @@ class SentenceTransformerEmbedder(Embedder):
                 features = module(features)
             return features["sentence_embedding"]
 
-    def normalise(self, pooled) -> np.ndarray:
-        """Cast to float32, then L2-normalise (in that order: see the module doc)."""
-        emb = pooled.float()
-        emb = self._torch.nn.functional.normalize(emb, p=2, dim=1)
-        return emb.cpu().numpy()
+    def normalise(self, pooled):
+        """Cast to float32, then L2-normalise (in that order: see the module doc); stays on the device."""
+        return self._torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
 
     # -- the whole ---------------------------------------------------------------------------
     def embed(self, texts: list[str]) -> np.ndarray:
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        # Tokenized once; each forward pass pads its own length-sorted slice.
+        # Tokenized once; each forward pass pads its own length-sorted slice. Results are copied off
+        # the device only at the end: on a GPU the passes queue up and the CPU pads the next slice
+        # while the GPU computes this one (a copy per pass would wait for each).
         ids = self.tokenize(texts)
-        for group in split_by_budget([len(seq) for seq in ids], self.sub_batch_size, self.sub_batch_tokens):
-            out[group] = self.normalise(self.run(self.pad([ids[i] for i in group])))
+        done = [(group, self.normalise(self.run(self.pad([ids[i] for i in group]))))
+                for group in split_by_budget([len(seq) for seq in ids], self.sub_batch_size, self.sub_batch_tokens)]
+        for group, vectors in done:
+            out[group] = vectors.cpu().numpy()
         self.texts_embedded += len(texts)
         return out
 

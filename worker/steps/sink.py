@@ -12,7 +12,7 @@ Milvus writes, best-effort; it never fails a batch.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 from confluent_kafka import Producer
@@ -89,6 +89,25 @@ class SinkStep:
         self.store.delete(deletes)
         return time.perf_counter() - t0
 
+    def _produce(self, group: list[Batch], now: int) -> DeliveryBatch:
+        """Hand every output and dead-letter record of ``group`` to the producer (not yet confirmed)."""
+        delivery = DeliveryBatch(self.producer, self.s.kafka_timeout_seconds)
+        for e in (e for batch in group for e in batch.entries):
+            if isinstance(e, Item):
+                rec = {"id": e.id, "model": self.model_id, "dim": self.dim, "vector": e.vector,
+                       "content_hash": e.hash, "cached": e.cached, "source_topic": e.source.topic,
+                       "source_partition": e.source.partition, "source_offset": e.source.offset,
+                       "metadata": e.metadata, "embedded_at": now}
+                delivery.produce(self.s.output_topic, e.id.encode(), encode_embedding(rec),
+                                 [("embedstream.model", self._model_header),
+                                  ("embedstream.cached", b"true" if e.cached else b"false")])
+            elif isinstance(e, Delete):
+                delivery.produce(self.s.output_topic, e.id.encode(), None, [("embedstream.model", self._model_header)])
+            else:
+                value, headers = dlq_headers(e, self.dlq_value_limit)
+                delivery.produce(self.s.dlq_topic, e.key, value, headers)
+        return delivery
+
     def process(self, group: list[Batch]) -> None:
         now = int(time.time() * 1000)
         upserts, deletes = final_operations(group)
@@ -98,32 +117,22 @@ class SinkStep:
         write = self._milvus.submit(self._write_milvus, upserts, deletes, now)
         t0 = time.perf_counter()
         try:
-            delivery = DeliveryBatch(self.producer, self.s.kafka_timeout_seconds)
-            for e in (e for batch in group for e in batch.entries):
-                if isinstance(e, Item):
-                    rec = {"id": e.id, "model": self.model_id, "dim": self.dim, "vector": e.vector,
-                           "content_hash": e.hash, "cached": e.cached, "source_topic": e.source.topic,
-                           "source_partition": e.source.partition, "source_offset": e.source.offset,
-                           "metadata": e.metadata, "embedded_at": now}
-                    delivery.produce(self.s.output_topic, e.id.encode(), encode_embedding(rec),
-                                     [("embedstream.model", self._model_header),
-                                      ("embedstream.cached", b"true" if e.cached else b"false")])
-                elif isinstance(e, Delete):
-                    delivery.produce(self.s.output_topic, e.id.encode(), None,
-                                     [("embedstream.model", self._model_header)])
-                else:
-                    value, headers = dlq_headers(e, self.dlq_value_limit)
-                    delivery.produce(self.s.dlq_topic, e.key, value, headers)
-            produced = time.perf_counter() - t0
+            # Records acknowledged by an earlier attempt (which then failed on Milvus) are not
+            # produced again: an outage would otherwise repeat the group's output at every retry.
+            delivery = None if all(b.delivered for b in group) else self._produce(group, now)
             # A vector depends only on the text and the model, so the cache may be filled before the
             # batches are durable: do it while Milvus is still writing.
             fresh = {h: v for batch in group for h, v in batch.fresh.items()}
             if self.cache is not None and fresh:
                 self.cache.set_many(fresh)
+        except BaseException:
+            wait([write])  # never leave a write running behind a retry: one writer at a time
+            raise
+        try:
+            if delivery is not None:
+                delivery.confirm()
+                for batch in group:
+                    batch.delivered = True
+                metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
         finally:
-            # Never leave a write running behind a retry: one writer at a time.
-            milvus_seconds = write.result()
-        metrics.SINK_SECONDS.labels("milvus").observe(milvus_seconds)
-        t1 = time.perf_counter()
-        delivery.confirm()
-        metrics.SINK_SECONDS.labels("output").observe(produced + time.perf_counter() - t1)
+            metrics.SINK_SECONDS.labels("milvus").observe(write.result())  # raises the write's error
