@@ -11,7 +11,7 @@ from worker.corpus import stdlib_docstrings
 #: pipeline's fill and drain (S4 at 90 %: Rdup90 5.4 with 3,000 documents, 7.2-7.5 with 5,000).
 FULL = {"S1": 3000, "S2": 3000, "S4": 5000, "io": 6000, "upsert_rows": 10_000, "S5_seconds": 30.0,
         "quality_texts": 500, "raw_batch_sizes": (32, 64, 128)}
-QUICK = {"S1": 400, "S2": 400, "S4": 300, "io": 800, "upsert_rows": 2000, "S5_seconds": 6.0,
+QUICK = {"S1": 400, "S2": 400, "S4": 300, "io": 800, "upsert_rows": 2000, "S5_seconds": 5.0,
          "quality_texts": 200, "raw_batch_sizes": (32, 64)}
 
 
