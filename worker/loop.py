@@ -173,7 +173,7 @@ class Worker:
                 # back only 0.7-0.8 s later (measured on Tansu, whatever the fetch settings), time
                 # the pipeline sat idle whenever it had drained meanwhile. Holding serves no
                 # callbacks, so a rebalance waits up to ``pause_after``.
-                holding = self.pipeline.inflight >= self.max_inflight and not self.paused
+                holding = self._full() and not self.paused
                 msgs = [] if holding else self._consume()
                 self._ingest(msgs)
                 # A batch past its deadline closes only when the model is free: while the model is
@@ -290,11 +290,15 @@ class Worker:
         if self.on_progress:
             self.on_progress(s)
 
+    def _full(self) -> bool:
+        """As many batches in flight as allowed: consume nothing more for now."""
+        return self.pipeline.inflight >= self.max_inflight
+
     def _backpressure(self) -> None:
         """Pause the assignment once the pipeline has been full for ``pause_after`` s; resume when a
         batch slot frees. (Until then the loop only stops consuming; see ``run``.)"""
         now = time.monotonic()
-        if self.pipeline.inflight >= self.max_inflight:
+        if self._full():
             self._full_since = self._full_since or now
         else:
             self._full_since = None

@@ -12,7 +12,7 @@ backlog the model sorts and cuts a larger set of texts by length (less padding) 
 fewer, larger upserts, while at low load a group is a single batch and latency is unchanged. The
 number of batches in flight (the polling thread's limit) bounds a group. Batches still leave a
 stage one by one, in order. A stage that meets a :class:`TransientError` retries the
-same batch with capped exponential backoff and jitter until it succeeds or the pipeline is
+same group with capped exponential backoff and jitter until it succeeds or the pipeline is
 aborted; any other exception is a bug and is re-raised on the polling thread by ``completed()``.
 """
 
