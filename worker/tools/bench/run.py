@@ -9,17 +9,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from worker.bench import measure, workloads
-from worker.dev import LocalStack
 from worker.embedding.fake import FakeEmbedder
 from worker.settings import Settings
+from worker.tools.bench import measure, workloads
+from worker.tools.dev import LocalStack
 
 GOALS = {"R1": 0.90, "Rpeer": 1.3, "Rdup90": 6.0, "Rio": 0.7, "Rpad": 0.85}
 
 
 def _flops_per_token(embedder) -> float:
     """~2 × parameters per token for a forward pass (attention's share is small at these lengths)."""
-    params = sum(p.numel() for p in embedder._model.parameters())
+    params = sum(p.numel() for p in embedder.sentence_transformer.parameters())
     return 2.0 * params
 
 
@@ -52,47 +52,11 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "workloads": {}, "denominators": {}}
         say("quality gate: cosine to fp32 on the S2 texts")
         out["quality"] = quality_gate(emb, texts["S2"][:sizes["quality_texts"]])
-        for name in ("S1", "S2"):
-            say(f"{name}: raw encode on {len(texts[name])} texts")
-            raw, bs = measure.raw_encode(emb, texts[name], batch_sizes=sizes["raw_batch_sizes"])
-            say(f"{name}: worker end to end")
-            res = measure.worker_stream(base, emb, texts[name], f"{name.lower()}-{int(time.time())}")
-            out["denominators"][f"raw_{name}"] = {"docs_per_s": raw, "batch_size": bs}
-            out["workloads"][name] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds,
-                                      "cached": res.cached, "tokens_real": res.tokens_real,
-                                      "tokens_padded": res.tokens_padded}
-        say(f"io: {sizes['io']} S2 texts with an instant model")
-        fake = FakeEmbedder(dim=emb.dim, model_id=f"instant-{int(time.time())}")
-        io = measure.worker_stream(base, fake, workloads.mixed_texts(sizes["io"]), "io")
-        out["workloads"]["io"] = {"docs": io.docs, "docs_per_s": io.docs_per_s, "seconds": io.seconds}
-        say("io denominator: milvus-lite bulk upsert")
-        rows, columnar = measure.milvus_bulk_upsert(base.milvus_uri, rows=sizes["upsert_rows"], dim=emb.dim)
-        out["denominators"]["milvus_upsert_rows_per_s"] = rows
-        out["denominators"]["milvus_upsert_columnar_rows_per_s"] = columnar
-        for frac in (0.0, 0.5, 0.9):
-            say(f"S4: {frac:.0%} repeats")
-            s4_texts = workloads.with_repeats(sizes["S4"], frac, seed=int(time.time()) % 1000 + int(frac * 10))
-            res = measure.worker_stream(base, emb, s4_texts, f"s4-{int(frac * 100)}-{int(time.time())}")
-            out["workloads"][f"S4_{int(frac * 100)}"] = {"docs": res.docs, "docs_per_s": res.docs_per_s,
-                                                         "cached": res.cached}
-        peer = None
-        if peer_python:
-            say("peer: infinity-emb in-process engine")
-            with tempfile.TemporaryDirectory() as tmp:
-                from worker.embedding.base import resolve_model_path
-
-                peer = measure.peer_engine(peer_python, resolve_model_path(None)[1], texts["S2"], emb.device,
-                                           emb.precision, Path(tmp))
-        out["denominators"]["peer_docs_per_s"] = peer
-        peak = out["workloads"]["S2"]["docs_per_s"]
-        batch_compute = base.max_batch_size / max(out["denominators"]["raw_S2"]["docs_per_s"], 1e-9)
-        out["latency"] = []
-        for load in (0.25, 0.5, 0.8):
-            say(f"S5: {load:.0%} of peak ({peak * load:.0f} docs/s) for {sizes['S5_seconds']:.0f}s")
-            p50, p99, n = measure.latency_run(base, emb, texts["S2"], peak * load, sizes["S5_seconds"],
-                                              f"s5-{int(load * 100)}-{int(time.time())}")
-            out["latency"].append({"load": load, "rate": peak * load, "p50_s": p50, "p99_s": p99, "n": n})
-        out["latency_bound_s"] = base.max_batch_wait_ms / 1000 + 3 * batch_compute
+        _throughput(out, base, emb, texts, sizes, say)
+        _io_path(out, base, emb.dim, sizes, say)
+        _repeats(out, base, emb, sizes, say)
+        out["denominators"]["peer_docs_per_s"] = _peer(peer_python, emb, texts["S2"], say)
+        _latency(out, base, emb, texts["S2"], sizes, say)
         if emb.device == "cuda":
             s2 = out["workloads"]["S2"]
             tokens_per_s = s2["tokens_real"] / s2["seconds"] if s2["seconds"] else 0.0
@@ -101,6 +65,67 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         return out
     finally:
         stack.down()
+
+
+def _throughput(out: dict, base: Settings, emb, texts: dict, sizes: dict, say: Callable[[str], None]) -> None:
+    """S1 and S2: raw encode (the R1 denominator) and the worker end to end on the same texts."""
+    for name in ("S1", "S2"):
+        say(f"{name}: raw encode on {len(texts[name])} texts")
+        raw, bs = measure.raw_encode(emb, texts[name], batch_sizes=sizes["raw_batch_sizes"])
+        say(f"{name}: worker end to end")
+        res = measure.worker_stream(base, emb, texts[name], f"{name.lower()}-{int(time.time())}")
+        out["denominators"][f"raw_{name}"] = {"docs_per_s": raw, "batch_size": bs}
+        out["workloads"][name] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds,
+                                  "cached": res.cached, "tokens_real": res.tokens_real,
+                                  "tokens_padded": res.tokens_padded}
+
+
+def _io_path(out: dict, base: Settings, dim: int, sizes: dict, say: Callable[[str], None]) -> None:
+    """The worker with an instant model, and Milvus bulk upserts (the Rio denominators)."""
+    say(f"io: {sizes['io']} S2 texts with an instant model")
+    fake = FakeEmbedder(dim=dim, model_id=f"instant-{int(time.time())}")
+    io = measure.worker_stream(base, fake, workloads.mixed_texts(sizes["io"]), "io")
+    out["workloads"]["io"] = {"docs": io.docs, "docs_per_s": io.docs_per_s, "seconds": io.seconds,
+                              "cpu_us_per_doc": 1e6 * io.cpu_seconds / io.docs if io.docs else 0.0}
+    say("io denominator: milvus-lite bulk upsert")
+    rows, columnar = measure.milvus_bulk_upsert(base.milvus_uri or "", rows=sizes["upsert_rows"], dim=dim)
+    out["denominators"]["milvus_upsert_rows_per_s"] = rows
+    out["denominators"]["milvus_upsert_columnar_rows_per_s"] = columnar
+
+
+def _repeats(out: dict, base: Settings, emb, sizes: dict, say: Callable[[str], None]) -> None:
+    """S4: the same stream with 0, 50 and 90 % repeated texts (the cache at work)."""
+    for frac in (0.0, 0.5, 0.9):
+        say(f"S4: {frac:.0%} repeats")
+        s4_texts = workloads.with_repeats(sizes["S4"], frac, seed=int(time.time()) % 1000 + int(frac * 10))
+        res = measure.worker_stream(base, emb, s4_texts, f"s4-{int(frac * 100)}-{int(time.time())}")
+        out["workloads"][f"S4_{int(frac * 100)}"] = {"docs": res.docs, "docs_per_s": res.docs_per_s,
+                                                     "cached": res.cached, "tokens_real": res.tokens_real}
+
+
+def _peer(peer_python: str | None, emb, texts: list[str], say: Callable[[str], None]) -> float | None:
+    """infinity-emb's engine on the S2 texts, when a virtualenv with it is given."""
+    if not peer_python:
+        return None
+    say("peer: infinity-emb in-process engine")
+    from worker.embedding.base import resolve_model_path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return measure.peer_engine(peer_python, resolve_model_path(None)[1], texts, emb.device, emb.precision,
+                                   Path(tmp))
+
+
+def _latency(out: dict, base: Settings, emb, texts: list[str], sizes: dict, say: Callable[[str], None]) -> None:
+    """S5: open-loop streams at 25, 50 and 80 % of the measured S2 peak, and the p99 bound."""
+    peak = out["workloads"]["S2"]["docs_per_s"]
+    batch_compute = base.max_batch_size / max(out["denominators"]["raw_S2"]["docs_per_s"], 1e-9)
+    out["latency"] = []
+    for load in (0.25, 0.5, 0.8):
+        say(f"S5: {load:.0%} of peak ({peak * load:.0f} docs/s) for {sizes['S5_seconds']:.0f}s")
+        p50, p99, n = measure.latency_run(base, emb, texts, peak * load, sizes["S5_seconds"],
+                                          f"s5-{int(load * 100)}-{int(time.time())}")
+        out["latency"].append({"load": load, "rate": peak * load, "p50_s": p50, "p99_s": p99, "n": n})
+    out["latency_bound_s"] = base.max_batch_wait_ms / 1000 + 3 * batch_compute
 
 
 def quality_gate(emb, texts: list[str]) -> dict:

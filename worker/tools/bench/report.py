@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from worker.bench.run import GOALS
+from worker.tools.bench.run import GOALS
 
 
 def _fmt(x, digits: int = 2) -> str:
@@ -42,6 +42,9 @@ def ratio_table(out: dict) -> Table:
     if r.get("Rio_columnar"):
         row("Rio (columnar)", r["Rio_columnar"], "", "the same ÷ the worker's own columnar upsert "
             f"{_fmt(d['milvus_upsert_columnar_rows_per_s'], 0)} rows/s", None)
+    if w["io"].get("cpu_us_per_doc"):
+        t.add_row("CPU/doc (io)", _fmt(w["io"]["cpu_us_per_doc"], 0) + " µs", "", "worker-process CPU seconds ÷ "
+                  "documents, instant model, S2 texts (the stack runs in other processes)")
     row("Rpad", r["Rpad"], "≥ 0.85", "real ÷ padded tokens in the model (S2)", met("Rpad"))
     q = out.get("quality")
     if q:

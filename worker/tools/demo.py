@@ -16,13 +16,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from connectors.kafka import make_producer
 from connectors.milvus import MilvusStore
 from schemas.codec import Document, encode_document
-from worker.corpus import sample_documents
-from worker.dev import LocalStack
-from worker.loop import RunStats
+from worker.produce import document_record, produce_records
 from worker.settings import Settings
+from worker.stats import RunStats
+from worker.tools.corpus import sample_documents
+from worker.tools.dev import LocalStack
 
 QUERIES = ("how do I read a file line by line", "parse command-line arguments", "compress data with gzip")
 
@@ -61,31 +61,7 @@ def _stream(console: Console, env: dict[str, str], docs: int, repeats: float) ->
     setup_logging(s)
     console.print(f"[green]✓[/] local stack up: broker {s.kafka_bootstrap_servers}, Milvus {s.milvus_uri}")
 
-    with console.status("building a corpus from the standard library's docstrings…"):
-        corpus = sample_documents(docs, repeat_fraction=repeats, prefix="demo")
-    tombstones = [d.id for d in corpus[:5]]
-    bad = _bad_records()
-    total = len(corpus) + len(tombstones) + len(bad)
-    unique = len({d.text for d in corpus})
-    console.print(f"[green]✓[/] corpus: {len(corpus):,} documents ({unique:,} distinct texts), "
-                  f"{len(tombstones)} tombstones, {len(bad)} bad records")
-
-    producer = make_producer(s)
-    with Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(), console=console,
-                  transient=True) as bar:
-        task = bar.add_task("p", total=total)
-        for i, d in enumerate(corpus):  # noqa: B007
-            producer.produce(s.input_topic, key=d.id, value=encode_document(d))
-            if i % 500 == 0:
-                producer.poll(0)
-                bar.update(task, completed=i)
-        for key in tombstones:
-            producer.produce(s.input_topic, key=key, value=None)
-        for key, value in bad:
-            producer.produce(s.input_topic, key=key, value=value)
-        producer.flush(30)
-        bar.update(task, completed=total)
-    console.print(f"[green]✓[/] produced {total:,} records to [bold]{s.input_topic}[/]")
+    total = _produce_corpus(console, s, docs, repeats)
 
     with console.status("loading the model…"):
         embedder = load_embedder(s)
@@ -112,6 +88,25 @@ def _stream(console: Console, env: dict[str, str], docs: int, repeats: float) ->
             table.add_row(f"{hit['score']:.3f}", hit["id"], (hit.get("metadata") or {}).get("source", ""))
         console.print(table)
     return summary
+
+
+def _produce_corpus(console: Console, s: Settings, docs: int, repeats: float) -> int:
+    """Build the sample corpus, add tombstones and bad records, produce it all; returns the count."""
+    with console.status("building a corpus from the standard library's docstrings…"):
+        corpus = sample_documents(docs, repeat_fraction=repeats, prefix="demo")
+    tombstones = [d.id for d in corpus[:5]]
+    bad = _bad_records()
+    total = len(corpus) + len(tombstones) + len(bad)
+    unique = len({d.text for d in corpus})
+    console.print(f"[green]✓[/] corpus: {len(corpus):,} documents ({unique:,} distinct texts), "
+                  f"{len(tombstones)} tombstones, {len(bad)} bad records")
+    records = [*(document_record(d) for d in corpus), *((key, None) for key in tombstones), *bad]
+    with Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(), console=console,
+                  transient=True) as bar:
+        task = bar.add_task("p", total=total)
+        produce_records(s.kafka_common(), s.input_topic, records, on_progress=lambda n: bar.update(task, completed=n))
+    console.print(f"[green]✓[/] produced {total:,} records to [bold]{s.input_topic}[/]")
+    return total
 
 
 def _summary(s: Settings, stats: RunStats) -> dict:

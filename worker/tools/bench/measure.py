@@ -12,11 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from prometheus_client import REGISTRY
 
-from connectors.kafka import create_topics, make_admin, make_producer
+from connectors.kafka import create_topics, make_admin
 from connectors.milvus import MilvusStore
-from schemas.codec import Document, encode_document
+from schemas.codec import Document
 from worker.embedding.base import Embedder
+from worker.produce import document_record, produce_records
 from worker.records import normalise_text
 from worker.settings import Settings
 
@@ -28,6 +30,8 @@ class StreamResult:
     cached: int
     tokens_real: int = 0
     tokens_padded: int = 0
+    #: CPU seconds of this process (the worker's threads; the stack runs in its own processes).
+    cpu_seconds: float = 0.0
 
     @property
     def docs_per_s(self) -> float:
@@ -36,7 +40,7 @@ class StreamResult:
 
 def raw_encode(embedder, texts: list[str], batch_sizes=(32, 64, 128)) -> tuple[float, int]:
     """``SentenceTransformer.encode`` docs/s at its best batch size (after one warm-up pass)."""
-    model = embedder._model
+    model = embedder.sentence_transformer
     clean = [normalise_text(t) for t in texts]
     model.encode(clean[:64], batch_size=32)
     best, best_bs = 0.0, batch_sizes[0]
@@ -54,23 +58,21 @@ def fresh_topics(base: Settings, partitions: int = 6, **overrides) -> Settings:
     s = base.model_copy(update={"input_topic": f"bench-in-{tag}", "output_topic": f"bench-out-{tag}",
                                 "dlq_topic": f"bench-dlq-{tag}", "group_id": f"bench-{tag}",
                                 "milvus_collection": f"bench_{tag}", **overrides})
-    create_topics(make_admin(s), [s.input_topic, s.output_topic, s.dlq_topic], partitions)
+    create_topics(make_admin(s.kafka_common()), [s.input_topic, s.output_topic, s.dlq_topic], partitions)
     return s
 
 
-def produce_texts(s: Settings, texts: list[str], prefix: str) -> dict[str, int]:
-    """Produce ``texts`` as documents; return ``{id: event_time ms}``."""
-    producer = make_producer(s)
-    times = {}
-    for i, t in enumerate(texts):
-        doc_id = f"{prefix}-{i}"
-        now = int(time.time() * 1000)
-        producer.produce(s.input_topic, key=doc_id, value=encode_document(Document(doc_id, t, None, {}, now)))
-        times[doc_id] = now
-        if i % 500 == 0:
-            producer.poll(0)
-    producer.flush(60)
-    return times
+def produce_texts(s: Settings, texts: list[str], prefix: str) -> None:
+    """Produce ``texts`` as documents ``<prefix>-<i>``, stamped with the time they were produced."""
+    docs = (Document(f"{prefix}-{i}", t) for i, t in enumerate(texts))
+    produce_records(s.kafka_common(), s.input_topic, (document_record(d) for d in docs))
+
+
+def model_tokens() -> tuple[float, float]:
+    """``(real, padded)`` tokens the model has run so far in this process (its metric)."""
+    get = REGISTRY.get_sample_value
+    return (get("embedstream_model_tokens_total", {"kind": "real"}) or 0.0,
+            get("embedstream_model_tokens_total", {"kind": "padded"}) or 0.0)
 
 
 def flush_cache(s: Settings) -> None:
@@ -95,11 +97,14 @@ def worker_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: 
     s = fresh_topics(base)
     flush_cache(s)
     produce_texts(s, texts, prefix)
-    real0, pad0 = getattr(embedder, "tokens_real", 0), getattr(embedder, "tokens_padded", 0)
-    stats = build_worker(s, embedder=embedder).run(stop_when_idle=1.5)
+    real0, pad0 = model_tokens()
+    worker = build_worker(s, embedder=embedder)
+    cpu0 = time.process_time()
+    stats = worker.run(stop_when_idle=1.5)
+    cpu = time.process_time() - cpu0
     drop_collection(s)
-    return StreamResult(stats.done, stats.busy_seconds, stats.cached,
-                        getattr(embedder, "tokens_real", 0) - real0, getattr(embedder, "tokens_padded", 0) - pad0)
+    real1, pad1 = model_tokens()
+    return StreamResult(stats.done, stats.busy_seconds, stats.cached, int(real1 - real0), int(pad1 - pad0), cpu)
 
 
 def milvus_bulk_upsert(uri: str, rows: int = 10_000, dim: int = 384, batch: int = 1000) -> tuple[float, float]:
@@ -122,10 +127,12 @@ def milvus_bulk_upsert(uri: str, rows: int = 10_000, dim: int = 384, batch: int 
         return rows / took
 
     row_rate = rate(lambda store, i, n: store.upsert([
-        {"id": ids[j], "vector": vecs[j], "model": "m", "content_hash": "h", "metadata": {}, "updated_at": 0}
+        {"id": ids[j], "vector": vecs[j], "model": "m", "content_hash": "h", "metadata": {}, "updated_at": 0,
+         "source": "bench:0", "source_offset": j}
         for j in range(i, i + n)]))
     columnar_rate = rate(lambda store, i, n: store.upsert_columns(ids[i:i + n], vecs[i:i + n], "m", ["h"] * n,
-                                                                  [{}] * n, 0))
+                                                                  [{}] * n, 0,
+                                                                  (["bench:0"] * n, list(range(i, i + n)))))
     return row_rate, columnar_rate
 
 
@@ -179,32 +186,26 @@ def latency_run(base: Settings, embedder: Embedder, texts: list[str], rate: floa
     n = max(1, int(rate * seconds))
     sent: dict[str, int] = {}
 
-    def produce():
-        producer = make_producer(s, **{"linger.ms": 0})
-        start = time.monotonic()
+    def stamped():
         for i in range(n):
-            wait = start + i / rate - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-            doc_id = f"{prefix}-{i}"
-            now = int(time.time() * 1000)
-            producer.produce(s.input_topic, key=doc_id, value=encode_document(
-                Document(doc_id, texts[i % len(texts)], None, {}, now)))
-            sent[doc_id] = now
-            producer.poll(0)
-        producer.flush(30)
+            doc = Document(f"{prefix}-{i}", texts[i % len(texts)], None, {}, int(time.time() * 1000))
+            sent[doc.id] = doc.event_time or 0
+            yield document_record(doc)
+
+    def produce():
+        produce_records(s.kafka_common(), s.input_topic, stamped(), rate=rate, **{"linger.ms": 0})
 
     # Join the group first so the open-loop stream is not measured against the join.
     t = threading.Thread(target=produce)
     joined = threading.Event()
     worker.on_progress = None
-    orig_assign = worker._on_assign
+    orig_assign = worker.on_assign
 
     def on_assign(consumer, partitions):
         orig_assign(consumer, partitions)
         joined.set()
 
-    worker._on_assign = on_assign
+    worker.on_assign = on_assign  # type: ignore[method-assign]
     runner = threading.Thread(target=lambda: worker.run(stop_when_idle=2.0))
     runner.start()
     joined.wait(60)

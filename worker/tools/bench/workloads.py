@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from worker.corpus import stdlib_docstrings
+from worker.tools.corpus import stdlib_docstrings
 
 #: Workload sizes (documents) for a full run and for --quick. The io run (instant model) and S4 (whose
 #: 90 % run is short) get more documents than S2, so that they last long enough to outweigh the
