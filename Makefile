@@ -14,14 +14,18 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_PIN)"
-	$(BIN)/python -m pip install --quiet -e ".[dev]" "$(TORCH_PIN)"
+	@# setuptools warns at length about editable installs (on stderr, from its build process): quiet it.
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet -e ".[dev]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
-test: setup
+# The whole suite: lint and types first, then every test (unit, connectors on fakes and on the real
+# stack, integration, the fault suite).
+test: lint
 	$(BIN)/python -m pytest -q
 
+# No model and no stack: the unit tests and the connector contracts on their fakes (under a minute).
 test-fast: setup
-	$(BIN)/python -m pytest -q tests/unit
+	$(BIN)/python -m pytest -q -m "not integration" tests/unit tests/connectors
 
 demo: setup
 	$(BIN)/embedstream demo
@@ -46,6 +50,7 @@ dev-down: setup
 
 lint: setup
 	$(BIN)/ruff check worker schemas connectors tests
+	$(BIN)/mypy
 
 clean:
 	-$(BIN)/embedstream dev down 2>/dev/null

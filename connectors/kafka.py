@@ -1,25 +1,29 @@
 """Kafka client factories, topic creation, and confirmed delivery.
 
-Every client gets its librdkafka properties from :meth:`Settings.kafka_common`, so security
-settings passed through ``EMBEDSTREAM_KAFKA__*`` reach all of them.
+Every factory takes ``common``: the librdkafka properties shared by every client (bootstrap
+servers, security, the user's passthrough), built by the settings layer in one place, so security
+settings reach all clients. This module knows nothing of the settings object.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from connectors.exceptions import ConfigError, TransientError
-from worker.settings import Settings
+from schemas.errors import ConfigError, TransientError
+
+#: librdkafka properties as the factories take them.
+Conf = Mapping[str, object]
 
 
-def make_consumer(settings: Settings, **overrides: object) -> Consumer:
+def make_consumer(common: Conf, group_id: str, group_instance_id: str | None = None,
+                  **overrides: object) -> Consumer:
     """A group consumer that commits only what the worker stores (at-least-once)."""
     conf: dict[str, object] = {
-        "group.id": settings.group_id,
+        "group.id": group_id,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "earliest",
@@ -33,9 +37,9 @@ def make_consumer(settings: Settings, **overrides: object) -> Consumer:
         # idle per resume at the default 500 ms, measured).
         "fetch.wait.max.ms": 100,
     }
-    if settings.group_instance_id:
-        conf["group.instance.id"] = settings.group_instance_id
-    conf.update(settings.kafka_common())
+    if group_instance_id:
+        conf["group.instance.id"] = group_instance_id
+    conf.update(common)
     conf.update(overrides)
     return Consumer(conf)
 
@@ -46,39 +50,57 @@ CONSUMER_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "max.poll.interv
                  "auto.commit.", "fetch.", "queued.", "enable.partition.eof", "check.crcs")
 
 
-def _for_producer(conf: dict[str, str]) -> dict[str, str]:
+def _for_producer(conf: Conf) -> dict[str, object]:
     return {k: v for k, v in conf.items() if not k.startswith(CONSUMER_ONLY)}
 
 
-def make_producer(settings: Settings, **overrides: object) -> Producer:
-    """An idempotent producer tuned for throughput; delivery is confirmed by :class:`DeliveryBatch`."""
+def make_producer(common: Conf, delivery_timeout_s: float = 30.0, **overrides: object) -> Producer:
+    """An idempotent producer tuned for throughput; delivery is confirmed by :class:`DeliveryBatch`
+    (a record not acknowledged within ``delivery_timeout_s`` fails)."""
     conf: dict[str, object] = {
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
         "compression.type": "lz4",
-        "message.timeout.ms": int(settings.kafka_timeout_seconds * 1000),
+        "message.timeout.ms": int(delivery_timeout_s * 1000),
     }
-    conf.update(_for_producer(settings.kafka_common()))
+    conf.update(_for_producer(common))
     conf.update(overrides)
     return Producer(conf)
 
 
-def make_admin(settings: Settings) -> AdminClient:
-    return AdminClient(_for_producer(settings.kafka_common()))
+def make_admin(common: Conf) -> AdminClient:
+    return AdminClient(_for_producer(common))  # type: ignore[arg-type]  # values are librdkafka scalars
 
 
-def check_broker(settings: Settings, timeout: float = 10.0) -> None:
+def check_broker(common: Conf, timeout: float = 10.0) -> None:
     """Raise :class:`ConfigError` when no broker answers at the bootstrap servers within ``timeout``."""
-    admin = make_admin(settings)
+    admin = make_admin(common)
     try:
         admin.list_topics(timeout=timeout)
     except KafkaException as exc:
         raise ConfigError(
-            f"no Kafka broker answered at {settings.kafka_bootstrap_servers!r} within {timeout:.0f}s "
+            f"no Kafka broker answered at {common.get('bootstrap.servers')!r} within {timeout:.0f}s "
             f"({exc.args[0].str() if exc.args else exc}). Check EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS; "
             "for the local stack run `embedstream dev up` and export what it prints."
         ) from None
+
+
+def topic_ids(common: Conf, topics: Iterable[str], timeout: float = 10.0) -> dict[str, str]:
+    """``{topic name: topic id}`` (Kafka's topic UUID, KIP-516) for those of ``topics`` the broker
+    names by id; a broker without topic ids, or a failed look-up, leaves a topic out."""
+    from confluent_kafka import TopicCollection
+
+    out: dict[str, str] = {}
+    try:
+        futures = make_admin(common).describe_topics(TopicCollection(list(topics)), request_timeout=timeout)
+        for name, fut in futures.items():
+            tid = fut.result(timeout).topic_id
+            if tid is not None and str(tid) not in ("", "AAAAAAAAAAAAAAAAAAAAAA"):  # the all-zero id: none
+                out[name] = str(tid)
+    except Exception:  # an old broker: offsets are then compared within a topic name
+        return out
+    return out
 
 
 def create_topics(admin: AdminClient, topics: Iterable[str], partitions: int, timeout: float = 15.0) -> None:
@@ -97,12 +119,22 @@ def create_topics(admin: AdminClient, topics: Iterable[str], partitions: int, ti
             raise RuntimeError(f"could not create topic {topic!r}: {exc}") from None
 
 
+#: Delivery errors after which an idempotent producer stays unusable: its producer id or epoch was
+#: rejected. Seen on the local broker (Tansu) after records timed out during an outage: librdkafka
+#: bumps the epoch and every later record failed with PRODUCER_FENCED. A new producer gets a new id.
+PRODUCER_BROKEN = frozenset({
+    KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError.UNKNOWN_PRODUCER_ID,
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError._FENCED, KafkaError._FATAL,
+})
+
+
 class DeliveryBatch:
     """Produce a group of records and wait until the broker acknowledged every one.
 
     ``produce`` never blocks for long (it polls the producer when its queue is full); ``confirm``
     flushes with a deadline and raises :class:`TransientError` if any record was not acknowledged,
-    so the caller retries the whole group instead of committing.
+    so the caller retries the whole group instead of committing. ``broken`` is True when a failure
+    means the producer itself must be replaced before the retry (:data:`PRODUCER_BROKEN`).
     """
 
     def __init__(self, producer: Producer, timeout: float) -> None:
@@ -110,11 +142,14 @@ class DeliveryBatch:
         self._timeout = timeout
         self._pending = 0
         self._errors: list[str] = []
+        self.broken = False
 
     def _on_delivery(self, err, _msg) -> None:
         self._pending -= 1
         if err is not None:
             self._errors.append(str(err))
+            if err.fatal() or err.code() in PRODUCER_BROKEN:
+                self.broken = True
 
     def produce(self, topic: str, key: bytes | str | None, value: bytes | None, headers=None) -> None:
         deadline = time.monotonic() + self._timeout

@@ -71,7 +71,7 @@ class RedisCache:
         except Exception as exc:  # any Redis or socket error is a miss, by contract
             self._failed("read", exc)
             return [None] * len(hashes)
-        return [unpack_vector(r, self.dim) for r in raws]
+        return [unpack_vector(r if isinstance(r, bytes) else None, self.dim) for r in raws]
 
     def set_many(self, entries: dict[str, np.ndarray]) -> bool:
         """Write ``{hash: vector}`` with the TTL in one pipeline. Returns False on failure; never raises."""

@@ -21,7 +21,10 @@ from typing import Any
 import fastavro
 import numpy as np
 
+from schemas.errors import DecodeError
+
 SCHEMA_DIR = Path(__file__).resolve().parent
+
 
 def _without_logical_types(node: Any) -> Any:
     """The same schema with ``logicalType`` dropped: the bytes are identical, but timestamps read as
@@ -42,16 +45,6 @@ _EMBEDDING_READER = fastavro.parse_schema(_without_logical_types(_EMBEDDING_JSON
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-class DecodeError(ValueError):
-    """A record that can never be decoded. ``reason`` is a dead-letter reason of the contract
-    (``decode_error`` or ``invalid_utf8``); ``str(err)`` says what was wrong."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +160,8 @@ def _read_avro(value: bytes, schema, what: str) -> dict[str, Any]:
             "decode_error",
             f"value has {len(value) - buf.tell()} trailing bytes after the Avro record (wrong schema?)",
         )
+    if not isinstance(rec, dict):
+        raise DecodeError("decode_error", f"value is not a {what} record")
     return rec
 
 
@@ -237,7 +232,7 @@ def encode_embedding(record: dict[str, Any]) -> bytes:
             parts.append(_string(k))
             parts.append(_string(v))
     parts.append(b"\x00")
-    parts.append(_long(_ms(record["embedded_at"])))
+    parts.append(_long(_ms(record["embedded_at"]) or 0))
     return b"".join(parts)
 
 

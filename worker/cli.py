@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from connectors.exceptions import ConfigError, TransientError
+from schemas.errors import ConfigError, TransientError
 from worker import cli_options as opt
 from worker.settings import Settings, load_settings
 
@@ -23,7 +24,7 @@ app = typer.Typer(
     help="Kafka-driven streaming embedding worker: documents in, vectors out (Milvus + an output topic).",
     no_args_is_help=True,
     add_completion=False,
-    rich_markup_mode="rich",
+    rich_markup_mode=None,  # plain help: rich tables cut long names (env vars) in 80 columns
 )
 dev_app = typer.Typer(help="The local stack (broker, Redis, Milvus) on 127.0.0.1, for trying and testing.",
                       no_args_is_help=True)
@@ -66,10 +67,10 @@ def dev_up(
 ) -> None:
     """Start the broker (Tansu), Redis and Milvus Lite, create the topics, print KEY=VALUE lines.
 
-    Run [bold]eval "$(embedstream dev up)"[/] (or export the lines) to point the other commands at it.
-    A second [bold]up[/] finds the running stack and prints the same lines.
+    Run eval "$(embedstream dev up)" (or export the lines) to point the other commands at it.
+    A second up finds the running stack and prints the same lines.
     """
-    from worker.dev import LocalStack, StackError
+    from worker.tools.dev import LocalStack, StackError
 
     s = settings_or_exit(input_topic=input_topic, output_topic=output_topic, dlq_topic=dlq_topic)
     topics = {"EMBEDSTREAM_INPUT_TOPIC": s.input_topic, "EMBEDSTREAM_OUTPUT_TOPIC": s.output_topic,
@@ -89,8 +90,8 @@ def dev_up(
 
 @dev_app.command("down")
 def dev_down(state_dir: opt.StateDir = DEFAULT_STATE) -> None:
-    """Stop exactly the processes that [bold]dev up[/] started (by their recorded pids)."""
-    from worker.dev import LocalStack
+    """Stop exactly the processes that dev up started (by their recorded pids)."""
+    from worker.tools.dev import LocalStack
 
     stopped = LocalStack(state_dir).down()
     err.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
@@ -99,7 +100,7 @@ def dev_down(state_dir: opt.StateDir = DEFAULT_STATE) -> None:
 @dev_app.command("status")
 def dev_status(state_dir: opt.StateDir = DEFAULT_STATE) -> None:
     """Show each part of the local stack: pid, port, running or not, log file. Exit 1 if not all run."""
-    from worker.dev import PART_NAMES, LocalStack
+    from worker.tools.dev import PART_NAMES, LocalStack
 
     status = LocalStack(state_dir).status()
     if not status:
@@ -116,8 +117,8 @@ def dev_status(state_dir: opt.StateDir = DEFAULT_STATE) -> None:
 
 @dev_app.command("env")
 def dev_env(state_dir: opt.StateDir = DEFAULT_STATE) -> None:
-    """Print the KEY=VALUE lines of the running local stack (for [bold]export[/] or [bold]eval[/])."""
-    from worker.dev import LocalStack, StackError
+    """Print the KEY=VALUE lines of the running local stack (for export or eval)."""
+    from worker.tools.dev import LocalStack, StackError
 
     try:
         env = LocalStack(state_dir).env()
@@ -141,11 +142,11 @@ def produce(
 ) -> None:
     """Produce the documents of FILE to the input topic, keyed by id (idempotent producer).
 
-    JSONL lines are {"id", "text", "metadata", "model", "event_time"}; CSV needs a [bold]text[/]
-    column (an [bold]id[/] column too, or ids are hashes of the text; other columns become metadata);
+    JSONL lines are {"id", "text", "metadata", "model", "event_time"}; CSV needs a text
+    column (an id column too, or ids are hashes of the text; other columns become metadata);
     plain text is one document a line with a stable hash as id.
     """
-    from worker.produce import BadLine, count_lines, produce_documents, read_documents
+    from worker.produce import BadLine, count_lines, document_record, good_documents, produce_records, read_documents
 
     s = settings_or_exit(kafka_bootstrap_servers=kafka_bootstrap_servers, input_topic=input_topic)
     try:
@@ -154,14 +155,16 @@ def produce(
             for _line, doc in read_documents(file, fmt):
                 if isinstance(doc, BadLine):
                     raise doc
-        docs = read_documents(file, fmt)
-        total = count_lines(file)
+        skipped: list[int] = []
+        records = (document_record(d) for d in good_documents(read_documents(file, fmt), skipped))
         with Progress(TextColumn("[bold]producing[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("docs"),
                       TimeRemainingColumn(), console=err, transient=False) as bar:
-            task = bar.add_task("produce", total=total)
-            result = produce_documents(s, docs, rate=rate, skip_bad=skip_bad,
-                                       on_progress=lambda n: bar.update(task, completed=n))
+            task = bar.add_task("produce", total=count_lines(file))
+            result = produce_records(s.kafka_common(), s.input_topic, records, rate=rate,
+                                     delivery_timeout_s=s.kafka_timeout_seconds,
+                                     on_progress=lambda n: bar.update(task, completed=n))
             bar.update(task, total=result.produced, completed=result.produced)
+        result.skipped = len(skipped)
     except BadLine as exc:
         raise fail(f"{file}: {exc} (use --skip-bad to skip such lines)") from None
     except (ValueError, TransientError) as exc:
@@ -224,13 +227,18 @@ def run(
     """The worker: consume documents, batch, cache, embed, upsert into Milvus, publish, commit.
 
     Runs until SIGTERM/SIGINT (finishes in-flight batches, commits, exits 0), or with
-    [bold]--stop-when-idle[/] until the input is drained. Every setting also reads from its
+    --stop-when-idle until the input is drained. Every setting also reads from its
     EMBEDSTREAM_* variable; any librdkafka property passes as EMBEDSTREAM_KAFKA__<NAME_WITH_UNDERSCORES>.
     """
     from worker.runner import build_worker, setup_logging
     from worker.steps.dlq_limit import DlqLimitExceeded
 
-    s = settings_or_exit(**{k: v for k, v in locals().items() if k != "stop_when_idle"})
+    s = settings_or_exit(
+        kafka_bootstrap_servers=kafka_bootstrap_servers, input_topic=input_topic, output_topic=output_topic,
+        dlq_topic=dlq_topic, group_id=group_id, group_instance_id=group_instance_id, model=model,
+        precision=precision, device=device, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
+        max_batch_wait_ms=max_batch_wait_ms, redis_url=redis_url, cache_ttl_seconds=cache_ttl_seconds,
+        milvus_uri=milvus_uri, milvus_collection=milvus_collection, metrics_port=metrics_port)
     setup_logging(s)
     try:
         worker = build_worker(s)
@@ -241,9 +249,16 @@ def run(
         stats = worker.run(stop_when_idle=stop_when_idle)
     except DlqLimitExceeded as exc:
         raise fail(str(exc), 3) from None
+    err.print(_done_line(stats))
+
+
+def _done_line(stats) -> str:
+    """What ``run`` prints as it exits: the counts of a ``RunStats``."""
     elapsed = time.monotonic() - stats.started
-    err.print(f"done: {stats.embedded} embedded ({stats.cached} from cache), {stats.deleted} deleted, "
-              f"{stats.dead_lettered} dead-lettered, {stats.batches} batches in {elapsed:.1f}s")
+    extra = "".join(f", {n} {what}" for n, what in ((stats.superseded, "superseded by newer versions"),
+                                                  (stats.fenced, "left to new owners (fenced)")) if n)
+    return (f"done: {stats.embedded} embedded ({stats.cached} from cache), {stats.deleted} deleted, "
+            f"{stats.dead_lettered} dead-lettered{extra}, {stats.batches} batches in {elapsed:.1f}s")
 
 
 @app.command()
@@ -306,7 +321,7 @@ def lag(
                          group_id=group_id)
     try:
         s.require("kafka_bootstrap_servers")
-        lags = group_lag(make_admin(s), s.group_id, s.input_topic, offset_reset_policy,
+        lags = group_lag(make_admin(s.kafka_common()), s.group_id, s.input_topic, offset_reset_policy,
                          scale_to_zero_on_invalid_offset)
     except (ValueError, RuntimeError) as exc:
         raise fail(str(exc)) from None
@@ -351,14 +366,17 @@ def bench(
     an instant model (what Kafka + Redis + Milvus cost), Milvus bulk upserts, and optionally the
     infinity-emb engine. Writes bench.json and bench.png.
     """
-    from worker.bench.report import ratio_table, write_chart, write_json
-    from worker.bench.run import run_bench
+    from worker.tools.bench.report import ratio_table, write_chart, write_json
+    from worker.tools.bench.run import run_bench
 
     s = settings_or_exit(device=device, precision=precision)
     with console.status("benchmarking…") as status:
+        def say(message: str) -> None:
+            status.update(message)
+            err.print(f"[dim]{message}[/]")
+
         out = run_bench(quick=quick, device=s.device, precision=s.precision, peer_python=peer_python, docs=docs,
-                        latency_seconds=latency_seconds, state_dir=state_dir,
-                        say=lambda m: (status.update(m), err.print(f"[dim]{m}[/]")))
+                        latency_seconds=latency_seconds, state_dir=state_dir, say=say)
     output.mkdir(parents=True, exist_ok=True)
     write_json(out, output / "bench.json")
     write_chart(out, output / "bench.png")
@@ -378,7 +396,7 @@ def demo(
 
     The corpus is built at run time from the installed Python standard library's docstrings.
     """
-    from worker.demo import run_demo
+    from worker.tools.demo import run_demo
 
     try:
         run_demo(console, docs=docs, repeats=repeats, state_dir=state_dir, keep_stack=keep_stack)
@@ -387,6 +405,10 @@ def demo(
 
 
 def main() -> None:  # pragma: no cover - console entry for `python -m worker`
+    # Models load from local paths only (no hub at run time), and the tokenizer must not start
+    # threads of its own (the embed thread is its only user; see worker/embedding/base.py).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         app()
     except ConfigError as exc:

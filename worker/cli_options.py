@@ -1,52 +1,45 @@
 """Typer option declarations shared by the commands, each declared once.
 
-Every option named after a setting overrides the ``EMBEDSTREAM_*`` variable of the same name.
+Every option named after a setting overrides the ``EMBEDSTREAM_*`` variable of the same name; its
+help names that variable and the default, read from :class:`Settings` (never written twice).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-Bootstrap = Annotated[str | None, typer.Option(
-    "--kafka-bootstrap-servers", help="Kafka brokers, host:port[,...] \\[env: EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS]")]
-InputTopic = Annotated[str | None, typer.Option(
-    "--input-topic", help="Topic of documents \\[env: EMBEDSTREAM_INPUT_TOPIC; default: documents]")]
-OutputTopic = Annotated[str | None, typer.Option(
-    "--output-topic", help="Topic of embeddings \\[env: EMBEDSTREAM_OUTPUT_TOPIC; default: embeddings]")]
-DlqTopic = Annotated[str | None, typer.Option(
-    "--dlq-topic", help="Dead-letter topic \\[env: EMBEDSTREAM_DLQ_TOPIC; default: documents.dlq]")]
-GroupId = Annotated[str | None, typer.Option(
-    "--group-id", help="Consumer group of the workers \\[env: EMBEDSTREAM_GROUP_ID; default: embedstream]")]
-GroupInstanceId = Annotated[str | None, typer.Option(
-    "--group-instance-id", help="Static membership id, e.g. the pod name \\[env: EMBEDSTREAM_GROUP_INSTANCE_ID]")]
-Model = Annotated[str | None, typer.Option(
-    "--model", help="sentence-transformers model path or name \\[env: EMBEDSTREAM_MODEL; default: packaged "
-    "all-MiniLM-L6-v2]")]
-Precision = Annotated[str | None, typer.Option(
-    "--precision", help="auto|fp32|fp16|bf16; auto = fp16 on CUDA, bf16 on CPUs with avx512_bf16/AMX, else fp32 "
-    "\\[env: EMBEDSTREAM_PRECISION]")]
-Device = Annotated[str | None, typer.Option("--device", help="auto|cpu|cuda \\[env: EMBEDSTREAM_DEVICE]")]
-MaxBatchSize = Annotated[int | None, typer.Option(
-    "--max-batch-size", help="Close a batch at this many records \\[env: EMBEDSTREAM_MAX_BATCH_SIZE; default: 256]")]
-MaxBatchTokens = Annotated[int | None, typer.Option(
-    "--max-batch-tokens", help="Close a batch at this many tokens \\[env: EMBEDSTREAM_MAX_BATCH_TOKENS; "
-    "default: 32768]")]
-MaxBatchWaitMs = Annotated[int | None, typer.Option(
-    "--max-batch-wait-ms", help="Close a batch when its oldest record waited this long "
-    "\\[env: EMBEDSTREAM_MAX_BATCH_WAIT_MS; default: 100]")]
-RedisUrl = Annotated[str | None, typer.Option(
-    "--redis-url", help="Redis for the embedding cache; unset = no cache \\[env: EMBEDSTREAM_REDIS_URL]")]
-CacheTtl = Annotated[int | None, typer.Option(
-    "--cache-ttl-seconds", help="Cache entry lifetime \\[env: EMBEDSTREAM_CACHE_TTL_SECONDS; default: 7 days]")]
-MilvusUri = Annotated[str | None, typer.Option(
-    "--milvus-uri", help="Milvus server, e.g. http://host:19530 \\[env: EMBEDSTREAM_MILVUS_URI]")]
-MilvusCollection = Annotated[str | None, typer.Option(
-    "--milvus-collection", help="Milvus collection \\[env: EMBEDSTREAM_MILVUS_COLLECTION; default: embeddings]")]
-MetricsPort = Annotated[int | None, typer.Option(
-    "--metrics-port", help="Port of /metrics, /healthz, /readyz; 0 = off \\[env: EMBEDSTREAM_METRICS_PORT; "
-    "default: 9400]")]
+from worker.settings import Settings
+
+
+def _setting(name: str, what: str, default: str | None = None) -> Any:
+    """A ``--name`` option for setting ``name``: its help ends ``[env: EMBEDSTREAM_NAME; default: …]``."""
+    shown = default if default is not None else Settings.model_fields[name].default
+    tail = f"; default: {shown}" if shown is not None else ""
+    return typer.Option("--" + name.replace("_", "-"), help=f"{what} [env: EMBEDSTREAM_{name.upper()}{tail}]")
+
+
+Bootstrap = Annotated[str | None, _setting("kafka_bootstrap_servers", "Kafka brokers, host:port[,...]")]
+InputTopic = Annotated[str | None, _setting("input_topic", "Topic of documents")]
+OutputTopic = Annotated[str | None, _setting("output_topic", "Topic of embeddings")]
+DlqTopic = Annotated[str | None, _setting("dlq_topic", "Dead-letter topic")]
+GroupId = Annotated[str | None, _setting("group_id", "Consumer group of the workers")]
+GroupInstanceId = Annotated[str | None, _setting("group_instance_id", "Static membership id, e.g. the pod name")]
+Model = Annotated[str | None, _setting("model", "sentence-transformers model path or name",
+                                       "the packaged all-MiniLM-L6-v2")]
+Precision = Annotated[str | None, _setting(
+    "precision", "auto|fp32|fp16|bf16; auto = fp16 on CUDA, bf16 on CPUs with avx512_bf16/AMX, else fp32")]
+Device = Annotated[str | None, _setting("device", "auto|cpu|cuda")]
+MaxBatchSize = Annotated[int | None, _setting("max_batch_size", "Close a batch at this many records")]
+MaxBatchTokens = Annotated[int | None, _setting("max_batch_tokens", "Close a batch at this many tokens")]
+MaxBatchWaitMs = Annotated[int | None, _setting("max_batch_wait_ms", "Close a batch when its oldest record "
+                                                                    "waited this many milliseconds")]
+RedisUrl = Annotated[str | None, _setting("redis_url", "Redis for the embedding cache; unset = no cache")]
+CacheTtl = Annotated[int | None, _setting("cache_ttl_seconds", "Cache entry lifetime in seconds")]
+MilvusUri = Annotated[str | None, _setting("milvus_uri", "Milvus server, e.g. http://host:19530")]
+MilvusCollection = Annotated[str | None, _setting("milvus_collection", "Milvus collection")]
+MetricsPort = Annotated[int | None, _setting("metrics_port", "Port of /metrics, /healthz, /readyz; 0 = off")]
 StateDir = Annotated[Path, typer.Option(
     "--state-dir", help="Where the local stack keeps its pids, ports, logs and data")]

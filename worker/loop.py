@@ -1,212 +1,128 @@
-"""The polling loop: consume → validate → batch → pipeline → store offsets → commit.
+"""The polling loop: the cycle that drives the chain, on the consumer's thread.
 
-Owns the consumer and everything that must happen on its thread: rebalance callbacks, pausing
-and resuming partitions for back-pressure, storing the offsets of finished batches and committing
-them, the idle check of ``--stop-when-idle``, and the graceful stop on SIGTERM/SIGINT.
+Each turn: consume what is there → intake (validate, estimate, batch) → submit closed batches to
+the pipeline → collect finished ones and store their offsets → pause or resume → commit if due →
+check for idle. The parts each own one thing: ``Intake`` the batching, ``Pipeline`` the stages,
+``OffsetCommitter`` what is committed and when, ``Assignment`` the partitions with their pause and
+end state, ``RunStats`` the counting. The chain is assembled in ``worker.chain.build_chain``.
 
-Commit order (the delivery contract): a batch's offsets are stored only after the pipeline's sink
-step confirmed it (Milvus and the broker acknowledged); stored offsets are committed at most every
-``commit_interval`` seconds, and synchronously on revoke and at shutdown. Lost partitions commit
-nothing.
+Rebalance callbacks and signal handlers run on this thread too. On revoke the loop finishes the
+in-flight batches (within a budget) and commits synchronously; on *lost* it commits nothing.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
-from worker import metrics
-from worker.embedding.base import Embedder
-from worker.pipeline import Pipeline
-from worker.records import Batch, DeadLetter, Delete, Item, TopicPartitionKey
-from worker.steps.batcher import Batcher
-from worker.steps.dlq_limit import DlqLimit, DlqLimitExceeded
-from worker.steps.validate import Validator
+from worker.assignment import Assignment
+from worker.chain import Chain
+from worker.metrics import Health
+from worker.signals import GracefulStop
+from worker.stats import RunStats
+from worker.steps.dlq_limit import DlqLimitExceeded
 
 log = logging.getLogger(__name__)
 
+#: Records taken from the consumer per call when some are at hand.
 CONSUME_CHUNK = 500
-
-
-@dataclass
-class RunStats:
-    """Counters the loop keeps for progress displays and the run summary."""
-
-    embedded: int = 0
-    deleted: int = 0
-    dead_lettered: int = 0
-    cached: int = 0
-    batches: int = 0
-    started: float = field(default_factory=time.monotonic)
-    #: When the first record arrived and when the last batch finished (monotonic), for rates.
-    first_record_at: float | None = None
-    last_done_at: float | None = None
-    dlq_reasons: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def done(self) -> int:
-        return self.embedded + self.deleted + self.dead_lettered
-
-    @property
-    def busy_seconds(self) -> float:
-        """First record consumed → last batch committed-ready (excludes group join and idle time)."""
-        if self.first_record_at is None or self.last_done_at is None:
-            return 0.0
-        return self.last_done_at - self.first_record_at
-
-    @property
-    def docs_per_second(self) -> float:
-        return self.done / self.busy_seconds if self.busy_seconds > 0 else 0.0
+#: Longest a revoke waits for in-flight batches (the rebalance waits for it).
+REVOKE_BUDGET_S = 20.0
 
 
 class Worker:
     """One consumer-group member. ``run()`` blocks until stopped, idle (if asked), or a bug."""
 
-    def __init__(self, consumer: Consumer, topic: str, embedder: Embedder, pipeline: Pipeline, *,
-                 max_batch_size: int, max_batch_tokens: int, max_batch_wait_ms: int, max_inflight: int,
-                 max_text_bytes: int, max_batch_bytes: int = 16 * 1024 * 1024, shutdown_grace: float = 30.0,
-                 commit_interval: float = 1.0,
-                 join_grace: float = 30.0, health: metrics.Health | None = None,
-                 dlq_limit: DlqLimit | None = None, pause_after: float = 1.0,
+    def __init__(self, consumer: Consumer, topic: str, chain: Chain, assignment: Assignment, *,
+                 max_inflight: int, shutdown_grace: float, health: Health,
                  on_progress: Callable[[RunStats], None] | None = None) -> None:
         self.consumer = consumer
         self.topic = topic
-        self.embedder = embedder
-        self.pipeline = pipeline
-        self.batcher = Batcher(max_batch_size, max_batch_tokens, max_batch_wait_ms / 1000, max_bytes=max_batch_bytes)
-        self.validator = Validator(max_text_bytes, embedder.accepts)
+        self.chain = chain
+        self.assignment = assignment
         self.max_inflight = max_inflight
         self.shutdown_grace = shutdown_grace
-        self.commit_interval = commit_interval
-        self.join_grace = join_grace
-        self.health = health or metrics.Health()
-        self.dlq_limit = dlq_limit or DlqLimit(1000, 0.9, 1000)
-        self.pauses = 0
-        #: Seconds the pipeline may stay full (not consuming, partitions still fetching into
-        #: librdkafka's bounded queue) before the assignment is paused. Well under max.poll.interval.ms
-        #: (the runner uses min(5 s, a third of it)).
-        self.pause_after = pause_after
-        self._full_since: float | None = None
+        self.health = health
         self.on_progress = on_progress
         self.stats = RunStats()
-        self.assigned: set[TopicPartitionKey] = set()
-        self.eof: dict[TopicPartitionKey, bool] = {}
-        self.paused = False
-        self._stop = False
-        self._signals = 0
-        self._dirty = False
-        self._last_commit = time.monotonic()
-        self._unassigned_since: float | None = time.monotonic()
-        self._reapply_pause = False
+        self.stop = GracefulStop()
 
-    # -- signals -----------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-
-    def _on_signal(self, signum, _frame) -> None:
-        self._signals += 1
-        if self._signals > 1:
-            log.warning("second signal: exiting at once; unfinished batches are not committed")
-            os._exit(128 + signum)
-        log.info("signal %s: stop fetching, finish in-flight batches, commit, exit", signum)
-        self._stop = True
+        self.stop.install()
 
     # -- rebalance callbacks (run inside consume(), on this thread) ----------------------------
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        for p in partitions:
-            self.assigned.add((p.topic, p.partition))
-            self.eof[(p.topic, p.partition)] = False
-        if self.paused and partitions:
-            consumer.pause(partitions)
-        # librdkafka keeps the pause state of a partition object across revoke/lost and reassignment:
-        # a partition paused when it was lost comes back paused. Re-apply our state to the whole
-        # assignment once the library has assigned it (after this callback returns).
-        self._reapply_pause = True
-        self.health.assigned = len(self.assigned)
-        # An assignment (even an empty one) ends any wait for a rejoin.
-        self._unassigned_since = None if self.assigned else (self._unassigned_since or time.monotonic())
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assignment.add(consumer, partitions)
+        self.chain.fence.publish(self.assignment.partitions)
+        self.health.assigned = len(self.assignment)
         log.info("assigned %s", sorted(p.partition for p in partitions))
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        tps = {(p.topic, p.partition) for p in partitions}
-        dropped = self.batcher.drop(tps)
-        deadline = time.monotonic() + min(self.shutdown_grace, 20.0)
-        while self.pipeline.inflight and not self.pipeline.aborted and time.monotonic() < deadline:
-            self._collect(timeout=0.1)
-        self._commit(sync=True)
-        self.assigned -= tps
-        for tp in tps:
-            self.eof.pop(tp, None)
-        self.health.assigned = len(self.assigned)
-        if not self.assigned:
-            self._unassigned_since = time.monotonic()
-        log.info("revoked %s (dropped %d uncommitted records still batching)", sorted(p for _, p in tps), dropped)
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Finish what is in flight (within a budget) and commit it before the partitions go. After a
+        stall (the fence is closed) nothing in flight can be written: give them up at once."""
+        if not self.chain.fence.suspect:
+            self._wait_inflight(min(self.shutdown_grace, REVOKE_BUDGET_S))
+        self.chain.committer.commit(sync=True)
+        dropped = self._forget(partitions, lost=False)
+        log.info("revoked %s (dropped %d uncommitted records still batching)",
+                 sorted(p.partition for p in partitions), dropped)
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Another member may own them already: commit nothing for them."""
+        self._forget(partitions, lost=True)
+        log.warning("lost %s: committing nothing for them", sorted(p.partition for p in partitions))
+
+    def _forget(self, partitions: list[TopicPartition], lost: bool) -> int:
+        """Drop what is batching for ``partitions`` and stop owning them; returns the entries dropped."""
         tps = {(p.topic, p.partition) for p in partitions}
-        self.batcher.drop(tps)
-        self.assigned -= tps
-        for tp in tps:
-            self.eof.pop(tp, None)
-        self.health.assigned = len(self.assigned)
-        # Lost partitions come back through a rejoin: never take their absence for the end of input.
-        self._unassigned_since = None
-        log.warning("lost %s: committing nothing for them", sorted(p for _, p in tps))
+        dropped = self.chain.intake.drop(tps)
+        self.assignment.remove(tps, lost=lost)
+        self.chain.fence.publish(self.assignment.partitions)
+        self.health.assigned = len(self.assignment)
+        return dropped
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, stop_when_idle: float | None = None) -> RunStats:
-        self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_lost)
-        idle_since: float | None = None
+        chain = self.chain
+        self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke,
+                                on_lost=self.on_lost)
+        chain.fence.start()
         try:
-            while not self._stop:
+            while not self.stop.requested:
                 self.health.tick()
-                # A full pipeline holds off consuming for a while before it pauses: pausing drops
-                # the records librdkafka has prefetched, and after a resume the first record came
-                # back only 0.7-0.8 s later (measured on Tansu, whatever the fetch settings), time
-                # the pipeline sat idle whenever it had drained meanwhile. Holding serves no
-                # callbacks, so a rebalance waits up to ``pause_after``.
-                holding = self._full() and not self.paused
-                msgs = [] if holding else self._consume()
-                self._ingest(msgs)
-                # A batch past its deadline closes only when the model is free: while the model is
-                # busy it could not start earlier anyway, and it keeps growing instead of queueing
-                # as many small batches (continuous batching).
-                if self.pipeline.embed_backlog == 0:
-                    for batch in self.batcher.poll():
-                        self.pipeline.submit(batch)
+                chain.fence.tick()
+                # A full pipeline holds off consuming for ``pause_after`` before it pauses: pausing
+                # drops what librdkafka prefetched, and after a resume the first record came back only
+                # 0.7-0.8 s later (measured on Tansu). Holding serves no callbacks meanwhile.
+                holding = self._full() and not self.assignment.paused
+                self._take([] if holding else self._consume())
+                # A batch past its deadline closes only when the model is free: until then it keeps
+                # growing instead of queueing as many small batches (continuous batching).
+                if chain.model_free():
+                    chain.intake.poll()
                 self._collect(0.02 if holding else 0.0)
-                self._backpressure()
-                if self.commit_interval == 0:
-                    self._commit(sync=True)
-                elif time.monotonic() - self._last_commit >= self.commit_interval:
-                    self._commit(sync=False)
-                if stop_when_idle is not None:
-                    recent_error = time.monotonic() - self.health.last_kafka_error < stop_when_idle
-                    if self._idle() and not recent_error:
-                        idle_since = idle_since or time.monotonic()
-                        if time.monotonic() - idle_since >= stop_when_idle:
-                            log.info("idle for %.1fs: stopping", stop_when_idle)
-                            break
-                    else:
-                        idle_since = None
+                self.assignment.update_pause(self.consumer, self._full())
+                chain.committer.tick()
+                if stop_when_idle is not None and self.assignment.idle_for(
+                        stop_when_idle, not len(chain.intake) and not chain.pipeline.inflight,
+                        self.health.last_kafka_error):
+                    log.info("idle for %.1fs: stopping", stop_when_idle)
+                    break
             self._drain()
         except DlqLimitExceeded:
             # Finish and commit the batches already in flight (all before the bad run), then halt.
-            self._finish_inflight()
-            self.pipeline.abort()
+            self._wait_inflight(self.shutdown_grace)
+            chain.committer.commit(sync=True, attempts=5)
+            chain.pipeline.abort()
             raise
         except BaseException:
-            self.pipeline.abort()
+            chain.pipeline.abort()
             raise
         finally:
+            chain.fence.stop()
             self.consumer.close()
         return self.stats
 
@@ -214,158 +130,54 @@ class Worker:
         """What the consumer holds now, else wait briefly for the first record.
 
         ``consume(n, timeout)`` blocks until it has ``n`` records *or* the timeout passes, so asking
-        for a chunk with a timeout stalls the loop whenever fewer records are at hand (right after a
-        resume, or at a low rate). Take what is there without waiting; only when nothing is, wait for
-        one record (which returns as soon as it arrives)."""
+        for a chunk with a timeout stalls the loop whenever fewer records are at hand. Take what is
+        there without waiting; only when nothing is, wait for one record."""
         msgs = self.consumer.consume(CONSUME_CHUNK, 0)
         if msgs:
             return msgs
-        busy = len(self.batcher) or self.pipeline.inflight
+        busy = len(self.chain.intake) or self.chain.pipeline.inflight
         return self.consumer.consume(1, 0.02 if busy else 0.2)
 
-    def _ingest(self, msgs: list) -> None:
-        entries = []
-        for m in msgs:
-            err = m.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    self.eof[(m.topic(), m.partition())] = True
-                    continue
-                if err.fatal():
-                    raise KafkaException(err)
-                log.warning("consumer: %s", err)
-                continue
-            self.eof[(m.topic(), m.partition())] = False
-            entries.append(self.validator.validate(m))
-        if entries and self.stats.first_record_at is None:
-            self.stats.first_record_at = time.monotonic()
-        items = [e for e in entries if isinstance(e, Item)]
-        if items:
-            # An estimate, not a count: tokenizing here cost 0.12 ms a docstring on this thread (paid
-            # again by the model's own tokenizing, and for every cache hit).
-            for it, n in zip(items, self.embedder.estimate_tokens([it.text for it in items])):
-                it.tokens = n
-        for e in entries:
-            # The breaker runs before the entry joins a batch: when it trips, this record and
-            # everything after it stay uncommitted.
-            if isinstance(e, DeadLetter):
-                self.dlq_limit.record(e.reason, e.message)
-            else:
-                self.dlq_limit.record(None)
-            for batch in self.batcher.add(e):
-                self.pipeline.submit(batch)
+    def _take(self, msgs: list) -> None:
+        good = self.assignment.records(msgs)
+        if good:
+            self.stats.arrived()
+            self.chain.intake.add(good)
 
     def _collect(self, timeout: float = 0.0) -> None:
         """Account for finished batches and store their offsets (only for partitions still ours)."""
-        for batch in self.pipeline.completed(timeout):
-            self._account(batch)
-            offsets = [TopicPartition(t, p, o) for (t, p), o in batch.offsets.items() if (t, p) in self.assigned]
-            if offsets:
-                self.consumer.store_offsets(offsets=offsets)
-                self._dirty = True
+        for batch in self.chain.pipeline.completed(timeout):
+            self.stats.account(batch)
+            self.chain.committer.store(batch.offsets, self.assignment)
+            if self.on_progress:
+                self.on_progress(self.stats)
 
-    def _account(self, batch: Batch) -> None:
-        s = self.stats
-        now_ms = time.time() * 1000
-        s.batches += 1
-        s.last_done_at = time.monotonic()
-        items = deletes = 0
-        for e in batch.entries:
-            if isinstance(e, Item):
-                items += 1
-                s.cached += e.cached
-                if e.source.timestamp_ms:
-                    metrics.END_TO_END_SECONDS.observe(max(0.0, (now_ms - e.source.timestamp_ms) / 1000))
-            elif isinstance(e, Delete):
-                deletes += 1
-            elif isinstance(e, DeadLetter):
-                s.dlq_reasons[e.reason] = s.dlq_reasons.get(e.reason, 0) + 1
-                metrics.DLQ_MESSAGES.labels(e.reason).inc()
-        s.embedded += items
-        s.deleted += deletes
-        s.dead_lettered += len(batch) - items - deletes
-        metrics.MESSAGES.labels("embedded").inc(items)
-        metrics.MESSAGES.labels("deleted").inc(deletes)
-        metrics.MESSAGES.labels("dead_lettered").inc(len(batch) - items - deletes)
-        if self.on_progress:
-            self.on_progress(s)
+    def _wait_inflight(self, seconds: float) -> bool:
+        """Collect finished batches until none is in flight or ``seconds`` pass; True when none is.
+        Stops early after a stall (the fence is closed: nothing in flight can be written now)."""
+        pipeline, fence, deadline = self.chain.pipeline, self.chain.fence, time.monotonic() + seconds
+        while pipeline.inflight and not pipeline.aborted and time.monotonic() < deadline:
+            if fence.suspect:
+                break
+            self._collect(timeout=0.1)
+        return pipeline.inflight == 0
 
     def _full(self) -> bool:
         """As many batches in flight as allowed: consume nothing more for now."""
-        return self.pipeline.inflight >= self.max_inflight
-
-    def _backpressure(self) -> None:
-        """Pause the assignment once the pipeline has been full for ``pause_after`` s; resume when a
-        batch slot frees. (Until then the loop only stops consuming; see ``run``.)"""
-        now = time.monotonic()
-        if self._full():
-            self._full_since = self._full_since or now
-        else:
-            self._full_since = None
-        pause = self._full_since is not None and now - self._full_since >= self.pause_after
-        if pause == self.paused and not self._reapply_pause:
-            return
-        self._reapply_pause = False
-        parts = self.consumer.assignment()
-        if parts:
-            (self.consumer.pause if pause else self.consumer.resume)(parts)
-        self.pauses += pause and not self.paused
-        self.paused = pause
-        metrics.PAUSED_PARTITIONS.set(len(parts) if pause else 0)
-
-    def _commit(self, sync: bool, attempts: int = 1) -> bool:
-        """Commit the stored offsets; True when nothing is left uncommitted. A failed commit is retried
-        by the next call (the stored offsets stay), or here up to ``attempts`` times (shutdown)."""
-        self._last_commit = time.monotonic()
-        for attempt in range(attempts):
-            if not self._dirty:
-                return True
-            try:
-                self.consumer.commit(asynchronous=not sync)
-                self._dirty = False
-                return True
-            except KafkaException as exc:
-                if exc.args and exc.args[0].code() == KafkaError._NO_OFFSET:
-                    self._dirty = False
-                    return True
-                level = logging.ERROR if attempt == attempts - 1 and attempts > 1 else logging.WARNING
-                log.log(level, "commit failed (%s)%s", exc,
-                        "; retrying" if attempt < attempts - 1 else "; the next commit retries it")
-                if attempt < attempts - 1:
-                    time.sleep(0.5)
-        return False
-
-    def _idle(self) -> bool:
-        """Nothing buffered or in flight, and every assigned partition at its end. A worker without
-        partitions (more workers than partitions, or just after losing them) counts as idle only once
-        it has had none for ``join_grace`` seconds, long enough for a rejoin."""
-        if len(self.batcher) or self.pipeline.inflight:
-            return False
-        if not self.assigned:
-            return self._unassigned_since is not None and time.monotonic() - self._unassigned_since > self.join_grace
-        return all(self.eof.get(tp, False) for tp in self.assigned)
-
-    def _finish_inflight(self) -> None:
-        deadline = time.monotonic() + self.shutdown_grace
-        while self.pipeline.inflight and time.monotonic() < deadline:
-            self._collect(timeout=0.1)
-        self._commit(sync=True, attempts=5)
+        return self.chain.pipeline.inflight >= self.max_inflight
 
     def _drain(self) -> None:
         """Shutdown: close the open batch, finish in-flight batches within the grace, commit."""
-        if self.assigned:
+        chain = self.chain
+        if len(self.assignment):
             self.consumer.pause(self.consumer.assignment())
-        for batch in self.batcher.flush():
-            self.pipeline.submit(batch)
-        deadline = time.monotonic() + self.shutdown_grace
-        while self.pipeline.inflight and time.monotonic() < deadline:
-            self._collect(timeout=0.1)
-        if self.pipeline.inflight:
-            log.warning("%d batches unfinished after %.0fs grace: not committing them", self.pipeline.inflight,
-                        self.shutdown_grace)
-            self.pipeline.abort()
+        chain.intake.flush()
+        if self._wait_inflight(self.shutdown_grace):
+            chain.pipeline.close()
         else:
-            self.pipeline.close()
-        if self._commit(sync=True, attempts=10):
-            committed = self.consumer.committed(self.consumer.assignment(), timeout=10) if self.assigned else []
+            log.warning("%d batches unfinished after %.0fs grace: not committing them", chain.pipeline.inflight,
+                        self.shutdown_grace)
+            chain.pipeline.abort()
+        if chain.committer.commit(sync=True, attempts=10) and len(self.assignment):
+            committed = self.consumer.committed(self.consumer.assignment(), timeout=10)
             log.info("shutdown: committed %s", {tp.partition: tp.offset for tp in committed})

@@ -13,8 +13,10 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _TOKEN_BUCKETS = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
-# Records by final outcome: embedded | deleted | dead_lettered.
+# Records by final outcome: embedded | deleted | dead_lettered | superseded (Milvus held a newer version).
 MESSAGES = Counter("embedstream_messages_total", "Input records by final outcome", ["outcome"])
+# Records not written because this member may have lost their partition (its new owner redoes them).
+FENCED_RECORDS = Counter("embedstream_fenced_records_total", "Records left to a partition's new owner")
 # Records per batch handed to the pipeline.
 BATCH_SIZE = Histogram("embedstream_batch_size", "Records per batch", buckets=_BATCH_BUCKETS)
 # Real (unpadded) tokens per batch.
@@ -36,6 +38,8 @@ DLQ_MESSAGES = Counter("embedstream_dlq_messages_total", "Records sent to the de
 CONSUMER_LAG = Gauge("embedstream_consumer_lag", "Consumer lag per partition", ["topic", "partition"])
 # Partitions currently paused for back-pressure or an outage.
 PAUSED_PARTITIONS = Gauge("embedstream_paused_partitions", "Partitions paused by back-pressure")
+# Tokens the model ran: real (the texts') | padded (including padding); real ÷ padded = padding efficiency.
+MODEL_TOKENS = Counter("embedstream_model_tokens_total", "Tokens through the model, real and padded", ["kind"])
 # Constant 1, labelled with the model in use.
 MODEL_INFO = Gauge("embedstream_model_info", "The model in use", ["model", "precision", "device"])
 # Transient failures of outside systems, retried: kafka | milvus.

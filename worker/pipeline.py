@@ -1,19 +1,23 @@
-"""The chain of steps, built in one visible place, each stage on its own thread.
+"""Stages on threads of their own, joined by queues: batches go in with ``submit`` and come out of
+``completed`` in the order they went in.
 
-    polling thread ── submit ──▶ [embed stage: cache lookup + model] ──▶ [sink stage: Milvus +
-    output/DLQ topics + cache fill] ──▶ completed queue ──▶ polling thread stores and commits offsets
+    submit ──▶ [stage 1] ──▶ [stage 2] ──▶ … ──▶ completed()
 
-Stages are FIFO and single-threaded, so batches complete in the order they were submitted and
-per-partition offsets only move forward. While one batch is in the model the previous one is being
-written, so the model never waits on I/O.
+Which stages there are, and in what order, is decided in one place: ``worker.chain.build_chain``.
+This module knows no stage by name.
+
+Stages are FIFO and single-threaded, so batches complete in submission order and per-partition
+offsets only move forward. While one batch is in a stage the next one is in the stage before it,
+so the model never waits on I/O.
 
 A stage takes every batch already waiting in its queue as one *group* (dynamic batching): under a
 backlog the model sorts and cuts a larger set of texts by length (less padding) and Milvus gets
 fewer, larger upserts, while at low load a group is a single batch and latency is unchanged. The
 number of batches in flight (the polling thread's limit) bounds a group. Batches still leave a
-stage one by one, in order. A stage that meets a :class:`TransientError` retries the
-same group with capped exponential backoff and jitter until it succeeds or the pipeline is
-aborted; any other exception is a bug and is re-raised on the polling thread by ``completed()``.
+stage one by one, in order. A stage that meets a :class:`TransientError` retries the same group
+with capped exponential backoff and jitter (its own clock: one stage's outage does not change
+another's backoff) until it succeeds or the pipeline is aborted; any other exception is a bug and
+is re-raised on the polling thread by ``completed()``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from connectors.exceptions import TransientError
+from schemas.errors import TransientError
 from worker import metrics
 from worker.records import Batch
 
@@ -39,68 +43,123 @@ class Aborted(Exception):
     """The pipeline was aborted while a stage was retrying."""
 
 
-class _Stage(threading.Thread):
-    def __init__(self, name: str, step: Step, inbox: queue.Queue, outbox: queue.Queue, pipeline: Pipeline) -> None:
-        super().__init__(name=name, daemon=True)
+class Stage:
+    """One step of the chain with its own thread, queue, counters and retry state.
+
+    ``backlog`` (batches waiting for or inside this stage) is read from any thread; ``groups`` and
+    ``retries`` are written by the stage's thread only."""
+
+    def __init__(self, name: str, step: Step) -> None:
+        self.name = name
         self.step = step
-        self.inbox = inbox
-        self.outbox = outbox
-        self.pipeline = pipeline
+        self.backlog = 0
+        self.groups = 0
+        self.retries = 0
+        #: When the current run of transient failures began (None: not retrying).
+        self.retrying_since: float | None = None
+        self._inbox: queue.Queue[Batch | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def put(self, batch: Batch | None) -> None:
+        """Hand a batch to this stage (``None``: no more batches)."""
+        if batch is not None:
+            with self._lock:
+                self.backlog += 1
+        self._inbox.put(batch)
+
+    def start(self, forward: Callable[[Batch | None], None], abort: threading.Event, backoff_max: float,
+              on_bug: Callable[[BaseException], None]) -> None:
+        self._thread = threading.Thread(target=self._run, args=(forward, abort, backoff_max, on_bug),
+                                        name=self.name, daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the thread to end; True when it has."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._thread is None or not self._thread.is_alive()
 
     def _next_group(self) -> tuple[list[Batch], bool]:
         """Block for one batch, then take those already waiting: ``(group, the end was reached)``."""
         group: list[Batch] = []
-        item = self.inbox.get()
+        item = self._inbox.get()
         while item is not None:
             group.append(item)
             try:
-                item = self.inbox.get_nowait()
+                item = self._inbox.get_nowait()
             except queue.Empty:
                 return group, False
         return group, True
 
-    def run(self) -> None:
+    def _run(self, forward: Callable[[Batch | None], None], abort: threading.Event, backoff_max: float,
+             on_bug: Callable[[BaseException], None]) -> None:
         while True:
             group, end = self._next_group()
             try:
                 if group:
-                    self.pipeline.retrying(self.name, self.step, group)
-                    if self.name == "embed":
-                        self.pipeline._left_embed(len(group))
+                    self._process(group, abort, backoff_max)
+                    with self._lock:
+                        self.backlog -= len(group)
                     for batch in group:
-                        self.outbox.put(batch)
+                        forward(batch)
             except Aborted:
                 return
             except BaseException as exc:  # a bug: hand it to the polling thread, which crashes
-                self.pipeline.failure = exc
-                self.outbox.put(None)
+                on_bug(exc)
                 return
             if end:
-                self.outbox.put(None)
+                forward(None)
                 return
+
+    def _process(self, group: list[Batch], abort: threading.Event, backoff_max: float) -> None:
+        """``step(group)``, retrying :class:`TransientError` with capped exponential backoff + jitter."""
+        delay = 0.1
+        while True:
+            if abort.is_set():
+                raise Aborted()
+            try:
+                self.step(group)
+                self.groups += 1
+                if self.retrying_since is not None:
+                    log.info("%s: recovered after %.1fs", self.name, time.monotonic() - self.retrying_since)
+                    self.retrying_since = None
+                return
+            except TransientError as exc:
+                self.retries += 1
+                metrics.RETRIES.labels(exc.system).inc()
+                if self.retrying_since is None:
+                    self.retrying_since = time.monotonic()
+                log.warning("%s: %s; retrying in %.1fs (nothing committed meanwhile)", self.name, exc, delay)
+                if abort.wait(delay * random.uniform(0.5, 1.0)):
+                    raise Aborted() from None
+                delay = min(delay * 2, backoff_max)
 
 
 class Pipeline:
-    """``submit`` batches, collect them from ``completed``; ``inflight`` counts those in between."""
+    """``submit`` batches, collect them from ``completed``; ``inflight`` counts those in between.
 
-    def __init__(self, embed: Step, sink: Step, backoff_max: float = 10.0,
+    ``submit``, ``completed``, ``abort`` and ``close`` are called from one thread (the polling
+    thread); the stages run on their own."""
+
+    def __init__(self, stages: list[Stage], backoff_max: float = 10.0,
                  release: Callable[[], None] | None = None) -> None:
-        self.backoff_max = backoff_max
-        #: Called once by ``close`` after both stages have stopped (closes what the steps hold).
+        if not stages:
+            raise ValueError("a pipeline needs at least one stage")
+        self.stages = stages
+        #: Called once by ``close`` after every stage has stopped (closes what the steps hold).
         self.release = release
         self.failure: BaseException | None = None
-        self.retrying_since: float | None = None
         self._abort = threading.Event()
-        self._to_embed: queue.Queue = queue.Queue()
-        self._to_sink: queue.Queue = queue.Queue()
-        self._done: queue.Queue = queue.Queue()
+        self._done: queue.Queue[Batch | None] = queue.Queue()
         self._inflight = 0
-        self._embed_backlog = 0
-        self._lock = threading.Lock()
-        self._stages = [_Stage("embed", embed, self._to_embed, self._to_sink, self),
-                        _Stage("sink", sink, self._to_sink, self._done, self)]
-        for stage in self._stages:
-            stage.start()
+        for stage, after in zip(stages, [*stages[1:], None]):
+            stage.start(after.put if after is not None else self._done.put, self._abort, backoff_max,
+                        self._on_bug)
+
+    def _on_bug(self, exc: BaseException) -> None:
+        self.failure = exc
+        self._done.put(None)  # wake a waiting ``completed``
 
     @property
     def aborted(self) -> bool:
@@ -110,23 +169,12 @@ class Pipeline:
     def inflight(self) -> int:
         return self._inflight
 
-    @property
-    def embed_backlog(self) -> int:
-        """Batches waiting for or inside the embed stage (0: the model is free)."""
-        return self._embed_backlog
-
-    def _left_embed(self, n: int) -> None:
-        with self._lock:
-            self._embed_backlog -= n
-
     def submit(self, batch: Batch) -> None:
-        with self._lock:
-            self._embed_backlog += 1
         self._inflight += 1
         metrics.INFLIGHT_BATCHES.set(self._inflight)
         metrics.BATCH_SIZE.observe(len(batch))
         metrics.BATCH_TOKENS.observe(batch.tokens)
-        self._to_embed.put(batch)
+        self.stages[0].put(batch)
 
     def completed(self, timeout: float = 0.0) -> list[Batch]:
         """Batches finished since the last call (waits up to ``timeout`` for the first one).
@@ -147,37 +195,15 @@ class Pipeline:
             raise self.failure
         return out
 
-    def retrying(self, name: str, step: Step, group: list[Batch]) -> None:
-        """Run ``step(group)``, retrying :class:`TransientError` with capped exponential backoff + jitter."""
-        delay = 0.1
-        while True:
-            if self._abort.is_set():
-                raise Aborted()
-            try:
-                step(group)
-                if self.retrying_since is not None:
-                    log.info("%s: recovered after %.1fs", name, time.monotonic() - self.retrying_since)
-                    self.retrying_since = None
-                return
-            except TransientError as exc:
-                metrics.RETRIES.labels(exc.system).inc()
-                if self.retrying_since is None:
-                    self.retrying_since = time.monotonic()
-                log.warning("%s: %s; retrying in %.1fs (nothing committed meanwhile)", name, exc, delay)
-                if self._abort.wait(delay * random.uniform(0.5, 1.0)):
-                    raise Aborted() from None
-                delay = min(delay * 2, self.backoff_max)
-
     def abort(self) -> None:
         """Stop the stages as soon as they can; unfinished batches are dropped (never committed)."""
         self._abort.set()
-        self._to_embed.put(None)
+        self.stages[0].put(None)
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish what was submitted, then stop the stage threads."""
-        self._to_embed.put(None)
-        for stage in self._stages:
-            stage.join(timeout)
-        if self.release is not None and not any(stage.is_alive() for stage in self._stages):
+        self.stages[0].put(None)
+        stopped = all([stage.join(timeout) for stage in self.stages])
+        if self.release is not None and stopped:
             release, self.release = self.release, None
             release()

@@ -10,13 +10,12 @@ from __future__ import annotations
 import csv
 import hashlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from connectors.kafka import DeliveryBatch, make_producer
 from schemas.codec import DecodeError, Document, document_from_json, encode_document
-from worker.settings import Settings
 
 FORMATS = ("jsonl", "csv", "text")
 
@@ -100,39 +99,64 @@ class ProduceResult:
     seconds: float = 0.0
 
 
-def produce_documents(settings: Settings, docs: Iterator[tuple[int, Document | BadLine]], *,
-                      rate: float | None = None, skip_bad: bool = False,
-                      on_progress: Callable[[int], None] = lambda _n: None) -> ProduceResult:
-    """Produce ``docs`` to the input topic, keyed by id, and wait until every one is acknowledged.
+#: A record as the producing helpers take it: key and value (None: a tombstone).
+Record = tuple[str, bytes | None]
 
-    ``rate`` (docs/s) paces an open-loop stream. A :class:`BadLine` raises unless ``skip_bad``.
-    Raises ``connectors.exceptions.TransientError`` when the broker does not acknowledge in time.
-    """
-    producer = make_producer(settings)
-    delivery = DeliveryBatch(producer, settings.kafka_timeout_seconds)
+
+def document_record(doc: Document, stamp: bool = True) -> Record:
+    """The input-topic record of ``doc``: keyed by id, Avro value; ``stamp`` fills a missing
+    ``event_time`` with now (end-to-end latency is measured from it)."""
+    if stamp and doc.event_time is None:
+        doc = Document(doc.id, doc.text, doc.model, doc.metadata, int(time.time() * 1000))
+    return doc.id, encode_document(doc)
+
+
+def produce_records(common: Mapping[str, object], topic: str, records: Iterable[Record], *,
+                    rate: float | None = None, delivery_timeout_s: float = 30.0,
+                    on_progress: Callable[[int], None] = lambda _n: None, **producer_conf: object) -> ProduceResult:
+    """Produce ``records`` to ``topic`` with an idempotent producer and wait until the broker has
+    acknowledged every one. ``rate`` (records/s) paces an open-loop stream; ``producer_conf`` adds
+    librdkafka properties. Raises ``schemas.errors.TransientError`` when acknowledgements fail."""
+    producer = make_producer(common, delivery_timeout_s, **producer_conf)
+    delivery = DeliveryBatch(producer, delivery_timeout_s)
     result = ProduceResult()
     start = time.monotonic()
-    for _line, doc in docs:
-        if isinstance(doc, BadLine):
-            if not skip_bad:
-                raise doc
-            result.skipped += 1
-            continue
-        if rate:
-            wait = start + result.produced / rate - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
-        if doc.event_time is None:
-            doc = Document(doc.id, doc.text, doc.model, doc.metadata, int(time.time() * 1000))
-        delivery.produce(settings.input_topic, doc.id.encode("utf-8"), encode_document(doc))
-        result.produced += 1
-        producer.poll(0)
-        if result.produced % 256 == 0:
-            on_progress(result.produced)
-    delivery.confirm()
+    try:
+        pending = iter(records)
+        while True:
+            if rate:  # pace before taking the next record, so a record stamped as it is taken goes out at once
+                wait = start + result.produced / rate - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+            record = next(pending, None)
+            if record is None:
+                break
+            key, value = record
+            delivery.produce(topic, key.encode("utf-8"), value)
+            result.produced += 1
+            producer.poll(0)
+            if result.produced % 256 == 0:
+                on_progress(result.produced)
+        delivery.confirm()
+    finally:
+        # Closed here, not left to the garbage collector: a producer outliving its broker (tests,
+        # the demo) keeps reconnecting and logging. close() flushes without a deadline, so whatever
+        # was not acknowledged (a failure) is purged first.
+        producer.purge()
+        producer.close()
     on_progress(result.produced)
     result.seconds = time.monotonic() - start
     return result
+
+
+def good_documents(lines: Iterable[tuple[int, Document | BadLine]], skipped: list[int]) -> Iterator[Document]:
+    """The documents of ``lines``; a :class:`BadLine` is counted (its line number appended to
+    ``skipped``) and left out."""
+    for line, doc in lines:
+        if isinstance(doc, BadLine):
+            skipped.append(line)
+        else:
+            yield doc
 
 
 def count_lines(path: Path) -> int:

@@ -54,6 +54,8 @@ class Item:
     metadata: dict[str, str]
     vector: np.ndarray | None = None
     cached: bool = False
+    #: Written nowhere: Milvus already held a newer version of this id (``worker.steps.versions``).
+    superseded: bool = False
 
 
 @dataclass(slots=True)
@@ -62,6 +64,8 @@ class Delete:
 
     source: Source
     id: str
+    #: Written nowhere: Milvus already held a newer version of this id (``worker.steps.versions``).
+    superseded: bool = False
 
 
 @dataclass(slots=True)
@@ -98,11 +102,12 @@ class Batch:
     #: Bytes of the record values in the batch (bounds the memory a batch holds).
     size: int = 0
     opened_at: float = field(default_factory=time.monotonic)
-    seq: int = 0
     #: Vectors computed by the model for this batch, by content hash (written back to the cache).
     fresh: dict[str, np.ndarray] = field(default_factory=dict)
     #: Its output and dead-letter records were acknowledged (a retry for Milvus skips them).
     delivered: bool = False
+    #: Partitions whose entries the sink left unwritten: this member no longer owns them.
+    fenced: set[TopicPartitionKey] = field(default_factory=set)
 
     def add(self, entry: Entry) -> None:
         self.entries.append(entry)

@@ -12,18 +12,18 @@ import logging
 import sys
 from collections.abc import Callable
 
-from connectors.exceptions import ConfigError
-from connectors.kafka import check_broker, make_admin, make_consumer, make_producer
+from connectors.kafka import check_broker, make_admin, make_consumer, make_producer, topic_ids
 from connectors.milvus import MilvusStore
 from connectors.redis_cache import RedisCache
+from schemas.errors import ConfigError
 from worker import metrics
+from worker.assignment import Assignment
+from worker.chain import build_chain
 from worker.embedding.base import Embedder
-from worker.loop import RunStats, Worker
-from worker.pipeline import Pipeline
+from worker.fence import Fence, lease_seconds
+from worker.loop import Worker
 from worker.settings import Settings
-from worker.steps.dlq_limit import DlqLimit
-from worker.steps.embed import EmbedStep
-from worker.steps.sink import SinkStep
+from worker.stats import RunStats
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def setup_logging(settings: Settings) -> None:
 
 
 def check_topics(settings: Settings) -> None:
-    meta = make_admin(settings).list_topics(timeout=10)
+    meta = make_admin(settings.kafka_common()).list_topics(timeout=10)
     missing = [t for t in (settings.input_topic, settings.output_topic, settings.dlq_topic)
                if t not in meta.topics or meta.topics[t].error is not None]
     if missing:
@@ -63,6 +63,12 @@ def load_embedder(settings: Settings) -> Embedder:
     return SentenceTransformerEmbedder(settings.model, settings.precision, settings.device)
 
 
+def open_store(settings: Settings) -> MilvusStore:
+    return MilvusStore(settings.milvus_uri or "", settings.milvus_collection,
+                       settings.milvus_token.get_secret_value() if settings.milvus_token else None,
+                       settings.milvus_timeout_seconds)
+
+
 def open_cache(settings: Settings, embedder: Embedder) -> RedisCache | None:
     if settings.redis_url is None:
         log.info("EMBEDSTREAM_REDIS_URL unset: running without the cache")
@@ -74,48 +80,52 @@ def open_cache(settings: Settings, embedder: Embedder) -> RedisCache | None:
     return cache
 
 
+def serve_metrics(settings: Settings, health: metrics.Health) -> None:
+    if not settings.metrics_port:
+        return
+    try:
+        metrics.serve(settings.metrics_port, health)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on port {settings.metrics_port} ({exc}): set "
+                          "EMBEDSTREAM_METRICS_PORT to a free port, or 0 to turn it off") from None
+
+
 def build_worker(settings: Settings, embedder: Embedder | None = None,
                  on_progress: Callable[[RunStats], None] | None = None) -> Worker:
-    """Check the settings against the real systems and assemble the worker. Raises ConfigError."""
+    """Check the settings against the real systems, open them, and assemble the worker around the
+    chain of ``worker.chain.build_chain``. Raises ConfigError."""
+    s = settings
     try:
-        settings.require("kafka_bootstrap_servers", "milvus_uri")
+        s.require("kafka_bootstrap_servers", "milvus_uri")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    check_broker(settings)
-    check_topics(settings)
-    embedder = embedder or load_embedder(settings)
+    check_broker(s.kafka_common())
+    check_topics(s)
+    embedder = embedder or load_embedder(s)
     metrics.MODEL_INFO.labels(embedder.model_id, embedder.precision, embedder.device).set(1)
     log.info("model %s: dim %d, precision %s, device %s", embedder.model_id, embedder.dim, embedder.precision,
              embedder.device)
-    store = MilvusStore(settings.milvus_uri, settings.milvus_collection,
-                        settings.milvus_token.get_secret_value() if settings.milvus_token else None,
-                        settings.milvus_timeout_seconds)
+    store = open_store(s)
     store.ensure_collection(embedder.dim)
-    cache = open_cache(settings, embedder)
+    cache = open_cache(s, embedder)
     embedder.warmup()
-    health = metrics.Health(settings.healthz_max_tick_age_seconds)
+    health = metrics.Health(s.healthz_max_tick_age_seconds)
     health.model_loaded = True
-    if settings.metrics_port:
-        try:
-            metrics.serve(settings.metrics_port, health)
-        except OSError as exc:
-            raise ConfigError(f"cannot serve metrics on port {settings.metrics_port} ({exc}): set "
-                              "EMBEDSTREAM_METRICS_PORT to a free port, or 0 to turn it off") from None
-    producer = make_producer(settings)
-    sink = SinkStep(settings, store, producer, embedder.model_id, embedder.dim, cache)
-    pipeline = Pipeline(EmbedStep(embedder, cache).process, sink.process,
-                        backoff_max=settings.retry_backoff_max_seconds, release=sink.close)
-    session_ms = int(settings.kafka.get("session.timeout.ms", 45000))
-    max_poll_s = int(settings.kafka.get("max.poll.interval.ms", 300_000)) / 1000
-    consumer = make_consumer(settings, **{"statistics.interval.ms": 5000,
-                                          "stats_cb": metrics.record_lag_from_stats,
-                                          "error_cb": health.on_kafka_error})
-    return Worker(consumer, settings.input_topic, embedder, pipeline,
-                  max_batch_size=settings.max_batch_size, max_batch_tokens=settings.max_batch_tokens,
-                  max_batch_wait_ms=settings.max_batch_wait_ms, max_inflight=settings.max_inflight_batches,
-                  max_text_bytes=settings.max_text_bytes, max_batch_bytes=settings.max_batch_bytes,
-                  shutdown_grace=settings.shutdown_grace_seconds,
-                  commit_interval=settings.commit_interval_ms / 1000,
-                  join_grace=max(10.0, 2 * session_ms / 1000), health=health, on_progress=on_progress,
-                  pause_after=min(5.0, max_poll_s / 3),
-                  dlq_limit=DlqLimit(settings.dlq_max_consecutive, settings.dlq_max_ratio, settings.dlq_ratio_window))
+    serve_metrics(s, health)
+    session_s = int(s.kafka.get("session.timeout.ms", 45000)) / 1000
+    heartbeat_s = int(s.kafka.get("heartbeat.interval.ms", 3000)) / 1000
+    fence = Fence(lease_seconds(session_s, heartbeat_s))
+    # A record still queued in librdkafka when the process froze must time out on waking rather than
+    # be sent after the new owner's records (worker/fence.py): deliveries never outlast the lease.
+    delivery_timeout_s = min(s.kafka_timeout_seconds, fence.lease_s)
+    consumer = make_consumer(s.kafka_common(), s.group_id, s.group_instance_id, **{
+        "statistics.interval.ms": 5000, "stats_cb": metrics.record_lag_from_stats,
+        "error_cb": health.on_kafka_error})
+    chain = build_chain(s, consumer, lambda: make_producer(s.kafka_common(), delivery_timeout_s), embedder, cache,
+                        store, fence, topic_ids(s.kafka_common(), [s.input_topic]))
+    max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
+    # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without
+    # partitions waits two session timeouts (a rejoin) before it counts as idle.
+    assignment = Assignment(pause_after=min(5.0, max_poll_s / 3), join_grace=max(10.0, 2 * session_s))
+    return Worker(consumer, s.input_topic, chain, assignment, max_inflight=s.max_inflight_batches,
+                  shutdown_grace=s.shutdown_grace_seconds, health=health, on_progress=on_progress)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from connectors.exceptions import ConfigError
-from connectors.milvus import MilvusStore
+from schemas.errors import ConfigError
 from worker.embedding.base import Embedder
 from worker.records import normalise_text
 from worker.settings import Settings
@@ -15,13 +14,10 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5,
     missing collection or a dim mismatch."""
     if settings.milvus_uri is None:
         raise ConfigError("EMBEDSTREAM_MILVUS_URI (or --milvus-uri) is not set")
-    if embedder is None:
-        from worker.runner import load_embedder
+    from worker.runner import load_embedder, open_store
 
-        embedder = load_embedder(settings)
-    store = MilvusStore(settings.milvus_uri, settings.milvus_collection,
-                        settings.milvus_token.get_secret_value() if settings.milvus_token else None,
-                        settings.milvus_timeout_seconds)
+    embedder = embedder or load_embedder(settings)
+    store = open_store(settings)
     try:
         if not store.exists():
             raise ConfigError(f"no collection {settings.milvus_collection!r} in Milvus at {settings.milvus_uri}: "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -42,7 +42,8 @@ class Settings(BaseSettings):
     dlq_topic: str = "documents.dlq"
     group_id: str = "embedstream"
     group_instance_id: str | None = Field(None, description="static membership id (e.g. the pod name)")
-    kafka: dict[str, str] = Field(default_factory=dict, description="librdkafka passthrough properties")
+    # repr=False: the passthrough may hold secrets (sasl.password); redacted() shows it masked.
+    kafka: dict[str, str] = Field(default_factory=dict, repr=False, description="librdkafka passthrough properties")
     kafka_timeout_seconds: float = Field(30.0, gt=0, description="deadline for delivery confirmation")
 
     # Model
@@ -108,9 +109,7 @@ class Settings(BaseSettings):
     def kafka_common(self) -> dict[str, str]:
         """librdkafka properties shared by every client: bootstrap servers plus the passthrough."""
         self.require("kafka_bootstrap_servers")
-        conf = {"bootstrap.servers": self.kafka_bootstrap_servers}
-        conf.update(self.kafka)
-        return conf
+        return {"bootstrap.servers": str(self.kafka_bootstrap_servers), **self.kafka}
 
     def redacted(self) -> dict[str, object]:
         """The settings as a dict safe to log: secrets and secret librdkafka properties masked."""
@@ -126,6 +125,6 @@ def load_settings(overrides: Mapping[str, object] | None = None) -> Settings:
     """Build :class:`Settings` from the environment, then ``overrides`` (flags) where not None.
 
     Raises ``pydantic.ValidationError`` with the offending names when a value is invalid."""
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    given: dict[str, Any] = {k: v for k, v in (overrides or {}).items() if v is not None}
     given.setdefault("kafka", kafka_passthrough())
     return Settings(**given)

@@ -50,10 +50,11 @@ def tail_records(settings: Settings, *, topic: str | None = None, from_beginning
                 continue
             last = time.monotonic()
             for msg in msgs:
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
                         continue
-                    raise RuntimeError(f"reading {topic}: {msg.error()}")
+                    raise RuntimeError(f"reading {topic}: {err}")
                 yield _render(msg, decode)
                 seen += 1
                 if max_records is not None and seen >= max_records:

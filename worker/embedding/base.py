@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from connectors.exceptions import ConfigError
+from schemas.errors import ConfigError
 
 PACKAGED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -26,8 +26,6 @@ class Embedder(abc.ABC):
     precision: str
     device: str
     max_seq_length: int
-    #: Number of texts that went through the model (the cache test counts these).
-    texts_embedded: int = 0
 
     #: Characters per token of the estimate (WordPiece on English prose and docstrings; measured on
     #: the bench's texts: the sum is within 1 % on docstrings and 5 % on one-sentence texts).
@@ -47,7 +45,6 @@ class Embedder(abc.ABC):
     def warmup(self) -> None:
         """Run the model once so the first real batch does not pay for lazy initialisation."""
         self.embed(["warmup"])
-        self.texts_embedded = 0
 
     def accepts(self, model_name: str | None) -> bool:
         """Whether a record asking for ``model_name`` can be embedded by this model."""

@@ -12,12 +12,12 @@ not padded to the longest one of the batch.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
 
-from connectors.exceptions import ConfigError
+from schemas.errors import ConfigError
+from worker import metrics
 from worker.embedding.base import Embedder, resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,6 @@ class SentenceTransformerEmbedder(Embedder):
 
     def __init__(self, model: str | None = None, precision: str = "auto", device: str = "auto",
                  sub_batch_size: int | None = None, sub_batch_tokens: int | None = None) -> None:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         import torch
         import transformers
         from sentence_transformers import SentenceTransformer
@@ -96,35 +94,40 @@ class SentenceTransformerEmbedder(Embedder):
         if self.precision == "fp16" and self.device == "cpu":
             log.warning("fp16 on a CPU is slower than fp32 here; consider EMBEDSTREAM_PRECISION=auto")
         try:
-            self._model = SentenceTransformer(
+            self.sentence_transformer = SentenceTransformer(
                 str(path), device=self.device, model_kwargs={"torch_dtype": getattr(torch, _DTYPES[self.precision])}
             )
         except Exception as exc:
             raise ConfigError(
                 f"could not load model {self.model_id!r} from {path!r}: {exc}. Check EMBEDSTREAM_MODEL."
             ) from None
-        self._model.eval()
+        #: The loaded ``SentenceTransformer``, for tools that compare with it (raw encode, reference
+        #: vectors, parameter counts). The worker itself runs its modules through ``embed``.
+        self.sentence_transformer.eval()
         self._torch = torch
-        self._tokenizer = self._model.tokenizer
+        self._tokenizer = self.sentence_transformer.tokenizer
         self._pad_id = int(self._tokenizer.pad_token_id or 0)
         self._pad_left = getattr(self._tokenizer, "padding_side", "right") == "left"
         self._token_types = "token_type_ids" in getattr(self._tokenizer, "model_input_names", ())
-        self.max_seq_length = int(self._model.max_seq_length or 512)
-        getdim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
-        self.dim = int(getdim())
+        self.max_seq_length = int(getattr(self.sentence_transformer, "max_seq_length", None) or 512)
+        st = self.sentence_transformer
+        dim = (getattr(st, "get_embedding_dimension", None) or st.get_sentence_embedding_dimension)()
+        if dim is None:
+            raise ConfigError(f"model {self.model_id!r} does not say its embedding dimension: not a sentence-"
+                              "transformers embedding model? Check EMBEDSTREAM_MODEL.")
+        self.dim = int(dim)
         from sentence_transformers.models import Normalize
 
         # Run the modules ourselves, minus Normalize: we normalise in float32 (see module doc).
-        self._modules = [m for m in self._model if not isinstance(m, Normalize)]
+        self._modules = [m for m in self.sentence_transformer if not isinstance(m, Normalize)]
         # Measured on a 2-core CPU (bf16): 4,096 padded tokens per forward pass beat 8,192 by ~25 % on
         # stdlib docstrings; up to 128 texts a pass (not 32) is ~20 % faster on one-sentence texts,
         # where the per-pass overhead weighs. A GPU wants far larger passes.
         gpu = self.device == "cuda"
         self.sub_batch_size = sub_batch_size or (256 if gpu else 128)
         self.sub_batch_tokens = sub_batch_tokens or (65_536 if gpu else 4096)
-        self.texts_embedded = 0
-        self.tokens_real = 0
-        self.tokens_padded = 0
+        self._real_tokens = metrics.MODEL_TOKENS.labels("real")
+        self._padded_tokens = metrics.MODEL_TOKENS.labels("padded")
         log.info("model %s loaded: dim=%d precision=%s device=%s", self.model_id, self.dim, self.precision,
                  self.device)
 
@@ -144,8 +147,8 @@ class SentenceTransformerEmbedder(Embedder):
             cols = slice(longest - len(seq), longest) if self._pad_left else slice(0, len(seq))
             input_ids[row, cols] = seq
             mask[row, cols] = 1
-        self.tokens_real += int(mask.sum())
-        self.tokens_padded += mask.size
+        self._real_tokens.inc(int(mask.sum()))
+        self._padded_tokens.inc(mask.size)
         torch = self._torch
         features = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
         if self._token_types:
@@ -176,10 +179,4 @@ class SentenceTransformerEmbedder(Embedder):
                 for group in split_by_budget([len(seq) for seq in ids], self.sub_batch_size, self.sub_batch_tokens)]
         for group, vectors in done:
             out[group] = vectors.cpu().numpy()
-        self.texts_embedded += len(texts)
         return out
-
-    def encode_reference(self, texts: list[str]) -> np.ndarray:
-        """sentence-transformers' own ``encode`` on the same model (the tests' and bench's yardstick)."""
-        return np.asarray(self._model.encode(texts, convert_to_numpy=True, normalize_embeddings=True),
-                          dtype=np.float32)

@@ -25,18 +25,13 @@ class Batcher:
     """
 
     def __init__(self, max_size: int, max_tokens: int, max_wait: float,
-                 clock: Callable[[], float] = time.monotonic, max_bytes: int = 16 * 1024 * 1024) -> None:
+                 max_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_size = max_size
         self.max_bytes = max_bytes
         self.max_tokens = max_tokens
         self.max_wait = max_wait
         self._clock = clock
         self._open: Batch | None = None
-        self._seq = 0
-
-    def _new(self) -> Batch:
-        self._seq += 1
-        return Batch(opened_at=self._clock(), seq=self._seq)
 
     def add(self, entry: Entry) -> list[Batch]:
         closed: list[Batch] = []
@@ -45,7 +40,7 @@ class Batcher:
             closed.append(self._open)
             self._open = None
         if self._open is None:
-            self._open = self._new()
+            self._open = Batch(opened_at=self._clock())
         self._open.add(entry)
         if (len(self._open) >= self.max_size or self._open.tokens >= self.max_tokens
                 or self._open.size >= self.max_bytes):
@@ -77,7 +72,7 @@ class Batcher:
         keep = [e for e in old.entries if e.source.tp not in gone]
         self._open = None
         if keep:
-            self._open = Batch(opened_at=old.opened_at, seq=old.seq)
+            self._open = Batch(opened_at=old.opened_at)
             for e in keep:
                 self._open.add(e)
         return len(old.entries) - len(keep)

@@ -44,7 +44,7 @@ class DlqLimit:
             self._bad_in_window -= 1
         self._recent.append(bad)
         self._bad_in_window += bad
-        if not bad:
+        if reason is None:
             self._run = 0
             self._reasons.clear()
             return

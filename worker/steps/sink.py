@@ -7,11 +7,25 @@ operation per id across the group wins) and done as a whole. Any outage raises
 :class:`TransientError` and the whole step is retried:
 Milvus upserts are idempotent, the output topic is at-least-once. The cache is filled while
 Milvus writes, best-effort; it never fails a batch.
+
+Nothing older is written over something newer (why this is sound: ``worker.fence`` and
+``worker.steps.versions``):
+
+1. **Fence.** The entries of partitions this member no longer owns are skipped (``batch.fenced``:
+   their new owner redoes them, and their offsets are not committed here); an expired lease stops
+   the step before each write (:class:`~worker.fence.FenceClosed`, retried once the polling thread
+   has re-validated the membership), and before each output record.
+2. **Version guard.** Milvus is asked which versions it holds for the group's ids (one Strong read);
+   an operation older than the row's version from the same partition is *superseded*: it is written
+   neither to Milvus nor to the output topic (``batch.superseded``), so a replay or a late zombie
+   never takes a row, or a reader of the output topic, back to an older version.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
@@ -21,21 +35,13 @@ from connectors.kafka import DeliveryBatch
 from connectors.milvus import MilvusStore
 from connectors.redis_cache import RedisCache
 from schemas.codec import encode_embedding
+from schemas.errors import TransientError
 from worker import metrics
-from worker.records import Batch, DeadLetter, Delete, Item
-from worker.settings import Settings
+from worker.fence import Fence
+from worker.records import Batch, DeadLetter, Delete, Entry, Item
+from worker.steps.versions import VersionGuard, final_operations
 
-
-def final_operations(group: list[Batch]) -> tuple[dict[str, Item], list[str]]:
-    """Per id, the last operation of the group wins: ``(upserts by id, ids to delete)``."""
-    last: dict[str, Item | Delete] = {}
-    for batch in group:
-        for e in batch.entries:
-            if isinstance(e, (Item, Delete)):
-                last[e.id] = e
-    upserts = {i: e for i, e in last.items() if isinstance(e, Item)}
-    deletes = [i for i, e in last.items() if isinstance(e, Delete)]
-    return upserts, deletes
+log = logging.getLogger(__name__)
 
 
 def dlq_headers(d: DeadLetter, max_value: int) -> tuple[bytes | None, list[tuple[str, bytes]]]:
@@ -60,11 +66,17 @@ def dlq_headers(d: DeadLetter, max_value: int) -> tuple[bytes | None, list[tuple
 class SinkStep:
     """``process(group)`` makes the batches durable; raises :class:`TransientError` to be retried."""
 
-    def __init__(self, settings: Settings, store: MilvusStore, producer: Producer, model_id: str, dim: int,
-                 cache: RedisCache | None, dlq_value_limit: int = 900_000) -> None:
-        self.s = settings
+    def __init__(self, store: MilvusStore, new_producer: Callable[[], Producer], model_id: str, dim: int,
+                 cache: RedisCache | None, *, fence: Fence, guard: VersionGuard, output_topic: str, dlq_topic: str,
+                 delivery_timeout_s: float, dlq_value_limit: int = 900_000) -> None:
+        self.fence = fence
+        self.guard = guard
+        self.output_topic = output_topic
+        self.dlq_topic = dlq_topic
+        self.delivery_timeout_s = delivery_timeout_s
         self.store = store
-        self.producer = producer
+        self._new_producer = new_producer
+        self.producer = new_producer()
         self.model_id = model_id
         self.dim = dim
         self.cache = cache
@@ -76,41 +88,76 @@ class SinkStep:
         """Release the Milvus writer thread and the producer (call once the step is no longer used)."""
         self._milvus.shutdown(wait=True)
         # close() flushes without a time limit: only call it once nothing is left to deliver.
-        if self.producer.flush(self.s.kafka_timeout_seconds) == 0:
+        if self.producer.flush(self.delivery_timeout_s) == 0:
             self.producer.close()
 
-    def _write_milvus(self, upserts: dict[str, Item], deletes: list[str], now: int) -> float:
+    def _replace_producer(self) -> None:
+        """Drop a producer that can deliver nothing more (``DeliveryBatch.broken``) for a new one; what
+        the old one still held is purged (the group is retried whole)."""
+        log.warning("the producer was fenced or failed fatally: replacing it before the retry")
+        old, self.producer = self.producer, self._new_producer()
+        old.purge()
+        old.flush(0)
+
+    def _write_milvus(self, upserts: dict[str, Item], deletes: dict[str, Delete], now: int) -> float:
         """Upsert then delete (ids never in both); returns the seconds it took."""
         t0 = time.perf_counter()
         items = list(upserts.values())
         if items:
-            self.store.upsert_columns(list(upserts), np.stack([it.vector for it in items]), self.model_id,
-                                      [it.hash for it in items], [it.metadata for it in items], now)
-        self.store.delete(deletes)
+            vectors = np.stack([it.vector for it in items if it.vector is not None])
+            if len(vectors) != len(items):
+                raise RuntimeError("an item reached the sink without a vector")  # a bug of the embed step
+            versions = ([self.guard.source(it.source) for it in items], [it.source.offset for it in items])
+            self.store.upsert_columns(list(upserts), vectors, self.model_id, [it.hash for it in items],
+                                      [it.metadata for it in items], now, versions)
+        if deletes:
+            versions = ([self.guard.source(d.source) for d in deletes.values()],
+                        [d.source.offset for d in deletes.values()])
+            self.store.delete(list(deletes), versions, now)
         return time.perf_counter() - t0
 
-    def _produce(self, group: list[Batch], now: int) -> DeliveryBatch:
-        """Hand every output and dead-letter record of ``group`` to the producer (not yet confirmed)."""
-        delivery = DeliveryBatch(self.producer, self.s.kafka_timeout_seconds)
-        for e in (e for batch in group for e in batch.entries):
+    def _produce(self, entries: list[Entry], now: int) -> DeliveryBatch:
+        """Hand every output and dead-letter record of ``entries`` to the producer (not yet confirmed);
+        the lease is checked before each one."""
+        delivery = DeliveryBatch(self.producer, self.delivery_timeout_s)
+        for e in entries:
+            self.fence.check()
             if isinstance(e, Item):
                 rec = {"id": e.id, "model": self.model_id, "dim": self.dim, "vector": e.vector,
                        "content_hash": e.hash, "cached": e.cached, "source_topic": e.source.topic,
                        "source_partition": e.source.partition, "source_offset": e.source.offset,
                        "metadata": e.metadata, "embedded_at": now}
-                delivery.produce(self.s.output_topic, e.id.encode(), encode_embedding(rec),
+                delivery.produce(self.output_topic, e.id.encode(), encode_embedding(rec),
                                  [("embedstream.model", self._model_header),
                                   ("embedstream.cached", b"true" if e.cached else b"false")])
             elif isinstance(e, Delete):
-                delivery.produce(self.s.output_topic, e.id.encode(), None, [("embedstream.model", self._model_header)])
+                delivery.produce(self.output_topic, e.id.encode(), None, [("embedstream.model", self._model_header)])
             else:
                 value, headers = dlq_headers(e, self.dlq_value_limit)
-                delivery.produce(self.s.dlq_topic, e.key, value, headers)
+                delivery.produce(self.dlq_topic, e.key, value, headers)
         return delivery
+
+    def _news(self, group: list[Batch]) -> tuple[list[Entry], dict[str, Item], dict[str, Delete]]:
+        """The entries to write (owned partitions, not superseded) and the final Milvus operations.
+        Marks each batch's ``fenced`` partitions and each superseded entry."""
+        owned = self.fence.owned_now()
+        mine: list[Entry] = []
+        for batch in group:
+            batch.fenced = {tp for tp in batch.offsets if tp not in owned}
+            mine += [e for e in batch.entries if e.source.tp in owned] if batch.fenced else batch.entries
+        upserts, deletes = final_operations(mine)
+        stored = self.store.versions([*upserts, *deletes])
+        for e in mine:
+            if isinstance(e, (Item, Delete)):
+                e.superseded = self.guard.superseded(e, stored)
+        return ([e for e in mine if not getattr(e, "superseded", False)],
+                {i: e for i, e in upserts.items() if not e.superseded},
+                {i: e for i, e in deletes.items() if not e.superseded})
 
     def process(self, group: list[Batch]) -> None:
         now = int(time.time() * 1000)
-        upserts, deletes = final_operations(group)
+        entries, upserts, deletes = self._news(group)
+        self.fence.check()  # the Strong read above may have taken a while
         # Milvus writes on a helper thread while this one encodes and hands the records to the
         # producer (librdkafka sends them meanwhile): the server works while Python does. Both
         # must be confirmed before the batches count as done; the order between them does not matter.
@@ -119,7 +166,7 @@ class SinkStep:
         try:
             # Records acknowledged by an earlier attempt (which then failed on Milvus) are not
             # produced again: an outage would otherwise repeat the group's output at every retry.
-            delivery = None if all(b.delivered for b in group) else self._produce(group, now)
+            delivery = None if all(b.delivered for b in group) else self._produce(entries, now)
             # A vector depends only on the text and the model, so the cache may be filled before the
             # batches are durable: do it while Milvus is still writing.
             fresh = {h: v for batch in group for h, v in batch.fresh.items()}
@@ -130,7 +177,12 @@ class SinkStep:
             raise
         try:
             if delivery is not None:
-                delivery.confirm()
+                try:
+                    delivery.confirm()
+                except TransientError:
+                    if delivery.broken:
+                        self._replace_producer()
+                    raise
                 for batch in group:
                     batch.delivered = True
                 metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)

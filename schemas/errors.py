@@ -1,9 +1,12 @@
-"""The three kinds of failure, as types (see ``docs``: retry, dead-letter, crash).
+"""The three kinds of failure, as types, shared by every layer.
+
+``schemas`` is the bottom layer (it imports nothing of ours), so the connectors, the model and the
+worker all import these without crossing a layer (style.md: retry, dead-letter, crash).
 
 * :class:`TransientError` — an outage or timeout of an outside system. The same work is retried
   with backoff; nothing is committed and nothing is dead-lettered meanwhile.
-* ``schemas.DecodeError`` and :class:`InvalidRecord` — a record that can never succeed; it goes to
-  the dead-letter topic with its reason.
+* :class:`DecodeError` — a record that can never succeed; it goes to the dead-letter topic with
+  its ``reason`` (a dead-letter reason of the contract).
 * :class:`ConfigError` — a wrong setting found at start-up; the message says what to fix.
 
 Anything else is a bug and crashes the worker with a traceback.
@@ -20,8 +23,9 @@ class TransientError(RuntimeError):
         self.system = system
 
 
-class InvalidRecord(ValueError):
-    """A decoded record that can never be embedded (empty text, too long, unknown model)."""
+class DecodeError(ValueError):
+    """A record that can never be decoded. ``reason`` is a dead-letter reason of the contract
+    (``decode_error`` or ``invalid_utf8``); ``str(err)`` says what was wrong."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)

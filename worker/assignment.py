@@ -1,0 +1,127 @@
+"""What this member owns: its partitions, which are at their end, whether they are paused, and
+since when it has had none. Lives on the polling thread (rebalance callbacks run there too).
+
+Pausing: a full pipeline first only stops consuming (``Worker``); after ``pause_after`` seconds
+full, the whole assignment is paused, and resumed once a batch slot frees. librdkafka keeps the
+pause state per partition object across revoke/lost and reassignment (a partition lost while
+paused comes back paused), so the state is re-applied to the whole assignment after each assign.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from worker import metrics
+from worker.records import TopicPartitionKey
+
+log = logging.getLogger(__name__)
+
+
+class Assignment:
+    """``add`` / ``remove`` partitions, track their ends and the pause state; ``drained`` says when
+    the input is done (for ``--stop-when-idle``)."""
+
+    def __init__(self, pause_after: float, join_grace: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.pause_after = pause_after
+        #: A member without partitions counts as drained only once it has had none this long.
+        self.join_grace = join_grace
+        self._clock = clock
+        self.partitions: set[TopicPartitionKey] = set()
+        self._at_end: dict[TopicPartitionKey, bool] = {}
+        self.paused = False
+        self.pauses = 0
+        self._full_since: float | None = None
+        self._reapply = False
+        self._unassigned_since: float | None = clock()
+        self._idle_since: float | None = None
+
+    def __contains__(self, tp: object) -> bool:
+        return tp in self.partitions
+
+    def __len__(self) -> int:
+        return len(self.partitions)
+
+    def add(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for p in partitions:
+            self.partitions.add((p.topic, p.partition))
+            self._at_end[(p.topic, p.partition)] = False
+        if self.paused and partitions:
+            consumer.pause(partitions)
+        self._reapply = True  # once the library has assigned them (after the callback returns)
+        # An assignment (even an empty one) ends any wait for a rejoin.
+        if self.partitions:
+            self._unassigned_since = None
+        elif self._unassigned_since is None:
+            self._unassigned_since = self._clock()
+
+    def remove(self, tps: Iterable[TopicPartitionKey], lost: bool) -> None:
+        for tp in tps:
+            self.partitions.discard(tp)
+            self._at_end.pop(tp, None)
+        if lost:
+            # Lost partitions come back through a rejoin: never take their absence for the end of input.
+            self._unassigned_since = None
+        elif not self.partitions:
+            self._unassigned_since = self._clock()
+
+    def at_end(self, tp: TopicPartitionKey, yes: bool) -> None:
+        """A record (``yes=False``) or the end of the partition (``yes=True``) was seen on ``tp``."""
+        self._at_end[tp] = yes
+
+    def records(self, msgs: list) -> list:
+        """The records among what the consumer handed out: partition ends are noted, a fatal error
+        is raised (``KafkaException``), other errors are logged (librdkafka retries them)."""
+        good = []
+        for m in msgs:
+            err = m.error()
+            if err is None:
+                self._at_end[(m.topic(), m.partition())] = False
+                good.append(m)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                self._at_end[(m.topic(), m.partition())] = True
+            elif err.fatal():
+                raise KafkaException(err)
+            else:
+                log.warning("consumer: %s", err)
+        return good
+
+    def idle_for(self, seconds: float, quiet: bool, last_error: float) -> bool:
+        """``quiet`` (nothing batching or in flight) and the input drained for ``seconds`` in a row. A
+        cluster error (broker down) within ``seconds`` is never taken for the end of the input."""
+        now = self._clock()
+        if quiet and self.drained() and now - last_error >= seconds:
+            if self._idle_since is None:
+                self._idle_since = now
+            return now - self._idle_since >= seconds
+        self._idle_since = None
+        return False
+
+    def drained(self) -> bool:
+        """Every owned partition is at its end; with none owned, none for ``join_grace`` seconds."""
+        if not self.partitions:
+            since = self._unassigned_since
+            return since is not None and self._clock() - since > self.join_grace
+        return all(self._at_end.get(tp, False) for tp in self.partitions)
+
+    def update_pause(self, consumer: Consumer, full: bool) -> None:
+        """Pause the assignment once the pipeline has been ``full`` for ``pause_after`` s; resume when
+        it is not; re-apply the state after an assignment."""
+        now = self._clock()
+        if not full:
+            self._full_since = None
+        elif self._full_since is None:
+            self._full_since = now
+        pause = self._full_since is not None and now - self._full_since >= self.pause_after
+        if pause == self.paused and not self._reapply:
+            return
+        self._reapply = False
+        parts = consumer.assignment()
+        if parts:
+            (consumer.pause if pause else consumer.resume)(parts)
+        self.pauses += pause and not self.paused
+        self.paused = pause
+        metrics.PAUSED_PARTITIONS.set(len(parts) if pause else 0)

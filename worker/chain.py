@@ -1,0 +1,70 @@
+"""The chain of steps, built in one place. Read ``build_chain`` top to bottom to see every step a
+record goes through, in order:
+
+    polling thread:  1 validate → 2 estimate tokens → 3 DLQ breaker → 4 batch        (Intake)
+    pipeline:        5 embed: cache lookup + model  → 6 sink: fence + version guard → Milvus +
+                                                       output/DLQ topics + cache fill
+    polling thread:  7 store offsets → commit                                        (OffsetCommitter)
+
+A new step is one line here: a ``Stage`` in the pipeline's list (its own thread, queue and retry
+state), or a step inside intake. The connectors and the model are opened by ``worker.runner``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, Producer
+
+from connectors.milvus import MilvusStore
+from connectors.redis_cache import RedisCache
+from worker.embedding.base import Embedder
+from worker.fence import Fence
+from worker.offsets import OffsetCommitter
+from worker.pipeline import Pipeline, Stage
+from worker.settings import Settings
+from worker.steps.batcher import Batcher
+from worker.steps.dlq_limit import DlqLimit
+from worker.steps.embed import EmbedStep
+from worker.steps.intake import Intake
+from worker.steps.sink import SinkStep
+from worker.steps.validate import Validator
+from worker.steps.versions import VersionGuard
+
+
+@dataclass
+class Chain:
+    """The assembled steps the loop drives."""
+
+    intake: Intake
+    pipeline: Pipeline
+    committer: OffsetCommitter
+    #: Whether this member may still write for a partition (ticked by the loop, read by the sink).
+    fence: Fence
+    #: True when the model has nothing waiting: the loop closes a batch by its deadline only then.
+    model_free: Callable[[], bool]
+
+
+def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Producer], embedder: Embedder,
+                cache: RedisCache | None, store: MilvusStore, fence: Fence, topic_ids: dict[str, str]) -> Chain:
+    """Every step, in the order a record meets it (the pipeline is built first only because intake
+    hands its batches to it)."""
+    sink = SinkStep(store, new_producer, embedder.model_id, embedder.dim, cache, fence=fence,
+                    guard=VersionGuard(topic_ids), output_topic=s.output_topic, dlq_topic=s.dlq_topic,
+                    delivery_timeout_s=s.kafka_timeout_seconds)
+    embed = Stage("embed", EmbedStep(embedder, cache).process)                       # 5 cache + model
+    pipeline = Pipeline([
+        embed,
+        Stage("sink", sink.process),                                                 # 6 Milvus + topics
+    ], backoff_max=s.retry_backoff_max_seconds, release=sink.close)
+    intake = Intake(
+        Validator(s.max_text_bytes, embedder.accepts),                               # 1 Item | Delete | DeadLetter
+        embedder.estimate_tokens,                                                    # 2 token estimate
+        DlqLimit(s.dlq_max_consecutive, s.dlq_max_ratio, s.dlq_ratio_window),        # 3 halt a bad deploy
+        Batcher(s.max_batch_size, s.max_batch_tokens, s.max_batch_wait_ms / 1000,    # 4 count, tokens,
+                max_bytes=s.max_batch_bytes),                                        #   deadline, bytes
+        next_step=pipeline.submit,
+    )
+    committer = OffsetCommitter(consumer, s.commit_interval_ms / 1000)               # 7 store + commit
+    return Chain(intake, pipeline, committer, fence, model_free=lambda: embed.backlog == 0)
