@@ -13,7 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     """Broker, Redis and Milvus on free ports; yields the KEY=VALUE env of `dev up`; stops them after."""
-    from worker.dev import LocalStack
+    from worker.tools.dev import LocalStack
 
     local = LocalStack(tmp_path_factory.mktemp("stack"))
     env, started = local.up(partitions=6)

@@ -18,6 +18,21 @@ REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "worker.cli"]
 
 
+class CountingModel:
+    """A model that counts the texts reaching it, in front of the real one (the cache tests)."""
+
+    def __init__(self, model) -> None:
+        self._model = model
+        self.texts = 0
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def embed(self, texts):
+        self.texts += len(texts)
+        return self._model.embed(texts)
+
+
 def fresh_settings(env: dict[str, str], partitions: int = 6, **overrides) -> Settings:
     """Settings pointing at the local stack with new topics, group and collection for one test."""
     tag = uuid.uuid4().hex[:8]
@@ -34,7 +49,7 @@ def fresh_settings(env: dict[str, str], partitions: int = 6, **overrides) -> Set
         metrics_port=0,
     )
     s = Settings(**{**values, **overrides})
-    create_topics(make_admin(s), [s.input_topic, s.output_topic, s.dlq_topic], partitions)
+    create_topics(make_admin(s.kafka_common()), [s.input_topic, s.output_topic, s.dlq_topic], partitions)
     return s
 
 

@@ -13,7 +13,7 @@ PARTITIONS = 6
 
 @pytest.fixture(scope="session")
 def fault_stack(tmp_path_factory):
-    from worker.dev import LocalStack
+    from worker.tools.dev import LocalStack
 
     local = LocalStack(tmp_path_factory.mktemp("fault-stack"))
     env, _ = local.up(partitions=PARTITIONS)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,14 +22,16 @@ from pathlib import Path
 
 import numpy as np
 from confluent_kafka import Consumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
-from connectors.kafka import make_producer
 from connectors.milvus import MilvusStore
-from schemas.codec import Document, encode_document
+from schemas.codec import Document
 from tests.helpers import CLI, REPO, read_topic, settings_env
-from worker.corpus import stdlib_docstrings
+from worker.produce import document_record, produce_records
 from worker.records import normalise_text
 from worker.settings import Settings
+from worker.tools.corpus import stdlib_docstrings
+from worker.tools.reference import encode_reference
 
 
 def short_docs(n: int, prefix: str) -> list[Document]:
@@ -60,23 +63,27 @@ class Expected:
         return set(self.good) - self.deleted
 
 
-def produce_docs(s: Settings, docs: list[Document], expected: Expected, producer=None) -> None:
-    producer = producer or make_producer(s)
+def produce_docs(s: Settings, docs: list[Document], expected: Expected) -> None:
+    """Produce ``docs`` (acknowledged before it returns) and note them as expected in Milvus."""
+    produce_records(s.kafka_common(), s.input_topic, (document_record(d, stamp=False) for d in docs))
     for d in docs:
-        producer.produce(s.input_topic, key=d.id, value=encode_document(d))
         expected.good[d.id] = d.text
-        expected.records += 1
-        producer.poll(0)
-    assert producer.flush(30) == 0
+    expected.records += len(docs)
 
 
-def produce_bad(s: Settings, bad: dict[str, tuple[bytes | None, str]], expected: Expected, producer=None) -> None:
-    producer = producer or make_producer(s, **{"message.max.bytes": 60_000_000})
-    for key, (value, reason) in bad.items():
-        producer.produce(s.input_topic, key=key, value=value)
-        expected.bad[key] = (value, reason)
-        expected.records += 1
-    assert producer.flush(60) == 0
+def produce_bad(s: Settings, bad: dict[str, tuple[bytes | None, str]], expected: Expected) -> None:
+    """Produce raw bad records ``{key: (value, DLQ reason)}`` and note them as expected in the DLQ."""
+    produce_records(s.kafka_common(), s.input_topic, ((k, v) for k, (v, _) in bad.items()),
+                    **{"message.max.bytes": 60_000_000})
+    expected.bad.update(bad)
+    expected.records += len(bad)
+
+
+def produce_tombstones(s: Settings, ids: list[str], expected: Expected, existing: set[str]) -> None:
+    """Produce a tombstone for each of ``ids``; those in ``existing`` are expected gone from Milvus."""
+    produce_records(s.kafka_common(), s.input_topic, ((i, None) for i in ids))
+    expected.deleted |= existing
+    expected.records += len(ids)
 
 
 def worker_env(s: Settings, **extra: str) -> dict[str, str]:
@@ -133,14 +140,29 @@ class WorkerProcess:
 
 
 
-def committed_total(s: Settings, partitions: int) -> int:
-    """Sum of the group's committed offsets on the input topic (−1001 'none' counts as 0)."""
+def scrape(port: int, name: str, **labels: str) -> float:
+    """One sample of a running worker's /metrics (0.0 when the series does not exist yet)."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def committed_offsets(s: Settings, partitions: int) -> dict[int, int]:
+    """The group's committed offset per partition of the input topic (−1001 'none' counts as 0)."""
     c = Consumer({**s.kafka_common(), "group.id": s.group_id})
     try:
         got = c.committed([TopicPartition(s.input_topic, p) for p in range(partitions)], timeout=10)
     finally:
         c.close()
-    return sum(max(tp.offset, 0) for tp in got)
+    return {tp.partition: max(tp.offset, 0) for tp in got}
+
+
+def committed_total(s: Settings, partitions: int) -> int:
+    """Sum of the group's committed offsets on the input topic."""
+    return sum(committed_offsets(s, partitions).values())
 
 
 def wait_until(predicate, timeout: float, every: float = 0.25, what: str = "condition") -> float:
@@ -184,7 +206,7 @@ def check_nothing_lost(s: Settings, model, expected: Expected, partitions: int) 
     order = sorted(want)
     if order:
         got = np.array([r["vector"] for r in sorted(rows, key=lambda r: r["id"])], dtype=np.float32)
-        ref = model.encode_reference([normalise_text(expected.good[i]) for i in order])
+        ref = encode_reference(model, [normalise_text(expected.good[i]) for i in order])
         cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
         floor = 0.999 if model.precision == "fp32" else 0.995
         assert cos.min() >= floor, f"a vector differs from a direct encode: min cosine {cos.min():.4f}"

@@ -10,11 +10,10 @@ import uuid
 import pytest
 from prometheus_client import REGISTRY
 
-from connectors.kafka import make_producer
-from schemas.codec import encode_document
 from tests.faults.harness import committed_total, short_docs, wait_until
 from tests.helpers import read_topic
 from tests.mock_cluster import MockCluster
+from worker.produce import document_record, produce_records
 from worker.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -55,10 +54,7 @@ def _retries() -> float:
 def test_produce_errors_hold_commits_back(mock_settings, model):
     mc, s = mock_settings
     docs = short_docs(150, "perr")
-    p = make_producer(s)
-    for d in docs:
-        p.produce(s.input_topic, key=d.id, value=encode_document(d))
-    assert p.flush(10) == 0
+    produce_records(s.kafka_common(), s.input_topic, (document_record(d) for d in docs), delivery_timeout_s=10)
     retries_before = _retries()
     mc.push_request_errors(PRODUCE, [NOT_ENOUGH_REPLICAS] * 60)
     worker, thread, result = _run_in_thread(s, model)
@@ -89,10 +85,7 @@ class _Paced:
 def test_broker_down_mid_stream(mock_settings, model):
     mc, s = mock_settings
     docs = short_docs(400, "bdown")
-    p = make_producer(s)
-    for d in docs:
-        p.produce(s.input_topic, key=d.id, value=encode_document(d))
-    assert p.flush(10) == 0
+    produce_records(s.kafka_common(), s.input_topic, (document_record(d) for d in docs), delivery_timeout_s=10)
     worker, thread, result = _run_in_thread(s, _Paced(model), idle=5.0)
     wait_until(lambda: committed_total(s, 2) >= 75, 120, what="the first batches committed")
     mc.broker_down(1)

@@ -8,7 +8,6 @@ import time
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from connectors.kafka import make_producer
 from schemas.codec import Document, encode_document
 from tests.faults.conftest import PARTITIONS
 from tests.faults.harness import (
@@ -18,6 +17,7 @@ from tests.faults.harness import (
     committed_total,
     produce_bad,
     produce_docs,
+    produce_tombstones,
     record_row,
     short_docs,
     wait_until,
@@ -84,15 +84,15 @@ def test_slow_model_never_gets_the_worker_evicted(fault_stack, model, tmp_path):
     produce_docs(s, short_docs(240, "slow"), expected)
     worker = build_worker(s, embedder=SlowModel(model, 4.0))  # 4 s a batch > 3.5 s = ½ max.poll.interval
     revokes, lost = [], []
-    worker._on_revoke = _spy(worker._on_revoke, revokes)
-    worker._on_lost = _spy(worker._on_lost, lost)
+    worker.on_revoke = _spy(worker.on_revoke, revokes)  # type: ignore[method-assign]
+    worker.on_lost = _spy(worker.on_lost, lost)  # type: ignore[method-assign]
     t0 = time.monotonic()
     stats = worker.run(stop_when_idle=2)
     assert stats.embedded == 240
-    assert worker.pauses >= 1, "partitions were never paused although the model was the bottleneck"
+    assert worker.assignment.pauses >= 1, "partitions were never paused although the model was the bottleneck"
     assert not lost and len(revokes) <= 1, (revokes, lost)  # only the final close
     report = check_nothing_lost(s, model, expected, PARTITIONS)
-    record_row("6 slow model", f"4 s per batch, max.poll.interval 7 s, {worker.pauses} pauses", report,
+    record_row("6 slow model", f"4 s per batch, max.poll.interval 7 s, {worker.assignment.pauses} pauses", report,
                time.monotonic() - t0)
 
 
@@ -107,7 +107,6 @@ def _spy(fn, calls):
 def test_poison_pills_go_to_the_dlq_and_block_nothing(fs, model, tmp_path):
     expected = Expected()
     docs = short_docs(600, "pp")
-    producer = make_producer(fs, **{"message.max.bytes": 60_000_000})
     bad = {
         "pp-bad-avro": (b"\x02\x06abc\xff\x00", "decode_error"),
         "pp-json-garbage": (b'{"id": "pp-json-garbage", "text": tru', "decode_error"),
@@ -117,13 +116,10 @@ def test_poison_pills_go_to_the_dlq_and_block_nothing(fs, model, tmp_path):
         "pp-model": (encode_document(Document("pp-model", "hello", model="some/other-model")), "unknown_model"),
     }
     for i in range(0, 600, 100):  # bad records interleaved with good ones
-        produce_docs(fs, docs[i:i + 100], expected, producer)
-        produce_bad(fs, dict(list(bad.items())[i // 100:i // 100 + 1]), expected, producer)
-    for key in ("pp-3", "pp-7", "pp-unknown-id"):  # tombstones, one for an id that never existed
-        producer.produce(fs.input_topic, key=key, value=None)
-        expected.records += 1
-    expected.deleted |= {"pp-3", "pp-7"}
-    assert producer.flush(60) == 0
+        produce_docs(fs, docs[i:i + 100], expected)
+        produce_bad(fs, dict(list(bad.items())[i // 100:i // 100 + 1]), expected)
+    # tombstones, one for an id that never existed
+    produce_tombstones(fs, ["pp-3", "pp-7", "pp-unknown-id"], expected, existing={"pp-3", "pp-7"})
     w = WorkerProcess(fs, tmp_path, "w", ("--stop-when-idle", "3"))
     assert w.wait(300) == 0, w.log()[-3000:]
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
@@ -163,18 +159,15 @@ def test_memory_stays_bounded_under_floods(fs, model, tmp_path):
     within its documented bound (model + in-flight batches × EMBEDSTREAM_MAX_BATCH_BYTES + librdkafka's
     queue), whatever the input."""
     expected = Expected()
-    producer = make_producer(fs, **{"message.max.bytes": 60_000_000, "linger.ms": 20})
     w = WorkerProcess(fs, tmp_path, "w", ("--stop-when-idle", "4"))
     wait_until(lambda: "assigned [" in w.log(), 120, what="the worker to join")
     baseline = max(w.rss_samples[-5:])
     tiny = [Document(f"tiny-{i}", f"t {i}") for i in range(6000)]
-    produce_docs(fs, tiny, expected, producer)
-    for i in range(0, 6000, 2):  # a burst of tombstones for half of them
-        producer.produce(fs.input_topic, key=f"tiny-{i}", value=None)
-        expected.records += 1
-        expected.deleted.add(f"tiny-{i}")
+    produce_docs(fs, tiny, expected)
+    half = [f"tiny-{i}" for i in range(0, 6000, 2)]  # a burst of tombstones for half of them
+    produce_tombstones(fs, half, expected, existing=set(half))
     produce_bad(fs, {f"huge-{i}": (b"{" + b" " * 40_000_000 + b"}", "text_too_long") for i in range(3)},
-                expected, producer)
+                expected)
     assert w.wait(400) == 0, w.log()[-3000:]
     peak = max(w.rss_samples)
     report = check_nothing_lost(fs, model, expected, PARTITIONS)

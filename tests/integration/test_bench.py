@@ -1,6 +1,7 @@
-"""`embedstream bench --quick` on a tiny workload: the JSON has every figure, the chart is written.
-
-Numbers are not asserted: they are measured on a shared, noisy machine (benchmarks.md)."""
+"""`embedstream bench --quick` on a tiny workload: every figure is there and consistent with its
+definition (each ratio is its numerator over its denominator, repeats hit the cache, the quality gate
+holds), and the chart is written. Speeds themselves are not asserted: they are measured on a shared,
+noisy machine (benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,20 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
             "peer_docs_per_s"} <= set(out["denominators"])
     assert [x["load"] for x in out["latency"]] == [0.25, 0.5, 0.8]
     assert all(x["n"] > 0 for x in out["latency"])
-    for key in ("R1", "R1_S1", "Rpeer", "Rdup90", "Rio", "Rio_columnar", "Rpad", "p99_at_50pct_s", "p99_goal_met"):
-        assert key in out["ratios"]
-    assert out["ratios"]["Rpeer"] is None  # no --peer-python given
+    w, d, r = out["workloads"], out["denominators"], out["ratios"]
+    assert r["R1"] == pytest.approx(w["S2"]["docs_per_s"] / d["raw_S2"]["docs_per_s"])
+    assert r["R1_S1"] == pytest.approx(w["S1"]["docs_per_s"] / d["raw_S1"]["docs_per_s"])
+    assert r["Rdup90"] == pytest.approx(w["S4_90"]["docs_per_s"] / w["S4_0"]["docs_per_s"])
+    assert r["Rio"] == pytest.approx(w["io"]["docs_per_s"] / d["milvus_upsert_rows_per_s"])
+    assert 0 < w["io"]["cpu_us_per_doc"] < 1e6  # some CPU per document, less than a second of it
+    assert 0 < r["Rpad"] <= 1 and 0 < w["S2"]["tokens_real"] <= w["S2"]["tokens_padded"]
+    # 90 % repeats: a repeated text is not embedded again (from the cache, or deduplicated in its group)
+    assert w["S4_0"]["cached"] == 0 and 0 < w["S4_90"]["tokens_real"] < 0.5 * w["S4_0"]["tokens_real"]
+    assert out["quality"]["min_cosine"] >= 0.99 and out["quality"]["mean_cosine"] >= out["quality"]["min_cosine"]
+    for x in out["latency"]:
+        assert 0 < x["p50_s"] <= x["p99_s"]
+    assert r["p99_at_50pct_s"] == out["latency"][1]["p99_s"]
+    assert r["p99_goal_met"] == (r["p99_at_50pct_s"] <= out["latency_bound_s"])
+    assert r["Rpeer"] is None  # no --peer-python given
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "R1" in res.stdout and "Rdup90" in res.stdout
+    assert "R1" in res.stdout and "Rdup90" in res.stdout and "CPU/doc" in res.stdout

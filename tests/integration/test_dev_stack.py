@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from tests.helpers import run_cli
-from worker.dev import LocalStack
+from worker.tools.dev import LocalStack
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from connectors.milvus import MilvusStore
 from schemas.codec import Document, encode_document
 from tests.faults.harness import WorkerProcess, short_docs
 from tests.helpers import fresh_settings, run_cli, settings_env
-from worker.dev import free_port
+from worker.tools.dev import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ def test_metrics_move_by_the_right_amounts_and_health_answers(stack, model):
     port = free_port()
     s = fresh_settings(stack, metrics_port=port, max_batch_size=50)
     # hits are counted exactly below: start from an empty cache, whatever earlier tests stored
-    from worker.bench.measure import flush_cache
+    from worker.tools.bench.measure import flush_cache
 
     flush_cache(s)
     before = {
@@ -52,7 +52,7 @@ def test_metrics_move_by_the_right_amounts_and_health_answers(stack, model):
         "milvus": _value("embedstream_sink_seconds_count", sink="milvus"),
     }
     docs = short_docs(120, "met")
-    p = make_producer(s)
+    p = make_producer(s.kafka_common())
     for d in docs:
         p.produce(s.input_topic, key=d.id, value=encode_document(d))
     for i in range(4):
@@ -109,7 +109,7 @@ def test_three_workers_split_six_partitions(stack, model, tmp_path):
     s.kafka["partition.assignment.strategy"] = "range"
     docs = short_docs(1500, "scale")
     # one record per produce batch, so the local broker's ListOffsets (last batch base + 1) is exact
-    p = make_producer(s, **{"linger.ms": 0, "batch.num.messages": 1})
+    p = make_producer(s.kafka_common(), **{"linger.ms": 0, "batch.num.messages": 1})
     for d in docs:
         p.produce(s.input_topic, key=d.id, value=encode_document(d))
     assert p.flush(30) == 0
@@ -142,4 +142,8 @@ def test_three_workers_split_six_partitions(stack, model, tmp_path):
     assert {p["partition"]: p["committed"] for p in lag["partitions"]} == committed
     assert sum(committed.values()) == len(docs)
     assert lag["total_lag"] == 0
-    print(run_cli(["lag"], settings_env(s), timeout=60).stdout)
+    table = run_cli(["lag", "--lag-threshold", "100"], settings_env(s), timeout=60)
+    assert table.returncode == 0, table.stderr
+    rows = [line.split("│") for line in table.stdout.splitlines() if line.count("│") >= 4]
+    assert [cells[4].strip() for cells in rows if cells[1].strip() == "total"] == ["0"], table.stdout
+    assert "KEDA would ask for 0 replica(s)" in table.stdout

@@ -59,7 +59,7 @@ def test_produce_rate_paces_the_stream(stack, tmp_path):
 
 def test_tail_decodes_embeddings_and_tombstones(stack):
     s = fresh_settings(stack, partitions=2)
-    p = make_producer(s)
+    p = make_producer(s.kafka_common())
     recs = [{"id": f"e{i}", "model": "m", "dim": 3, "vector": [0.5, 0.25, -1.0], "content_hash": "h",
              "cached": bool(i % 2), "source_topic": "docs", "source_partition": 0, "source_offset": i,
              "metadata": {"i": str(i)}, "embedded_at": 1_700_000_000_000 + i} for i in range(5)]

@@ -13,9 +13,10 @@ from pydantic import SecretStr
 from connectors.kafka import make_producer
 from connectors.milvus import MilvusStore
 from schemas.codec import Document, decode_embedding, encode_document
-from tests.helpers import fresh_settings, read_topic, run_cli, settings_env
-from worker.corpus import sample_documents
+from tests.helpers import CountingModel, fresh_settings, read_topic, run_cli, settings_env
 from worker.records import normalise_text
+from worker.tools.corpus import sample_documents
+from worker.tools.reference import encode_reference
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ def test_end_to_end(stack, model):
     s = fresh_settings(stack, max_text_bytes=20_000)
     docs = sample_documents(2000, repeat_fraction=0.15, prefix="e2e")
     docs = [d for d in docs if len(encode_document(d)) < 20_000]
-    producer = make_producer(s)
+    producer = make_producer(s.kafka_common())
     for d in docs:
         producer.produce(s.input_topic, key=d.id, value=encode_document(d))
     tomb_existing = [d.id for d in docs[:25]]
@@ -59,7 +60,7 @@ def test_end_to_end(stack, model):
 
     # vectors: the same as a direct encode at the same precision
     order = sorted(expected)
-    ref = model.encode_reference([normalise_text(expected[i].text) for i in order])
+    ref = encode_reference(model, [normalise_text(expected[i].text) for i in order])
     got = np.array([next(r["vector"] for r in rows if r["id"] == i) for i in order], dtype=np.float32) \
         if len(order) < 50 else np.array([{r["id"]: r["vector"] for r in rows}[i] for i in order], dtype=np.float32)
     cos = (ref * got).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(got, axis=1)
@@ -103,7 +104,7 @@ def test_cache_second_stream_is_all_hits_and_survives_redis_down(stack, model, t
 
     s = fresh_settings(stack)
     texts = [d.text for d in sample_documents(300, prefix="c")]
-    producer = make_producer(s)
+    producer = make_producer(s.kafka_common())
     for i, t in enumerate(texts):
         producer.produce(s.input_topic, key=f"first-{i}", value=encode_document(Document(f"first-{i}", t)))
     assert producer.flush(30) == 0
@@ -114,10 +115,10 @@ def test_cache_second_stream_is_all_hits_and_survives_redis_down(stack, model, t
     for i, t in enumerate(texts):
         producer.produce(s.input_topic, key=f"second-{i}", value=encode_document(Document(f"second-{i}", t)))
     assert producer.flush(30) == 0
-    model.texts_embedded = 0
-    stats2 = build_worker(s, embedder=model).run(stop_when_idle=2)
+    counting = CountingModel(model)
+    stats2 = build_worker(s, embedder=counting).run(stop_when_idle=2)
     assert stats2.embedded == 300 and stats2.cached == 300
-    assert model.texts_embedded == 0
+    assert counting.texts == 0
 
     store = MilvusStore(s.milvus_uri, s.milvus_collection)
     rows = {r["id"]: np.array(r["vector"]) for r in store.query_ids(fields=("id", "vector"))}
@@ -132,9 +133,9 @@ def test_cache_second_stream_is_all_hits_and_survives_redis_down(stack, model, t
     for i, t in enumerate(texts[:100]):
         producer.produce(s.input_topic, key=f"third-{i}", value=encode_document(Document(f"third-{i}", t)))
     assert producer.flush(30) == 0
-    model.texts_embedded = 0
-    stats3 = build_worker(s_down, embedder=model).run(stop_when_idle=2)
-    assert stats3.embedded == 100 and stats3.cached == 0 and model.texts_embedded == 100
+    counting = CountingModel(model)
+    stats3 = build_worker(s_down, embedder=counting).run(stop_when_idle=2)
+    assert stats3.embedded == 100 and stats3.cached == 0 and counting.texts == 100
     rows = {r["id"]: np.array(r["vector"]) for r in store.query_ids(fields=("id", "vector"))}
     for i in range(100):
         cos = rows[f"first-{i}"] @ rows[f"third-{i}"]

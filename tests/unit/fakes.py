@@ -1,8 +1,22 @@
-"""Small fakes for unit tests: Kafka messages, a Milvus client, a producer."""
+"""Small fakes for unit tests: Kafka messages, a consumer, a Milvus client, a producer."""
 
 from __future__ import annotations
 
-from confluent_kafka import TIMESTAMP_CREATE_TIME
+import json
+import time
+
+from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, TopicPartition
+from pymilvus.grpc_gen import schema_pb2
+
+
+class Clock:
+    """A clock a test moves by hand (``clock.now = …``)."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class FakeMessage:
@@ -35,33 +49,85 @@ class FakeMessage:
         return None
 
 
+def rows_of(request) -> list[dict]:
+    """The rows of a pymilvus ``UpsertRequest``, read back column by column (what the server sees)."""
+    columns: dict[str, list] = {}
+    for f in request.fields_data:
+        if f.type == schema_pb2.FloatVector:
+            flat, dim = list(f.vectors.float_vector.data), f.vectors.dim
+            columns[f.field_name] = [flat[i:i + dim] for i in range(0, len(flat), dim)]
+        elif f.type == schema_pb2.JSON:
+            columns[f.field_name] = [json.loads(raw) for raw in f.scalars.json_data.data]
+        elif f.type == schema_pb2.Int64:
+            columns[f.field_name] = list(f.scalars.long_data.data)
+        else:
+            assert f.type == schema_pb2.VarChar, f.field_name
+            columns[f.field_name] = list(f.scalars.string_data.data)
+    assert all(len(c) == request.num_rows for c in columns.values()), "columns of unequal length"
+    return [dict(zip(columns, values)) for values in zip(*columns.values())]
+
+
 class RecordingMilvusClient:
-    """Records every call; never inserts, so a test can assert the sink used upsert."""
+    """A stand-in for pymilvus' ``MilvusClient`` that records every call and keeps the rows.
+
+    Upserts arrive as the prepared protobuf request (through ``_get_connection``, as in pymilvus),
+    so the request the worker builds is what the fake decodes. ``insert`` is recorded, never used."""
 
     def __init__(self, fail_upserts: int = 0):
         self.calls: list[tuple[str, object]] = []
+        self.rows: dict[str, dict] = {}
+        #: the companion collection of deletes (``<collection>_deleted``)
+        self.deleted: dict[str, dict] = {}
         self.fail_upserts = fail_upserts  # the first N upserts time out, as a frozen server's would
 
-    def upsert(self, collection, rows, timeout=None):
+    def _get_connection(self):
+        return self
+
+    def _table(self, collection: str) -> dict[str, dict]:
+        return self.deleted if collection.endswith("_deleted") else self.rows
+
+    def upsert(self, collection, data, upsert_param=None, schema=None, timeout=None):
         assert timeout is not None, "every Milvus call needs a timeout"
+        rows = rows_of(upsert_param) if upsert_param is not None else data
+        if collection.endswith("_deleted"):
+            self.calls.append(("tombstones", rows))
+            self.deleted.update({r["id"]: r for r in rows})
+            return
         self.calls.append(("upsert", rows))
         if self.fail_upserts:
             self.fail_upserts -= 1
             raise TimeoutError("deadline exceeded")
+        self.rows.update({r["id"]: r for r in rows})
 
     def insert(self, collection, rows, timeout=None):
         self.calls.append(("insert", rows))
 
+    def get(self, collection, ids, output_fields, timeout=None, consistency_level=None):
+        assert timeout is not None and consistency_level == "Strong"
+        table = self._table(collection)
+        return [{"id": i, **{f: table[i].get(f) for f in output_fields}} for i in ids if i in table]
+
     def delete(self, collection, ids, timeout=None):
         assert timeout is not None
         self.calls.append(("delete", ids))
+        for i in ids:
+            self.rows.pop(i, None)
+
+    def query_iterator(self, collection, batch_size, filter, output_fields, consistency_level, timeout):
+        assert timeout is not None
+        pages = [[{f: r[f] for f in output_fields} for r in self.rows.values()], []]
+        return type("It", (), {"next": lambda self: pages.pop(0), "close": lambda self: None})()
 
 
 class RecordingProducer:
-    def __init__(self, fail: bool = False):
+    """Records what is produced; ``flush`` delivers it, failing every record with ``fail`` (an error
+    string or ``KafkaError``) when set."""
+
+    def __init__(self, fail: object = None):
         self.records: list[tuple[str, object, object, object]] = []
         self._callbacks = []
         self.fail = fail
+        self.purged = False
 
     def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
         self.records.append((topic, key, value, headers))
@@ -72,6 +138,98 @@ class RecordingProducer:
 
     def flush(self, _t=None):
         for cb in self._callbacks:
-            cb("broker down" if self.fail else None, None)
+            cb(self.fail, None)
         self._callbacks.clear()
         return 0
+
+    def purge(self):
+        self.purged = True
+        self._callbacks.clear()
+
+
+class EofMessage(FakeMessage):
+    """What librdkafka hands out when a partition reaches its end (``enable.partition.eof``)."""
+
+    def error(self):
+        return KafkaError(KafkaError._PARTITION_EOF)
+
+
+class FakeConsumer:
+    """An in-memory group consumer of one topic, enough for the loop.
+
+    The first ``consume`` assigns every partition (``on_assign``); then it serves the records of the
+    partitions that are not paused, and an EOF message once a partition is exhausted. Stores,
+    commits, pauses and resumes are recorded. ``revoke_next`` / ``lose_next`` make the next
+    ``consume`` call the rebalance callback first, as librdkafka does."""
+
+    def __init__(self, records: dict[int, list], topic: str = "docs") -> None:
+        self.topic = topic
+        self.pending = {p: list(msgs) for p, msgs in records.items()}
+        self.eof_sent: set[int] = set()
+        self.assigned: list[TopicPartition] = []
+        self.paused: set[int] = set()
+        self.stored: dict[int, int] = {}
+        self.committed_offsets: dict[int, int] = {}
+        self.pause_calls = self.resume_calls = 0
+        self.closed = False
+        self._callbacks: dict = {}
+        self._rebalance: tuple[str, list[int]] | None = None
+
+    def subscribe(self, topics, on_assign, on_revoke, on_lost):
+        self._callbacks = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
+
+    def revoke_next(self, partitions: list[int]) -> None:
+        self._rebalance = ("revoke", partitions)
+
+    def lose_next(self, partitions: list[int]) -> None:
+        self._rebalance = ("lost", partitions)
+
+    def consume(self, num_messages=1, timeout=-1):
+        if not self.assigned:
+            self.assigned = [TopicPartition(self.topic, p) for p in sorted(self.pending)]
+            self._callbacks["assign"](self, list(self.assigned))
+        if self._rebalance is not None:
+            kind, parts = self._rebalance
+            self._rebalance = None
+            gone = [tp for tp in self.assigned if tp.partition in parts]
+            self._callbacks[kind](self, gone)
+            self.assigned = [tp for tp in self.assigned if tp.partition not in parts]
+        out: list = []
+        for tp in self.assigned:
+            p = tp.partition
+            if p in self.paused:
+                continue
+            queue = self.pending[p]
+            while queue and len(out) < num_messages:
+                out.append(queue.pop(0))
+            if not queue and p not in self.eof_sent and len(out) < num_messages:
+                self.eof_sent.add(p)
+                out.append(EofMessage(None, None, p, -1, self.topic))
+        if not out and timeout and timeout > 0:
+            time.sleep(min(timeout, 0.01))
+        return out
+
+    def assignment(self):
+        return list(self.assigned)
+
+    def pause(self, parts):
+        self.pause_calls += 1
+        self.paused |= {tp.partition for tp in parts}
+
+    def resume(self, parts):
+        self.resume_calls += 1
+        self.paused -= {tp.partition for tp in parts}
+
+    def store_offsets(self, offsets):
+        for tp in offsets:
+            self.stored[tp.partition] = tp.offset
+
+    def commit(self, asynchronous=True):
+        self.committed_offsets.update(self.stored)
+
+    def committed(self, partitions, timeout=None):
+        return [TopicPartition(tp.topic, tp.partition, self.committed_offsets.get(tp.partition, -1001))
+                for tp in partitions]
+
+    def close(self):
+        self.closed = True

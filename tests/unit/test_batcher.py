@@ -5,13 +5,7 @@ from __future__ import annotations
 from worker.records import Delete, Item, Source
 from worker.steps.batcher import Batcher
 
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
+from .fakes import Clock
 
 
 def item(p: int, o: int, tokens: int = 10, topic: str = "t") -> Item:
@@ -19,14 +13,14 @@ def item(p: int, o: int, tokens: int = 10, topic: str = "t") -> Item:
 
 
 def test_closes_at_max_size():
-    b = Batcher(max_size=3, max_tokens=10_000, max_wait=60, clock=Clock())
+    b = Batcher(max_size=3, max_tokens=10_000, max_wait=60, max_bytes=1 << 24, clock=Clock())
     assert b.add(item(0, 0)) == [] and b.add(item(0, 1)) == []
     closed = b.add(item(0, 2))
     assert len(closed) == 1 and len(closed[0]) == 3 and len(b) == 0
 
 
 def test_closes_before_token_budget_is_exceeded():
-    b = Batcher(max_size=100, max_tokens=100, max_wait=60, clock=Clock())
+    b = Batcher(max_size=100, max_tokens=100, max_wait=60, max_bytes=1 << 24, clock=Clock())
     assert b.add(item(0, 0, 60)) == []
     closed = b.add(item(0, 1, 50))  # 110 > 100: the open batch closes first, the newcomer opens the next
     assert [len(x) for x in closed] == [1] and closed[0].tokens == 60
@@ -34,14 +28,14 @@ def test_closes_before_token_budget_is_exceeded():
 
 
 def test_item_alone_over_the_budget_forms_its_own_batch():
-    b = Batcher(max_size=100, max_tokens=100, max_wait=60, clock=Clock())
+    b = Batcher(max_size=100, max_tokens=100, max_wait=60, max_bytes=1 << 24, clock=Clock())
     closed = b.add(item(0, 0, 500))
     assert [x.tokens for x in closed] == [500] and len(b) == 0
 
 
 def test_closes_at_deadline_of_oldest_record():
     clock = Clock()
-    b = Batcher(max_size=100, max_tokens=10_000, max_wait=0.5, clock=clock)
+    b = Batcher(max_size=100, max_tokens=10_000, max_wait=0.5, max_bytes=1 << 24, clock=clock)
     b.add(item(0, 0))
     clock.now += 0.3
     b.add(item(0, 1))
@@ -52,7 +46,7 @@ def test_closes_at_deadline_of_oldest_record():
 
 
 def test_batch_carries_next_offset_per_partition():
-    b = Batcher(max_size=5, max_tokens=10_000, max_wait=60, clock=Clock())
+    b = Batcher(max_size=5, max_tokens=10_000, max_wait=60, max_bytes=1 << 24, clock=Clock())
     b.add(item(0, 7))
     b.add(item(1, 3))
     b.add(Delete(Source("t", 0, 8), "x"))
@@ -62,7 +56,7 @@ def test_batch_carries_next_offset_per_partition():
 
 
 def test_tombstones_cost_no_tokens_and_flush_returns_partial_batch():
-    b = Batcher(max_size=10, max_tokens=10, max_wait=60, clock=Clock())
+    b = Batcher(max_size=10, max_tokens=10, max_wait=60, max_bytes=1 << 24, clock=Clock())
     for o in range(4):
         assert b.add(Delete(Source("t", 0, o), str(o))) == []
     [batch] = b.flush()
@@ -70,7 +64,7 @@ def test_tombstones_cost_no_tokens_and_flush_returns_partial_batch():
 
 
 def test_drop_removes_revoked_partitions_only():
-    b = Batcher(max_size=10, max_tokens=10_000, max_wait=60, clock=Clock())
+    b = Batcher(max_size=10, max_tokens=10_000, max_wait=60, max_bytes=1 << 24, clock=Clock())
     for p in (0, 1, 0, 2):
         b.add(item(p, len(b)))
     assert b.drop({("t", 0)}) == 2
@@ -79,30 +73,10 @@ def test_drop_removes_revoked_partitions_only():
     assert set(batch.offsets) == {("t", 1), ("t", 2)}
 
 
-def test_dlq_limit_trips_on_a_run_and_on_a_ratio():
-    import pytest
-
-    from worker.steps.dlq_limit import DlqLimit, DlqLimitExceeded
-
-    run = DlqLimit(max_consecutive=3, max_ratio=1.0, window=10)
-    run.record("decode_error", "x")
-    run.record(None)
-    run.record("unknown_model", "m")
-    run.record("unknown_model", "m")
-    with pytest.raises(DlqLimitExceeded, match="3 records in a row.*unknown_model.*EMBEDSTREAM_MODEL"):
-        run.record("unknown_model", "m")
-
-    ratio = DlqLimit(max_consecutive=100, max_ratio=0.5, window=10)
-    for i in range(10):
-        ratio.record("empty_text" if i % 2 else None)  # exactly half: allowed
-    with pytest.raises(DlqLimitExceeded, match="6 of the last 10"):
-        ratio.record("empty_text")  # the window slides: 6 bad of the last 10
-
-
 def test_closes_at_byte_budget_and_counts_dead_letters():
     from worker.records import DeadLetter, Source
 
-    b = Batcher(max_size=100, max_tokens=10_000, max_wait=60, clock=Clock(), max_bytes=1000)
+    b = Batcher(max_size=100, max_tokens=10_000, max_wait=60, max_bytes=1000, clock=Clock())
     big = Item(Source("t", 0, 0), "a", "x" * 600, "h", 5, {})
     assert b.add(big) == []
     closed = b.add(DeadLetter(Source("t", 0, 1), b"k", b"y" * 500, None, "text_too_long", "m"))

@@ -1,4 +1,5 @@
-"""Pipeline: batches complete in order; transient failures are retried; bugs surface on the caller."""
+"""Pipeline: batches complete in order through any number of stages; each stage retries transient
+failures on its own clock and counts its own backlog; bugs surface on the polling thread."""
 
 from __future__ import annotations
 
@@ -7,9 +8,18 @@ import time
 
 import pytest
 
-from connectors.exceptions import TransientError
-from worker.pipeline import Pipeline
+from schemas.errors import TransientError
+from worker.pipeline import Pipeline, Stage
 from worker.records import Batch
+
+
+def _batch(n: int) -> Batch:
+    """A batch recognisable by its offset (the pipeline never looks inside)."""
+    return Batch(offsets={("t", 0): n})
+
+
+def _n(batch: Batch) -> int:
+    return batch.offsets[("t", 0)]
 
 
 def _wait(p: Pipeline, n: int, timeout: float = 10) -> list[Batch]:
@@ -20,68 +30,95 @@ def _wait(p: Pipeline, n: int, timeout: float = 10) -> list[Batch]:
     return out
 
 
-def test_in_order_and_inflight_count():
-    p = Pipeline(lambda b: b, lambda b: b)
-    batches = [Batch(seq=i) for i in range(20)]
-    for b in batches:
-        p.submit(b)
-    assert [b.seq for b in _wait(p, 20)] == list(range(20))
-    assert p.inflight == 0
+def _noop(group: list[Batch]) -> None:
+    pass
+
+
+def test_in_order_through_three_stages_and_inflight_count():
+    seen: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+
+    def record(name):
+        return lambda group: seen[name].extend(_n(b) for b in group)
+
+    p = Pipeline([Stage("a", record("a")), Stage("b", record("b")), Stage("c", record("c"))])
+    for i in range(20):
+        p.submit(_batch(i))
+    assert [_n(b) for b in _wait(p, 20)] == list(range(20))
+    assert seen["a"] == seen["b"] == seen["c"] == list(range(20))
+    assert p.inflight == 0 and all(s.backlog == 0 for s in p.stages)
     p.close()
 
 
-def test_transient_errors_are_retried_until_success():
+def test_transient_errors_are_retried_until_success_on_the_stage_own_clock():
     attempts = {"n": 0}
 
-    def flaky(b):
+    def flaky(group):
         attempts["n"] += 1
         if attempts["n"] < 4:
             raise TransientError("milvus", "down")
-        return b
 
-    p = Pipeline(lambda b: b, flaky, backoff_max=0.05)
-    p.submit(Batch(seq=1))
-    assert [b.seq for b in _wait(p, 1)] == [1] and attempts["n"] == 4
+    first, second = Stage("first", _noop), Stage("second", flaky)
+    p = Pipeline([first, second], backoff_max=0.05)
+    p.submit(_batch(1))
+    assert [_n(b) for b in _wait(p, 1)] == [1] and attempts["n"] == 4
+    assert second.retries == 3 and second.retrying_since is None  # recovered
+    assert first.retries == 0 and first.groups == 1
     p.close()
 
 
 def test_a_bug_is_raised_on_the_polling_thread():
-    def broken(b):
+    def broken(group):
         raise KeyError("bug")
 
-    p = Pipeline(broken, lambda b: b)
-    p.submit(Batch())
+    p = Pipeline([Stage("broken", broken), Stage("after", _noop)])
+    p.submit(_batch(0))
     with pytest.raises(KeyError):
         _wait(p, 1)
 
 
-def test_abort_stops_retrying():
-    def down(b):
+def test_abort_stops_retrying_and_completes_nothing():
+    def down(group):
         raise TransientError("kafka", "down")
 
-    p = Pipeline(lambda b: b, down, backoff_max=0.05)
-    p.submit(Batch())
+    p = Pipeline([Stage("a", _noop), Stage("down", down)], backoff_max=0.05)
+    p.submit(_batch(0))
     time.sleep(0.2)
     p.abort()
     time.sleep(0.2)
-    assert p.completed() == [] and p.inflight == 1
+    assert p.completed() == [] and p.inflight == 1 and p.aborted
 
 
 def test_batches_waiting_for_a_busy_stage_are_taken_as_one_group_and_leave_in_order():
     release = threading.Event()
     groups: list[list[int]] = []
 
-    def embed(group):
-        groups.append([b.seq for b in group])
+    def slow(group):
+        groups.append([_n(b) for b in group])
         release.wait(5)
 
-    p = Pipeline(embed, lambda g: None)
-    p.submit(Batch(seq=0))
+    slow_stage = Stage("slow", slow)
+    p = Pipeline([slow_stage, Stage("sink", _noop)])
+    p.submit(_batch(0))
     time.sleep(0.2)  # the stage is now blocked on batch 0
     for i in range(1, 5):
-        p.submit(Batch(seq=i))
-    assert p.embed_backlog == 5
+        p.submit(_batch(i))
+    assert slow_stage.backlog == 5
     release.set()
-    assert [b.seq for b in _wait(p, 5)] == [0, 1, 2, 3, 4]
-    assert groups == [[0], [1, 2, 3, 4]] and p.embed_backlog == 0
+    assert [_n(b) for b in _wait(p, 5)] == [0, 1, 2, 3, 4]
+    assert groups == [[0], [1, 2, 3, 4]] and slow_stage.backlog == 0 and slow_stage.groups == 2
     p.close()
+
+
+def test_close_releases_once_every_stage_stopped():
+    released = []
+    p = Pipeline([Stage("a", _noop)], release=lambda: released.append(True))
+    p.submit(_batch(0))
+    p.close()
+    p.close()
+    assert released == [True]
+    assert [_n(b) for b in p.completed()] == [0]
+
+
+def test_a_pipeline_needs_a_stage():
+    with pytest.raises(ValueError):
+        Pipeline([])

@@ -1,11 +1,14 @@
-"""Reading documents from JSONL, CSV and plain-text files."""
+"""Reading documents from JSONL, CSV and plain-text files; producing gives up within its deadline."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from schemas.codec import Document
-from worker.produce import BadLine, detect_format, read_documents, text_id
+from schemas.errors import TransientError
+from worker.produce import BadLine, detect_format, produce_records, read_documents, text_id
 
 
 def test_jsonl(tmp_path):
@@ -56,3 +59,10 @@ def test_plain_text_ids_are_stable_hashes(tmp_path):
 def test_detect_format(tmp_path):
     assert [detect_format(tmp_path / n) for n in ("a.jsonl", "a.ndjson", "a.CSV", "a.txt", "a")] == [
         "jsonl", "jsonl", "csv", "text", "text"]
+
+
+def test_produce_records_gives_up_within_its_deadline_when_no_broker_answers():
+    t0 = time.monotonic()
+    with pytest.raises(TransientError):
+        produce_records({"bootstrap.servers": "127.0.0.1:1"}, "t", [("k", b"v")], delivery_timeout_s=1)
+    assert time.monotonic() - t0 < 10

@@ -1,0 +1,53 @@
+"""The command line: complete help in an 80-column terminal, explicit overrides, clear errors."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from worker.cli import app
+from worker.settings import Settings
+
+ENV_SETTINGS = ["kafka_bootstrap_servers", "input_topic", "output_topic", "dlq_topic", "group_id",
+                "group_instance_id", "model", "precision", "device", "max_batch_size", "max_batch_tokens",
+                "max_batch_wait_ms", "redis_url", "cache_ttl_seconds", "milvus_uri", "milvus_collection",
+                "metrics_port"]
+
+
+def test_run_help_in_80_columns_shows_every_variable_whole_with_its_default():
+    out = CliRunner().invoke(app, ["run", "--help"], terminal_width=80, env={"COLUMNS": "80"}).output
+    assert "…" not in out
+    for name in ENV_SETTINGS:
+        assert f"EMBEDSTREAM_{name.upper()}" in out, name
+        assert f"--{name.replace('_', '-')}" in out, name
+    assert f"default: {Settings.model_fields['max_batch_size'].default}]" in out
+    assert max(len(line) for line in out.splitlines() if "EMBEDSTREAM_" in line) <= 80
+
+
+def test_run_passes_exactly_its_flags_as_settings(monkeypatch):
+    import worker.cli as cli
+
+    seen = {}
+
+    def fake_settings(**overrides):
+        seen.update(overrides)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "settings_or_exit", fake_settings)
+    CliRunner().invoke(app, ["run", "--group-id", "g", "--stop-when-idle", "3"])
+    assert seen["group_id"] == "g" and "stop_when_idle" not in seen
+    assert set(seen) == set(ENV_SETTINGS)
+
+
+@pytest.mark.parametrize("command", ["run", "produce", "tail", "search", "lag", "bench", "demo", "dev"])
+def test_every_command_has_help(command):
+    result = CliRunner().invoke(app, [command, "--help"])
+    assert result.exit_code == 0 and re.search(r"Usage: .*" + command, result.output)
+
+
+def test_a_bad_setting_exits_2_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("EMBEDSTREAM_MAX_BATCH_SIZE", "zero")
+    result = CliRunner().invoke(app, ["run"])
+    assert result.exit_code == 2 and "EMBEDSTREAM_MAX_BATCH_SIZE" in result.output

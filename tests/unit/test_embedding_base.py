@@ -1,0 +1,30 @@
+"""The model interface's token estimate: special tokens counted, capped like the model."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.errors import ConfigError
+from worker.embedding.base import resolve_model_path
+from worker.embedding.fake import FakeEmbedder
+from worker.embedding.sentence import split_by_budget
+
+
+def test_estimate_counts_special_tokens_and_caps_at_the_model_max():
+    model = FakeEmbedder()
+    assert model.estimate_tokens(["", "abcd" * 10, "x" * 100_000]) == [2, 12, model.max_seq_length]
+
+
+def test_a_model_path_without_a_model_says_what_to_fix(tmp_path):
+    with pytest.raises(ConfigError, match="EMBEDSTREAM_MODEL=.*no sentence-transformers model there.*Point it at"):
+        resolve_model_path(str(tmp_path))
+
+
+def test_forward_passes_are_cut_by_count_budget_and_padding():
+    lengths = [10, 12, 11, 200, 9, 13]
+    groups = split_by_budget(lengths, max_texts=3, max_tokens=1000)
+    assert sorted(i for g in groups for i in g) == list(range(6))  # every text once
+    assert all(len(g) <= 3 for g in groups)
+    assert [3] in groups  # the long one alone: it would pad the short ones to 200
+    for g in groups:  # sorted by length inside a pass
+        assert [lengths[i] for i in g] == sorted(lengths[i] for i in g)

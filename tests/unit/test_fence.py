@@ -1,0 +1,89 @@
+"""The fence: a lease its beat thread renews, closed after a stall until the polling loop re-validated the
+membership."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from worker.fence import Fence, FenceClosed, lease_seconds
+
+from .fakes import Clock
+
+
+def test_lease_is_shorter_than_what_eviction_takes():
+    assert lease_seconds(45, 3) == 41  # the production defaults
+    assert lease_seconds(6, 3) == 2  # the local stack
+    assert lease_seconds(2, 3) == 1  # never below a second
+
+
+def test_the_lease_expires_without_a_beat_and_renews_on_each_beat():
+    clock = Clock(10.0)
+    fence = Fence(lease_s=2, clock=clock)
+    fence.publish({("t", 0)})
+    clock.now = 11.5
+    assert fence.owned_now() == {("t", 0)}
+    fence.beat()
+    clock.now = 13.0
+    fence.check()
+    clock.now = 13.6
+    with pytest.raises(FenceClosed, match="lease expired"):
+        fence.owned_now()
+
+
+def test_a_blocked_polling_loop_is_no_stall_while_the_process_beats():
+    """A synchronous commit that waits out a JoinGroup blocks the loop for seconds; heartbeats go on."""
+    clock = Clock(0.0)
+    fence = Fence(lease_s=2, clock=clock)
+    for t in range(1, 60):  # 6 s of beats and not one polling turn
+        clock.now = t / 10
+        fence.beat()
+    assert not fence.suspect
+    fence.check()
+
+
+def test_after_a_stall_writes_wait_for_revalidation_by_polling_turns():
+    clock = Clock(0.0)
+    fence = Fence(lease_s=2, revalidate_s=1, clock=clock)
+    clock.now = 9.0  # the whole process was stopped for 9 s
+    with pytest.raises(FenceClosed):
+        fence.check()  # the sink thread woke first
+    fence.beat()
+    assert fence.suspect
+    clock.now = 9.1
+    fence.beat()
+    with pytest.raises(FenceClosed):
+        fence.check()  # beats alone never renew after a stall
+    fence.tick()  # the first polling turn after waking starts the re-validation
+    clock.now = 9.9
+    fence.beat()
+    fence.tick()
+    assert fence.suspect
+    clock.now = 10.2
+    fence.tick()
+    assert not fence.suspect
+    fence.check()
+
+
+def test_the_beat_thread_keeps_the_lease_fresh_on_the_real_clock():
+    fence = Fence(lease_s=0.3, beat_s=0.02)
+    fence.start()
+    try:
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:  # three leases long, checked all along
+            fence.check()
+            time.sleep(0.05)
+    finally:
+        fence.stop()
+    time.sleep(0.4)
+    with pytest.raises(FenceClosed):
+        fence.check()  # stopped: nothing renews it
+
+
+def test_ownership_is_a_snapshot():
+    fence = Fence(lease_s=5)
+    owned = {("t", 0), ("t", 1)}
+    fence.publish(owned)
+    owned.discard(("t", 1))  # the loop's own set changes later: the published one does not
+    assert fence.owned_now() == {("t", 0), ("t", 1)}

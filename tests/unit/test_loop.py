@@ -1,0 +1,141 @@
+"""The polling loop on a fake consumer and a chain of trivial stages: what it commits, when it
+pauses, what a revoke, a lost partition and a tripped breaker leave committed."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from schemas.codec import Document, encode_document
+from worker.assignment import Assignment
+from worker.chain import Chain
+from worker.fence import Fence, FenceClosed
+from worker.loop import Worker
+from worker.metrics import Health
+from worker.offsets import OffsetCommitter
+from worker.pipeline import Pipeline, Stage
+from worker.steps.batcher import Batcher
+from worker.steps.dlq_limit import DlqLimit, DlqLimitExceeded
+from worker.steps.intake import Intake
+from worker.steps.validate import Validator
+
+from .fakes import Clock, FakeConsumer, FakeMessage
+
+
+def _records(partition: int, n: int, bad_from: int | None = None) -> list[FakeMessage]:
+    out = []
+    for o in range(n):
+        model = "wrong" if bad_from is not None and o >= bad_from else None
+        doc = Document(f"d{partition}-{o}", f"text {partition} {o}", model)
+        out.append(FakeMessage(doc.id.encode(), encode_document(doc), partition, o))
+    return out
+
+
+def _worker(consumer, embed=lambda g: None, sink=lambda g: None, *, batch=10, inflight=4, pause_after=0.0,
+            dlq_run=1000, fence: Fence | None = None) -> Worker:
+    fence = fence or Fence(lease_s=5)
+    embed_stage = Stage("embed", embed)
+    pipeline = Pipeline([embed_stage, Stage("sink", sink)], backoff_max=0.05)
+    intake = Intake(Validator(10_000, lambda m: m is None), lambda texts: [5] * len(texts),
+                    DlqLimit(dlq_run, 1.0, 1000), Batcher(batch, 10_000, 0.01, max_bytes=1 << 24), pipeline.submit)
+    chain = Chain(intake, pipeline, OffsetCommitter(consumer, 0), fence,
+                  model_free=lambda: embed_stage.backlog == 0)
+    return Worker(consumer, "docs", chain, Assignment(pause_after=pause_after, join_grace=1.0),
+                  max_inflight=inflight, shutdown_grace=5, health=Health())
+
+
+def test_drains_every_partition_and_commits_the_next_offsets():
+    consumer = FakeConsumer({0: _records(0, 35), 1: _records(1, 7)})
+    stats = _worker(consumer).run(stop_when_idle=0.1)
+    assert stats.embedded == 42 and stats.dead_lettered == 0
+    assert consumer.committed_offsets == {0: 35, 1: 7} and consumer.closed
+
+
+def test_a_full_pipeline_pauses_the_assignment_and_resumes_it():
+    gate = threading.Event()
+    threading.Timer(0.5, gate.set).start()
+    consumer = FakeConsumer({0: _records(0, 60)})
+    worker = _worker(consumer, embed=lambda g: gate.wait(5), batch=5, inflight=2)
+    stats = worker.run(stop_when_idle=0.1)
+    assert stats.embedded == 60 and consumer.committed_offsets == {0: 60}
+    assert worker.assignment.pauses >= 1 and consumer.pause_calls >= 1 and consumer.resume_calls >= 1
+
+
+def test_revoke_finishes_in_flight_batches_commits_them_and_stores_nothing_after():
+    consumer = FakeConsumer({0: _records(0, 20), 1: _records(1, 20)})
+    calls = {"n": 0}
+
+    def sink(group):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            consumer.revoke_next([1])  # the next consume revokes partition 1
+
+    stats = _worker(consumer, sink=sink).run(stop_when_idle=0.1)
+    assert consumer.committed_offsets[0] == 20
+    # whatever partition 1 had finished before the revoke was committed by it; nothing later was stored
+    assert consumer.committed_offsets.get(1, 0) == consumer.stored.get(1, 0) <= 20
+    assert stats.embedded >= 20
+
+
+def test_lost_partitions_are_neither_written_nor_committed():
+    consumer = FakeConsumer({0: _records(0, 30), 1: _records(1, 30)})
+    fence = Fence(lease_s=5)
+    written: list[int] = []
+
+    def embed(group):
+        consumer.lose_next([1])
+        time.sleep(0.2)  # the loop serves the loss meanwhile
+
+    def sink(group):  # writes what the fence lets through, as the real sink does
+        owned = fence.owned_now()
+        written.extend(e.source.partition for b in group for e in b.entries if e.source.tp in owned)
+
+    _worker(consumer, embed=embed, sink=sink, fence=fence).run(stop_when_idle=1.5)
+    assert consumer.committed_offsets[0] == 30
+    assert 1 not in consumer.committed_offsets  # lost before any of its batches finished
+    assert set(written) == {0} and len(written) == 30
+
+
+def test_a_stall_longer_than_the_lease_closes_the_fence_until_revalidated():
+    clock = Clock(100.0)
+    fence = Fence(lease_s=2, revalidate_s=1, clock=clock)
+    fence.publish({("docs", 0)})
+    consumer = FakeConsumer({0: _records(0, 12)})
+    attempts: list[str] = []
+
+    def sink(group):
+        try:
+            fence.owned_now()
+            attempts.append("written")
+        except FenceClosed:
+            attempts.append("fenced")
+            raise
+
+    def embed(group):
+        if not attempts:
+            clock.now += 5  # the process "froze" for 5 s while this batch was in the model
+
+    def tick_clock():
+        while not done.is_set():
+            clock.now += 0.05
+            time.sleep(0.01)
+
+    done = threading.Event()
+    threading.Thread(target=tick_clock, daemon=True).start()
+    try:
+        stats = _worker(consumer, embed=embed, sink=sink, fence=fence, batch=12).run(stop_when_idle=0.5)
+    finally:
+        done.set()
+    assert attempts[0] == "fenced" and attempts[-1] == "written"
+    assert stats.embedded == 12 and consumer.committed_offsets == {0: 12}
+
+
+def test_tripped_breaker_commits_only_what_came_before_the_bad_run():
+    consumer = FakeConsumer({0: _records(0, 50, bad_from=20)})
+    with pytest.raises(DlqLimitExceeded):
+        _worker(consumer, batch=5, dlq_run=10).run(stop_when_idle=1)
+    # the 4 batches of good records (offsets 0-19) and the batches of dead letters closed before the
+    # 10th bad record in a row (offsets 20-24) finish and are committed; nothing from the trip on
+    assert 20 <= consumer.committed_offsets[0] <= 25 and consumer.closed

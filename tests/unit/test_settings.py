@@ -1,0 +1,43 @@
+"""Settings: the passthrough of librdkafka properties, required settings, secrets never shown."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from worker.settings import Settings, kafka_passthrough, load_settings
+
+
+def test_kafka_passthrough_maps_underscores_to_dots():
+    env = {"EMBEDSTREAM_KAFKA__SASL_MECHANISM": "PLAIN", "EMBEDSTREAM_KAFKA__": "x", "OTHER": "y"}
+    assert kafka_passthrough(env) == {"sasl.mechanism": "PLAIN"}
+
+
+def test_kafka_common_carries_bootstrap_and_passthrough():
+    s = Settings(kafka_bootstrap_servers="b:9092", kafka={"security.protocol": "SASL_SSL"})
+    assert s.kafka_common() == {"bootstrap.servers": "b:9092", "security.protocol": "SASL_SSL"}
+
+
+def test_require_names_the_variable_to_set():
+    with pytest.raises(ValueError, match="EMBEDSTREAM_MILVUS_URI"):
+        Settings().require("milvus_uri")
+
+
+def test_secrets_are_masked():
+    s = Settings(redis_url="redis://:s3cr3t-r@h:6379/0", milvus_token="s3cr3t-m", kafka={"sasl.password": "s3cr3t-k"})
+    shown = s.redacted()
+    assert shown["redis_url"] == shown["milvus_token"] == "***" and shown["kafka"]["sasl.password"] == "***"
+    assert "s3cr3t" not in repr(s) and "s3cr3t" not in str(shown)
+
+
+def test_topics_must_differ_and_blank_is_unset():
+    with pytest.raises(ValidationError, match="three different topics"):
+        Settings(input_topic="a", output_topic="a")
+    assert Settings(redis_url="  ").redis_url is None
+
+
+def test_flags_override_the_environment_and_none_means_not_given(monkeypatch):
+    monkeypatch.setenv("EMBEDSTREAM_GROUP_ID", "from-env")
+    monkeypatch.setenv("EMBEDSTREAM_MAX_BATCH_SIZE", "64")
+    s = load_settings({"group_id": "from-flag", "max_batch_size": None})
+    assert s.group_id == "from-flag" and s.max_batch_size == 64

@@ -1,0 +1,240 @@
+"""The sink step: upsert (never insert) with dedupe across a group, the last operation wins; output and
+DLQ records; a retry after a Milvus failure redoes only Milvus."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from confluent_kafka import KafkaError
+
+from connectors.milvus import MilvusStore
+from schemas.errors import TransientError
+from worker.fence import Fence, FenceClosed
+from worker.records import Batch, DeadLetter, Delete, Item, Source
+from worker.steps.sink import SinkStep
+from worker.steps.versions import VersionGuard, final_operations
+
+from .fakes import RecordingMilvusClient, RecordingProducer
+
+
+def _item(doc_id: str, o: int, v: float) -> Item:
+    return Item(Source("docs", 0, o), doc_id, f"text {o}", f"h{o}", 3, {"o": str(o)}, np.full(4, v, np.float32))
+
+
+def _store(client) -> MilvusStore:
+    store = MilvusStore.__new__(MilvusStore)
+    store._client, store.collection, store.timeout, store.uri, store.versioned = client, "c", 5.0, "fake", True
+    store.tombstones = "c_deleted"
+    return store
+
+
+def _sink(client, producer, fence: Fence | None = None) -> SinkStep:
+    if fence is None:
+        fence = Fence(lease_s=60)
+        fence.publish({("docs", p) for p in range(4)})
+    return SinkStep(_store(client), lambda: producer, "m", 4, cache=None, fence=fence,
+                    guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
+                    delivery_timeout_s=5)
+
+
+def test_sink_upserts_never_inserts_and_dedupes_last_wins():
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), _item("b", 1, 0.2), _item("a", 2, 0.3), Delete(Source("docs", 0, 3), "b"),
+              _item("c", 4, 0.4), Delete(Source("docs", 0, 5), "c"), _item("c", 6, 0.5)):
+        batch.add(e)
+    client, producer = RecordingMilvusClient(), RecordingProducer()
+    _sink(client, producer).process([batch])
+    kinds = [k for k, _ in client.calls]
+    assert "insert" not in kinds and kinds == ["upsert", "tombstones", "delete"]
+    rows = client.calls[0][1]
+    assert sorted(r["id"] for r in rows) == ["a", "c"]  # each id once
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["a"]["content_hash"] == "h2" and by_id["c"]["content_hash"] == "h6"  # last wins
+    assert [(r["id"], r["source"], r["source_offset"]) for r in client.calls[1][1]] == [("b", "T1:0", 3)]
+    assert client.calls[2][1] == ["b"]
+    # the output topic still sees every record, in order: 5 embeddings, 2 tombstones
+    assert [v is None for _, _, v, _ in producer.records] == [False, False, False, True, False, True, False]
+
+
+def test_final_operations_order():
+    batch = Batch()
+    batch.add(Delete(Source("d", 0, 0), "x"))
+    batch.add(_item("x", 1, 0.1))
+    ups, dels = final_operations(batch.entries)
+    assert list(ups) == ["x"] and dels == {}
+
+
+def test_a_group_is_one_upsert_and_the_last_operation_across_batches_wins():
+    first, second = Batch(), Batch()
+    for e in (_item("a", 0, 0.1), _item("b", 1, 0.2)):
+        first.add(e)
+    for e in (Delete(Source("docs", 0, 2), "a"), _item("b", 3, 0.3), _item("d", 4, 0.4)):
+        second.add(e)
+    client, producer = RecordingMilvusClient(), RecordingProducer()
+    _sink(client, producer).process([first, second])
+    assert [k for k, _ in client.calls] == ["upsert", "tombstones", "delete"]
+    rows = {r["id"]: r for r in client.calls[0][1]}
+    assert sorted(rows) == ["b", "d"] and rows["b"]["content_hash"] == "h3"
+    assert client.calls[2][1] == ["a"]
+    # every record of both batches reaches the output topic, in consumption order
+    assert [k for _, k, _, _ in producer.records] == [b"a", b"b", b"a", b"b", b"d"]
+
+
+def test_a_retry_after_a_milvus_failure_does_not_produce_the_records_again():
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), _item("b", 1, 0.2)):
+        batch.add(e)
+    client, producer = RecordingMilvusClient(fail_upserts=2), RecordingProducer()
+    sink = _sink(client, producer)
+    for _ in range(2):
+        with pytest.raises(TransientError):
+            sink.process([batch])
+    sink.process([batch])
+    assert [k for k, _ in client.calls] == ["upsert"] * 3  # Milvus is written at every attempt
+    assert [k for _, k, _, _ in producer.records] == [b"a", b"b"]  # the output only once
+
+
+def test_failed_delivery_fails_the_batch():
+    batch = Batch()
+    batch.add(_item("a", 0, 0.1))
+    with pytest.raises(TransientError):
+        _sink(RecordingMilvusClient(), RecordingProducer(fail=KafkaError(KafkaError._TRANSPORT))).process([batch])
+
+
+def test_dead_letters_keep_original_bytes_and_get_contract_headers():
+    batch = Batch()
+    batch.add(DeadLetter(Source("docs", 2, 9), b"k", b"\x00bad", [("trace", b"1")], "decode_error", "boom"))
+    producer = RecordingProducer()
+    _sink(RecordingMilvusClient(), producer).process([batch])
+    [(topic, key, value, headers)] = producer.records
+    h = dict(headers)
+    assert topic == "documents.dlq" and key == b"k" and value == b"\x00bad"
+    assert h["trace"] == b"1" and h["embedstream.error.reason"] == b"decode_error"
+    assert h["embedstream.error.message"] == b"boom" and h["embedstream.source.topic"] == b"docs"
+    assert h["embedstream.source.partition"] == b"2" and h["embedstream.source.offset"] == b"9"
+
+
+def test_dead_letter_over_the_broker_limit_keeps_its_head_and_says_so():
+    from worker.steps.sink import dlq_headers
+
+    d = DeadLetter(Source("docs", 0, 1), b"k", b"x" * 5000, None, "text_too_long", "too long")
+    value, headers = dlq_headers(d, max_value=1000)
+    assert value == b"x" * 1000 and dict(headers)["embedstream.error.original_size"] == b"5000"
+
+
+def _owned(*partitions: int) -> Fence:
+    fence = Fence(lease_s=60)
+    fence.publish({("docs", p) for p in partitions})
+    return fence
+
+
+def test_entries_of_partitions_no_longer_owned_are_written_nowhere():
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), Item(Source("docs", 1, 5), "b", "t", "hb", 3, {}, np.full(4, 0.2, np.float32)),
+              DeadLetter(Source("docs", 1, 6), b"k", b"v", None, "decode_error", "m")):
+        batch.add(e)
+    client, producer = RecordingMilvusClient(), RecordingProducer()
+    _sink(client, producer, _owned(0)).process([batch])
+    assert [r["id"] for r in client.calls[0][1]] == ["a"]
+    assert [k for _, k, _, _ in producer.records] == [b"a"]
+    assert batch.fenced == {("docs", 1)}
+
+
+def test_an_expired_lease_stops_the_group_before_any_write():
+    clock = [0.0]
+    fence = Fence(lease_s=2, clock=lambda: clock[0])
+    fence.publish({("docs", 0)})
+    batch = Batch()
+    batch.add(_item("a", 0, 0.1))
+    client, producer = RecordingMilvusClient(), RecordingProducer()
+    clock[0] = 3.0  # frozen past the lease
+    with pytest.raises(FenceClosed):
+        _sink(client, producer, fence).process([batch])
+    assert client.calls == [] and producer.records == []
+
+
+def test_an_older_version_than_milvus_holds_is_written_nowhere_and_a_newer_one_is():
+    client, producer = RecordingMilvusClient(), RecordingProducer()
+    sink = _sink(client, producer)
+    newer = Batch()
+    newer.add(_item("a", 10, 0.9))
+    newer.add(Delete(Source("docs", 0, 11), "gone"))
+    sink.process([newer])  # a row for "a" at offset 10 of T1:0
+    client.rows["gone"] = {"id": "gone", "source": "T1:0", "source_offset": 12}  # re-created later at 12
+    producer.records.clear()
+    late = Batch()  # what a zombie still had in flight: older offsets of the same partition
+    for e in (_item("a", 4, 0.1), _item("b", 5, 0.2), Delete(Source("docs", 0, 6), "gone"), _item("a", 12, 0.5)):
+        late.add(e)
+    sink.process([late])
+    assert client.rows["a"]["source_offset"] == 12 and client.rows["a"]["content_hash"] == "h12"
+    assert "gone" in client.rows, "an older tombstone deleted a newer row"
+    assert [k for _, k, _, _ in producer.records] == [b"b", b"a"]  # a@4 and the old tombstone are superseded
+    assert [e.superseded for e in late.entries] == [True, False, True, False]
+
+
+def test_the_same_offset_again_is_rewritten_as_a_replay_should():
+    client, producer = RecordingMilvusClient(), RecordingProducer()
+    sink = _sink(client, producer)
+    for _ in range(2):
+        batch = Batch()
+        batch.add(_item("a", 3, 0.3))
+        sink.process([batch])
+    assert len(producer.records) == 2 and not batch.entries[0].superseded
+
+
+def test_another_partition_or_topic_id_is_not_compared():
+    guard = VersionGuard({"docs": "T1"})
+    stored = {"a": ("T1:0", 100)}
+    assert guard.superseded(_item("a", 5, 0.1), stored)
+    assert not guard.superseded(Item(Source("docs", 1, 5), "a", "t", "h", 1, {}), stored)
+    assert not VersionGuard({"docs": "T2"}).superseded(_item("a", 5, 0.1), stored)  # topic re-created
+
+
+def test_a_producer_that_was_fenced_is_replaced_and_the_group_retried_whole():
+    """An idempotent producer whose id or epoch the broker rejected delivers nothing again: the sink
+    swaps in a new one, and the retry produces the group's records through it."""
+    fenced = RecordingProducer(fail=KafkaError(KafkaError.PRODUCER_FENCED))
+    fresh = RecordingProducer()
+    made = iter([fenced, fresh])
+    sink = SinkStep(_store(RecordingMilvusClient()), lambda: next(made), "m", 4, cache=None, fence=_owned(0),
+                    guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
+                    delivery_timeout_s=5)
+    batch = Batch()
+    batch.add(_item("a", 1, 0.1))
+    with pytest.raises(TransientError):
+        sink.process([batch])
+    assert fenced.purged and sink.producer is fresh
+    sink.process([batch])
+    assert [k for _, k, _, _ in fresh.records] == [b"a"]
+
+
+def test_an_ordinary_delivery_failure_keeps_the_producer():
+    producer = RecordingProducer(fail=KafkaError(KafkaError._MSG_TIMED_OUT))
+    sink = _sink(RecordingMilvusClient(), producer)
+    batch = Batch()
+    batch.add(_item("a", 1, 0.1))
+    with pytest.raises(TransientError):
+        sink.process([batch])
+    assert sink.producer is producer and not producer.purged
+
+
+def test_a_replay_across_a_delete_neither_brings_the_row_back_nor_shows_the_old_version_again():
+    """v2 then its tombstone were written; a replay (a crash before the commit, a rebalance) brings v2
+    again: it is older than the delete, so it is written nowhere."""
+    client, producer = RecordingMilvusClient(), RecordingProducer()
+    sink = _sink(client, producer)
+    first = Batch()
+    first.add(_item("a", 10, 0.2))
+    first.add(Delete(Source("docs", 0, 11), "a"))
+    sink.process([first])
+    assert "a" not in client.rows and client.deleted["a"]["source_offset"] == 11
+    producer.records.clear()
+    replay = Batch()
+    replay.add(_item("a", 10, 0.2))
+    sink.process([replay])
+    assert "a" not in client.rows and producer.records == []
+    assert replay.entries[0].superseded
+    newer = Batch()  # the document comes back later: newer than the delete, written
+    newer.add(_item("a", 12, 0.3))
+    sink.process([newer])
+    assert client.rows["a"]["source_offset"] == 12 and [k for _, k, _, _ in producer.records] == [b"a"]
