@@ -38,6 +38,8 @@ class Assignment:
         self._reapply = False
         self._unassigned_since: float | None = clock()
         self._idle_since: float | None = None
+        #: The group member id under which the partitions were assigned (librdkafka's, at each assign).
+        self.member_id: str | None = None
 
     def __contains__(self, tp: object) -> bool:
         return tp in self.partitions
@@ -46,6 +48,7 @@ class Assignment:
         return len(self.partitions)
 
     def add(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.member_id = consumer.memberid()
         for p in partitions:
             self.partitions.add((p.topic, p.partition))
             self._at_end[(p.topic, p.partition)] = False
@@ -67,6 +70,18 @@ class Assignment:
             self._unassigned_since = None
         elif not self.partitions:
             self._unassigned_since = self._clock()
+
+    def same_member(self, consumer: Consumer) -> bool:
+        """Whether the consumer is still the group member its partitions were assigned to. A member
+        evicted (a freeze past the session timeout) rejoins under a new member id; until the
+        rebalance callbacks of that rejoin have been served, what it believes it owns is void.
+        True when it owns nothing (there is nothing to write)."""
+        if not self.partitions:
+            return True
+        try:
+            return self.member_id is not None and consumer.memberid() == self.member_id
+        except RuntimeError:  # the consumer is closed
+            return False
 
     def at_end(self, tp: TopicPartitionKey, yes: bool) -> None:
         """A record (``yes=False``) or the end of the partition (``yes=True``) was seen on ``tp``."""

@@ -20,10 +20,19 @@ over the newer versions. Two parts keep it from writing:
   and the sink thread may wake before that.
 
 After a gap longer than the lease between two beats, the lease is not renewed at once: the polling
-thread *re-validates* first, polling for ``revalidate_s`` (``tick``) while the fence stays closed. librdkafka checks
-its session when it wakes (measured on the local broker: "session timed out … revoking assignment"
-logged on waking, ``on_lost`` served by the first poll after it), so an expired membership shows up
-as a loss during re-validation and the lost partitions are gone from ``owned`` before any write.
+thread *re-validates* first while the fence stays closed. It polls for ``revalidate_s`` (``tick``):
+librdkafka checks its session when it wakes (measured on the local broker: "session timed out …
+revoking assignment" logged on waking, ``on_lost`` served by the first poll after it), so an expired
+membership shows up as a loss and the lost partitions leave ``owned``. Polling alone is not enough,
+though: a member frozen in the middle of a cooperative rebalance saw no loss on waking and learned
+of its lost generation only 13 s later, from a refused commit (measured with three members). So the
+re-validation ends with a *proof* (``Worker._membership_proven``): the member id is the one its
+partitions were assigned under (an evicted member rejoins under a new one), no other member has
+committed its partitions past the offsets it stored, and the coordinator accepts a synchronous
+commit of the committed offsets from it (Kafka refuses one from an evicted member, an old
+generation, or during a rebalance; the local Tansu accepted it, which is why the offsets are
+compared too). Without the proof, the loop polls on and asks again; the rebalance's revoke or loss
+reaches ``owned`` first.
 
 The producer's ``message.timeout.ms`` is at most the lease (see ``worker.runner``): records already
 handed to librdkafka when the process froze are then timed out on waking instead of being sent after
@@ -119,18 +128,27 @@ class Fence:
             self._renewed = now
 
     # -- the polling thread -------------------------------------------------------------------
-    def tick(self) -> None:
+    def tick(self, prove: Callable[[], bool] | None = None) -> None:
         """One turn of the polling loop (each turn polls the consumer, which serves a loss). After a
-        stall, ``revalidate_s`` of turns re-validate the membership and the lease renews."""
+        stall, ``revalidate_s`` of turns pass, then ``prove()`` must show the membership is current
+        (a commit the coordinator accepts for this generation); only then does the lease renew. A
+        failed proof starts another window of turns: a rebalance in progress ends in an assign,
+        revoke or loss that the turns serve, and the proof is asked again."""
         if self._suspect_since is None:
             return
         now = self._clock()
         if self._revalidating_since is None:
             self._revalidating_since = now
-        elif now - self._revalidating_since >= self.revalidate_s:
-            self._suspect_since = self._revalidating_since = None
-            self._renewed = now
-            log.info("group membership re-validated: writes resume for %s", sorted(p for _, p in self._owned))
+            return
+        if now - self._revalidating_since < self.revalidate_s:
+            return
+        if prove is not None and not prove():
+            log.warning("group membership not proven yet: still no writes, polling on")
+            self._revalidating_since = self._clock()
+            return
+        self._suspect_since = self._revalidating_since = None
+        self._renewed = self._clock()
+        log.info("group membership re-validated: writes resume for %s", sorted(p for _, p in self._owned))
 
     @property
     def suspect(self) -> bool:

@@ -56,6 +56,7 @@ class Worker:
     # -- rebalance callbacks (run inside consume(), on this thread) ----------------------------
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.assignment.add(consumer, partitions)
+        self.chain.committer.new_generation(self.assignment.partitions)
         self.chain.fence.publish(self.assignment.partitions)
         self.health.assigned = len(self.assignment)
         log.info("assigned %s", sorted(p.partition for p in partitions))
@@ -80,6 +81,7 @@ class Worker:
         tps = {(p.topic, p.partition) for p in partitions}
         dropped = self.chain.intake.drop(tps)
         self.assignment.remove(tps, lost=lost)
+        self.chain.committer.forget(tps)
         self.chain.fence.publish(self.assignment.partitions)
         self.health.assigned = len(self.assignment)
         return dropped
@@ -93,7 +95,7 @@ class Worker:
         try:
             while not self.stop.requested:
                 self.health.tick()
-                chain.fence.tick()
+                chain.fence.tick(self._membership_proven)
                 # A full pipeline holds off consuming for ``pause_after`` before it pauses: pausing
                 # drops what librdkafka prefetched, and after a resume the first record came back only
                 # 0.7-0.8 s later (measured on Tansu). Holding serves no callbacks meanwhile.
@@ -125,6 +127,16 @@ class Worker:
             chain.fence.stop()
             self.consumer.close()
         return self.stats
+
+    def _membership_proven(self) -> bool:
+        """After a stall: still the member the partitions were assigned to (the member id did not
+        change with a rejoin), nobody else committed for its partitions meanwhile, and the group
+        accepts a commit from it (``OffsetCommitter.membership_holds``). Each check sees a loss the
+        others can miss: a rejoin under a new id whose assignment has not been served yet; a broker
+        that accepts any commit (measured on the local Tansu, three workers: the woken member's
+        commit was accepted 1 s before its revoke was served, while another member owned the
+        partition and had committed it further); a rebalance still under way."""
+        return self.assignment.same_member(self.consumer) and self.chain.committer.membership_holds()
 
     def _consume(self) -> list:
         """What the consumer holds now, else wait briefly for the first record.

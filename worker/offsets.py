@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -29,6 +29,9 @@ class OffsetCommitter:
         self._clock = clock
         self._dirty = False
         self._last = clock()
+        #: Per owned partition, the highest offset this member stored, or found committed at its
+        #: last rebalance: a committed offset beyond it was committed by another member.
+        self._known: dict[TopicPartitionKey, int] = {}
 
     def store(self, offsets: Mapping[TopicPartitionKey, int], owned: Container[TopicPartitionKey]) -> None:
         """Store ``offsets`` (next offset per partition) of a finished batch; partitions not ``owned``
@@ -37,6 +40,33 @@ class OffsetCommitter:
         if mine:
             self.consumer.store_offsets(offsets=mine)
             self._dirty = True
+            for tp in mine:
+                key = (tp.topic, tp.partition)
+                self._known[key] = max(self._known.get(key, 0), tp.offset)
+
+    def new_generation(self, owned: Iterable[TopicPartitionKey], timeout: float = 10.0) -> None:
+        """A rebalance this member took part in has just assigned it ``owned`` (any assign callback,
+        even an empty one): the group says what it owns now. What is committed for those partitions
+        now becomes the line past which a commit means a takeover. (Seen on the local Tansu: a woken
+        member reported the partition it still believed it owned, the sticky assignor gave it back,
+        and the member that had taken it over and committed it further revoked it.)"""
+        owned = set(owned)
+        self._known = {tp: o for tp, o in self._known.items() if tp in owned}
+        if not owned:
+            return
+        try:
+            for p in self.consumer.committed([TopicPartition(t, n) for t, n in owned], timeout=timeout):
+                key = (p.topic, p.partition)
+                if p.offset >= 0:
+                    self._known[key] = max(self._known.get(key, 0), p.offset)
+        except KafkaException as exc:
+            log.warning("could not read the committed offsets after a rebalance (%s): a later takeover check "
+                        "compares with this member's own offsets only", exc)
+
+    def forget(self, tps: Iterable[TopicPartitionKey]) -> None:
+        """The partitions left this member (revoked or lost): what it stored for them is history."""
+        for tp in tps:
+            self._known.pop(tp, None)
 
     def tick(self) -> None:
         """Commit what is stored if the interval has passed (every call with interval 0)."""
@@ -69,3 +99,35 @@ class OffsetCommitter:
                 if not last:
                     time.sleep(0.5)
         return False
+
+    def membership_holds(self, timeout: float = 10.0) -> bool:
+        """Prove, after a stall, that this member still owns its partitions: nobody else committed
+        for them meanwhile, and the group accepts a commit from it.
+
+        1. The offsets committed for its partitions are read; one beyond the highest this member
+           ever stored for that partition was committed by the member that took it over.
+        2. Those committed offsets are committed again, synchronously: Kafka's coordinator refuses a
+           commit from an evicted member or an old generation, or during a rebalance. Re-committing
+           the committed values moves nothing.
+
+        The first check is what holds on a broker that accepts any commit (the local Tansu accepted
+        the woken member's while another member owned and committed the partition). False on any
+        sign of a loss, a refusal or an error; True when nothing is assigned or committed."""
+        try:
+            parts = self.consumer.assignment()
+            if not parts:
+                return True
+            committed = [TopicPartition(p.topic, p.partition, p.offset)
+                         for p in self.consumer.committed(parts, timeout=timeout) if p.offset >= 0]
+            taken = [(p.partition, p.offset) for p in committed
+                     if p.offset > self._known.get((p.topic, p.partition), p.offset)]
+            if taken:
+                log.warning("membership not proven: other members committed %s past this member's offsets "
+                            "(the partitions were taken over)", ", ".join(f"{p}@{o}" for p, o in taken))
+                return False
+            if committed:
+                self.consumer.commit(offsets=committed, asynchronous=False)
+            return True
+        except KafkaException as exc:
+            log.warning("membership not proven: the group refused a commit (%s)", exc)
+            return False

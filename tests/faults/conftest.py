@@ -55,3 +55,17 @@ def fault_table(tmp_path_factory):
         print("\n\nfault suite: scenario | injected | documents | dead-lettered | duplicates on output | recovery s")
         for r in rows:
             print(" | ".join(r))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed scenario shows the last lines of each of its workers' logs (CI keeps only the output)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    from tests.faults.harness import WorkerProcess
+
+    for w in WorkerProcess.live:
+        tail = "\n".join(w.log().splitlines()[-25:])
+        report.sections.append((f"{w.log_path.name} (last 25 lines)", tail))

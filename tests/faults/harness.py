@@ -165,6 +165,18 @@ def committed_total(s: Settings, partitions: int) -> int:
     return sum(committed_offsets(s, partitions).values())
 
 
+@contextmanager
+def committed_reader(s: Settings, partitions: int):
+    """A callable giving the group's committed total, on one consumer kept open: fast enough to watch
+    a backlog drain every few milliseconds (``committed_total`` opens a consumer per call, ~1 s)."""
+    c = Consumer({**s.kafka_common(), "group.id": s.group_id})
+    tps = [TopicPartition(s.input_topic, p) for p in range(partitions)]
+    try:
+        yield lambda: sum(max(tp.offset, 0) for tp in c.committed(tps, timeout=10))
+    finally:
+        c.close()
+
+
 def wait_until(predicate, timeout: float, every: float = 0.25, what: str = "condition") -> float:
     """Wait for ``predicate()``; return the seconds it took; AssertionError on timeout."""
     start = time.monotonic()

@@ -212,6 +212,9 @@ class FakeConsumer:
     def assignment(self):
         return list(self.assigned)
 
+    def memberid(self):
+        return getattr(self, "member", "member-1")
+
     def pause(self, parts):
         self.pause_calls += 1
         self.paused |= {tp.partition for tp in parts}
@@ -224,8 +227,12 @@ class FakeConsumer:
         for tp in offsets:
             self.stored[tp.partition] = tp.offset
 
-    def commit(self, asynchronous=True):
-        self.committed_offsets.update(self.stored)
+    def commit(self, offsets=None, asynchronous=True):
+        if offsets is None:
+            self.committed_offsets.update(self.stored)
+        else:
+            self.committed_offsets.update({tp.partition: tp.offset for tp in offsets})
+            self.explicit_commits = getattr(self, "explicit_commits", 0) + 1
 
     def committed(self, partitions, timeout=None):
         return [TopicPartition(tp.topic, tp.partition, self.committed_offsets.get(tp.partition, -1001))

@@ -81,3 +81,16 @@ def test_pauses_after_being_full_for_a_while_resumes_and_reapplies_after_assign(
     a.add(consumer, [TopicPartition("t", 1)])
     a.update_pause(consumer, full=False)
     assert consumer.paused == set()
+
+
+def test_a_member_that_rejoined_under_a_new_id_owns_nothing_it_believes_it_owns():
+    a, consumer = Assignment(pause_after=1, join_grace=10), FakeConsumer({})
+    assert a.same_member(consumer)  # owns nothing: nothing to write
+    consumer.member = "m-1"
+    a.add(consumer, [TopicPartition("t", 0)])
+    assert a.same_member(consumer)
+    consumer.member = "m-2"  # evicted while frozen, rejoined: its new assignment is not served yet
+    assert not a.same_member(consumer)
+    a.remove({("t", 0)}, lost=True)
+    a.add(consumer, [])  # the rejoin's (empty) assignment
+    assert a.same_member(consumer)

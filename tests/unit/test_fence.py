@@ -87,3 +87,38 @@ def test_ownership_is_a_snapshot():
     fence.publish(owned)
     owned.discard(("t", 1))  # the loop's own set changes later: the published one does not
     assert fence.owned_now() == {("t", 0), ("t", 1)}
+
+
+def test_revalidation_waits_for_a_proof_of_membership():
+    """Polling turns alone are not enough: a member frozen mid-rebalance sees no loss on waking."""
+    clock = Clock(0.0)
+    fence = Fence(lease_s=2, revalidate_s=1, clock=clock)
+    proofs = iter([False, False, True])
+    asked = []
+
+    def prove() -> bool:
+        asked.append(clock.now)
+        return next(proofs)
+
+    clock.now = 9.0
+    fence.beat()
+    fence.tick(prove)  # starts the window
+    for t in (9.5, 10.1, 10.6, 11.2, 12.3):
+        clock.now = t
+        fence.tick(prove)
+    assert asked == [10.1, 11.2, 12.3]  # asked once per window, a refusal starts a new window
+    assert not fence.suspect
+    fence.check()
+
+
+def test_a_refused_proof_keeps_the_fence_closed():
+    clock = Clock(0.0)
+    fence = Fence(lease_s=2, revalidate_s=1, clock=clock)
+    clock.now = 9.0
+    fence.beat()
+    fence.tick(lambda: False)
+    clock.now = 10.5
+    fence.tick(lambda: False)
+    assert fence.suspect
+    with pytest.raises(FenceClosed):
+        fence.check()

@@ -36,11 +36,11 @@ class FlakyConsumer(FakeConsumer):
         super().__init__({})
         self.failures = failures
 
-    def commit(self, asynchronous=True):
+    def commit(self, offsets=None, asynchronous=True):
         if self.failures:
             self.failures -= 1
             raise KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))
-        super().commit(asynchronous)
+        super().commit(offsets, asynchronous)
 
 
 def test_a_failed_commit_keeps_the_offsets_for_the_next_one():
@@ -56,3 +56,73 @@ def test_shutdown_commit_retries_within_its_attempts():
     committer = OffsetCommitter(c, 0)
     committer.store({("docs", 0): 2}, owned={("docs", 0)})
     assert committer.commit(sync=True, attempts=3) and c.committed_offsets == {0: 2}
+
+
+def _assigned(consumer: FakeConsumer, committed: dict[int, int]) -> FakeConsumer:
+    from confluent_kafka import TopicPartition
+
+    consumer.assigned = [TopicPartition("docs", p) for p in (0, 1)]
+    consumer.committed_offsets.update(committed)
+    return consumer
+
+
+def test_membership_is_proven_by_recommitting_what_is_committed():
+    c = _assigned(FakeConsumer({}), {0: 40})  # partition 1 has nothing committed yet: left alone
+    assert OffsetCommitter(c, 0).membership_holds()
+    assert c.explicit_commits == 1 and c.committed_offsets == {0: 40}
+
+
+class EvictedConsumer(FakeConsumer):
+    """The coordinator refuses its commits: it is no member of the current generation."""
+
+    def commit(self, offsets=None, asynchronous=True):
+        raise KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION))
+
+
+def test_a_refused_commit_is_no_proof(caplog):
+    c = _assigned(EvictedConsumer({}), {0: 40, 1: 3})
+    assert OffsetCommitter(c, 0).membership_holds() is False
+    assert "membership not proven" in caplog.text
+
+
+def test_nothing_assigned_or_committed_needs_no_proof():
+    assert OffsetCommitter(EvictedConsumer({}), 0).membership_holds()
+    assert OffsetCommitter(_assigned(EvictedConsumer({}), {}), 0).membership_holds()
+
+
+def test_a_partition_committed_past_this_members_offsets_was_taken_over(caplog):
+    """A broker that accepts any commit (the local Tansu) still shows the takeover: the new owner
+    committed further than this member ever stored."""
+    c = _assigned(FakeConsumer({}), {})
+    committer = OffsetCommitter(c, 0)
+    committer.store({("docs", 0): 40, ("docs", 1): 12}, owned={("docs", 0), ("docs", 1)})
+    committer.commit(sync=True)
+    assert committer.membership_holds()
+    c.committed_offsets[1] = 90  # the member that took partition 1 over committed meanwhile
+    assert committer.membership_holds() is False
+    assert "1@90" in caplog.text
+    committer.forget({("docs", 1)})  # the revoke was served: partition 1 is no longer ours to judge
+    c.assigned = [tp for tp in c.assigned if tp.partition != 1]
+    assert committer.membership_holds()
+
+
+def test_a_rebalance_this_member_took_part_in_says_what_it_owns():
+    c = _assigned(FakeConsumer({}), {})
+    committer = OffsetCommitter(c, 0)
+    committer.store({("docs", 0): 40}, owned={("docs", 0)})
+    c.committed_offsets[0] = 90
+    assert committer.membership_holds() is False
+    committer.new_generation({("docs", 0)})  # an assign callback: the group gave partition 0 (back) to it
+    assert committer.membership_holds()
+    c.committed_offsets[0] = 95  # and after that rebalance, a commit past the line is a takeover again
+    assert committer.membership_holds() is False
+
+
+def test_a_rebalance_before_any_offset_was_stored_sets_the_line():
+    """The freeze may land right after an assignment, before this member stored anything."""
+    c = _assigned(FakeConsumer({}), {0: 40})
+    committer = OffsetCommitter(c, 0)
+    committer.new_generation({("docs", 0), ("docs", 1)})
+    assert committer.membership_holds()
+    c.committed_offsets[0] = 60
+    assert committer.membership_holds() is False
