@@ -1,4 +1,5 @@
-"""The Milvus collection of the contract: created if missing, checked for dim, upserts and deletes.
+"""The Milvus collection of the contract (its shape: ``connectors.milvus_schema``): created if
+missing, checked for dim and shape, chunk rows upserted and deleted, versions read.
 
 Every call carries ``timeout=`` (a frozen server blocks forever without it), and every failure of
 the server or the network becomes :class:`TransientError`, so the worker retries instead of
@@ -7,64 +8,34 @@ dead-lettering.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
 
-import numpy as np
-
-# pymilvus' generated protobuf modules: internal, but the columnar request needs them (see
-# MilvusStore.upsert_columns); the unit fake decodes the same request, the contract test sends it.
-from pymilvus.grpc_gen import milvus_pb2, schema_pb2
-
+from connectors.milvus_schema import (
+    CHUNK_FIELDS,
+    VERSION_FIELDS,
+    ChunkRows,
+    chunk_id,
+    collection_schema,
+    tombstone_schema,
+    upsert_request,
+)
 from schemas.errors import ConfigError, TransientError
 
 log = logging.getLogger(__name__)
 
-ID_MAX_LENGTH = 512
-SOURCE_MAX_LENGTH = 300
 # pymilvus pings every 10 s even without calls; gRPC servers by default allow one ping per 5 min
 # and answer more with GOAWAY "too_many_pings", dropping the channel. Every call here carries its
 # own timeout, so keepalive pings add nothing: keep them rare and only during calls.
 _GRPC_OPTIONS = {"grpc.keepalive_time_ms": 300_000, "grpc.keepalive_permit_without_calls": 0}
 
+#: A version as the collection holds it: ``(source, source_offset)`` (either None on an odd row).
+Version = tuple[str | None, int | None]
+
 
 def _transient(exc: Exception) -> TransientError:
     return TransientError("milvus", f"{type(exc).__name__}: {exc}")
-
-
-#: The fields that say which version of a document a row holds: the input log and partition it came
-#: from (``<topic id>:<partition>``) and its offset there. Collections created before them have none.
-VERSION_FIELDS = ("source", "source_offset")
-
-
-def _upsert_request(collection: str, ids: list[str], vectors: np.ndarray, model: str, hashes: list[str],
-                    metadata: list[dict[str, str]], updated_at: int,
-                    versions: tuple[list[str], list[int]] | None):
-    """The UpsertRequest for the collection's fields, one column each (``versions``: the
-    ``source`` and ``source_offset`` columns, for a collection that has them)."""
-    n = len(ids)
-    req = milvus_pb2.UpsertRequest(collection_name=collection, num_rows=n)
-
-    def column(name: str, dtype: int) -> Any:
-        field = req.fields_data.add()
-        field.field_name, field.type = name, dtype
-        return field
-
-    column("id", schema_pb2.VarChar).scalars.string_data.data.extend(ids)
-    vec = column("vector", schema_pb2.FloatVector).vectors
-    vec.dim = int(vectors.shape[1])
-    vec.float_vector.data.extend(np.ascontiguousarray(vectors, dtype=np.float32).ravel().tolist())
-    column("model", schema_pb2.VarChar).scalars.string_data.data.extend([model] * n)
-    column("content_hash", schema_pb2.VarChar).scalars.string_data.data.extend(hashes)
-    column("metadata", schema_pb2.JSON).scalars.json_data.data.extend(
-        [json.dumps(m, separators=(",", ":")).encode() for m in metadata])
-    column("updated_at", schema_pb2.Int64).scalars.long_data.data.extend([updated_at] * n)
-    if versions is not None:
-        column("source", schema_pb2.VarChar).scalars.string_data.data.extend(versions[0])
-        column("source_offset", schema_pb2.Int64).scalars.long_data.data.extend(versions[1])
-    return req
 
 
 def _connect(uri: str, token: str | None, timeout: float) -> Any:
@@ -87,37 +58,7 @@ def _connect(uri: str, token: str | None, timeout: float) -> Any:
             delay = min(delay * 2, 2.0)
 
 
-def _schema(dim: int) -> Any:
-    """The collection's fields (``MilvusStore``'s docstring lists them)."""
-    from pymilvus import DataType, MilvusClient
-
-    schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
-    schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=ID_MAX_LENGTH)
-    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
-    schema.add_field("model", DataType.VARCHAR, max_length=256)
-    schema.add_field("content_hash", DataType.VARCHAR, max_length=64)
-    schema.add_field("metadata", DataType.JSON)
-    schema.add_field("updated_at", DataType.INT64)
-    schema.add_field("source", DataType.VARCHAR, max_length=SOURCE_MAX_LENGTH)
-    schema.add_field("source_offset", DataType.INT64)
-    return schema
-
-
-def _tombstone_schema() -> Any:
-    """The companion collection of deleted ids and the version of their delete. Milvus wants a
-    vector field in every collection: ``marker`` is a constant 2-dim vector, never searched."""
-    from pymilvus import DataType, MilvusClient
-
-    schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
-    schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=ID_MAX_LENGTH)
-    schema.add_field("source", DataType.VARCHAR, max_length=SOURCE_MAX_LENGTH)
-    schema.add_field("source_offset", DataType.INT64)
-    schema.add_field("updated_at", DataType.INT64)
-    schema.add_field("marker", DataType.FLOAT_VECTOR, dim=2)
-    return schema
-
-
-def _newer(a: tuple[str | None, int | None] | None, b: tuple[str | None, int | None]) -> tuple[str | None, int | None]:
+def _newer(a: Version | None, b: Version) -> Version:
     """The later of two versions of one id; ``b`` (the row) where they are not comparable."""
     if a is None or a[0] != b[0] or a[1] is None or b[1] is None:
         return b if a is None or b[1] is not None else a
@@ -125,47 +66,56 @@ def _newer(a: tuple[str | None, int | None] | None, b: tuple[str | None, int | N
 
 
 class MilvusStore:
-    """One collection: ``id`` VARCHAR pk, ``vector`` FLOAT_VECTOR(dim), ``model``, ``content_hash``,
-    ``metadata`` JSON, ``updated_at`` INT64 (ms), ``source`` VARCHAR and ``source_offset`` INT64 (the
-    version a row holds); COSINE metric. A versioned collection has a companion,
-    ``<collection>_deleted``, with the version of each id's last delete, so that a delete has a version
-    to compare with too. ``versioned`` is False for a collection made before the version fields on a
-    server that cannot add them."""
+    """One collection of chunk rows (``connectors.milvus_schema``), COSINE metric, and its companion
+    ``<collection>_deleted`` with the version of each document id's last delete, so that a delete
+    has a version to compare with too."""
 
     def __init__(self, uri: str, collection: str, token: str | None = None, timeout: float = 10.0) -> None:
         self.collection = collection
         self.timeout = timeout
         self.uri = uri
-        self.versioned = True
         self.tombstones = f"{collection}_deleted"
         self._client = _connect(uri, token, timeout)
 
     def ensure_collection(self, dim: int) -> None:
-        """Create the collection for ``dim`` if missing; raise :class:`ConfigError` when it exists
-        with another dim (the model changed: use a new EMBEDSTREAM_MILVUS_COLLECTION)."""
+        """Create the collection for ``dim`` if missing. Raise :class:`ConfigError` when it exists with
+        another dim (the model changed) or in the shape from before chunking (a row per document)."""
         c = self._client
         try:
             if self.exists():
-                have = self.dim()
-                if have != dim:
-                    raise ConfigError(
-                        f"Milvus collection {self.collection!r} holds {have}-dim vectors but the model makes "
-                        f"{dim}-dim ones: set EMBEDSTREAM_MILVUS_COLLECTION to a new collection, or use the "
-                        "model the collection was built with."
-                    )
-                self.versioned = self._ensure_version_fields()
+                self._check_shape(dim)
                 c.load_collection(self.collection, timeout=self.timeout)
             else:
                 index = c.prepare_index_params()
                 index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="COSINE")
-                c.create_collection(self.collection, schema=_schema(dim), index_params=index, timeout=self.timeout)
-            if self.versioned:
-                self._ensure_tombstones()
+                c.create_collection(self.collection, schema=collection_schema(dim), index_params=index,
+                                    timeout=self.timeout)
+            self._ensure_tombstones()
         except ConfigError:
             raise
         except Exception as exc:
             raise ConfigError(f"Milvus at {self.uri!r} did not answer ({type(exc).__name__}: {exc}). "
                               "Check EMBEDSTREAM_MILVUS_URI and EMBEDSTREAM_MILVUS_TOKEN.") from None
+
+    def _check_shape(self, dim: int) -> None:
+        info = self._client.describe_collection(self.collection, timeout=self.timeout)
+        fields = {f["name"]: f for f in info["fields"]}
+        if "vector" not in fields:
+            raise ConfigError(f"Milvus collection {self.collection!r} has no 'vector' field: not an embedstream "
+                              "collection; set EMBEDSTREAM_MILVUS_COLLECTION to another name.")
+        have = int(fields["vector"]["params"]["dim"])
+        if have != dim:
+            raise ConfigError(
+                f"Milvus collection {self.collection!r} holds {have}-dim vectors but the model makes {dim}-dim ones: "
+                "set EMBEDSTREAM_MILVUS_COLLECTION to a new collection, or use the model the collection was built "
+                "with.")
+        missing = [f for f in (*CHUNK_FIELDS, *VERSION_FIELDS) if f not in fields]
+        if missing:
+            raise ConfigError(
+                f"Milvus collection {self.collection!r} was made by an embedstream from before chunking (one row per "
+                f"document; no {', '.join(missing)} fields). This version writes a row per chunk and will not mix the "
+                "two. Set EMBEDSTREAM_MILVUS_COLLECTION to a new name and replay the input topic into it (a new "
+                "EMBEDSTREAM_GROUP_ID reads it from the start), then drop the old collection.")
 
     def _ensure_tombstones(self) -> None:
         c = self._client
@@ -174,53 +124,22 @@ class MilvusStore:
             return
         index = c.prepare_index_params()
         index.add_index(field_name="marker", index_type="AUTOINDEX", metric_type="L2")
-        c.create_collection(self.tombstones, schema=_tombstone_schema(), index_params=index, timeout=self.timeout)
-
-    def _ensure_version_fields(self) -> bool:
-        """Add the version fields to a collection made before them, where the server can (Milvus
-        2.6+); True when the collection has them."""
-        from pymilvus import DataType
-
-        have = {f["name"] for f in self._client.describe_collection(self.collection, timeout=self.timeout)["fields"]}
-        if set(VERSION_FIELDS) <= have:
-            return True
-        try:
-            self._client.add_collection_field(self.collection, field_name="source", data_type=DataType.VARCHAR,
-                                              max_length=SOURCE_MAX_LENGTH, nullable=True, timeout=self.timeout)
-            self._client.add_collection_field(self.collection, field_name="source_offset",
-                                              data_type=DataType.INT64, nullable=True, timeout=self.timeout)
-            return True
-        except Exception as exc:
-            log.warning("Milvus collection %r predates the version fields (source, source_offset) and this server "
-                        "cannot add them (%s): writes are fenced by the lease and partition ownership only, without "
-                        "the version guard. To have it: point EMBEDSTREAM_MILVUS_COLLECTION at a new collection and "
-                        "replay the input topic into it.", self.collection, type(exc).__name__)
-            return False
+        c.create_collection(self.tombstones, schema=tombstone_schema(), index_params=index, timeout=self.timeout)
 
     def exists(self) -> bool:
         return bool(self._client.has_collection(self.collection, timeout=self.timeout))
 
     def dim(self) -> int:
         info = self._client.describe_collection(self.collection, timeout=self.timeout)
-        for f in info["fields"]:
-            if f["name"] == "vector":
-                return int(f["params"]["dim"])
-        raise ConfigError(f"Milvus collection {self.collection!r} has no 'vector' field: not an embedstream "
-                          "collection; set EMBEDSTREAM_MILVUS_COLLECTION to another name.")
+        return next(int(f["params"]["dim"]) for f in info["fields"] if f["name"] == "vector")
 
-    def upsert_columns(self, ids: list[str], vectors: np.ndarray, model: str, hashes: list[str],
-                       metadata: list[dict[str, str]], updated_at: int,
-                       versions: tuple[list[str], list[int]] = ([], [])) -> None:
-        """Upsert rows given as columns (``ids`` unique, ``vectors`` shape ``(len(ids), dim)``;
-        ``versions`` = the ``source`` and ``source_offset`` columns, dropped when not ``versioned``).
-
-        Same effect as :meth:`upsert`, built as one protobuf request: pymilvus packs dict rows in
-        Python field by field, holding the GIL that the worker's other threads need; a column of
-        vectors goes into the request in one copy."""
-        if not ids:
+    def upsert_chunks(self, rows: ChunkRows, model: str, updated_at: int) -> None:
+        """Upsert chunk rows (their ids unique), built as one columnar protobuf request: pymilvus
+        packs dict rows in Python field by field, holding the GIL that the worker's other threads
+        need; a column of vectors goes into the request in one copy."""
+        if not len(rows):
             return
-        request = _upsert_request(self.collection, ids, vectors, model, hashes, metadata, updated_at,
-                                  versions if self.versioned else None)
+        request = upsert_request(self.collection, rows, model, updated_at)
         try:
             # A prepared request skips pymilvus' packing; ``schema`` only saves it a describe call.
             self._client._get_connection().upsert(self.collection, [], upsert_param=request,
@@ -229,7 +148,7 @@ class MilvusStore:
             raise _transient(exc) from None
 
     def upsert(self, rows: list[dict[str, Any]]) -> None:
-        """Upsert ``rows`` (already deduplicated by id: real Milvus rejects repeated keys in one call)."""
+        """Upsert ``rows`` given as dicts (ids unique: real Milvus rejects repeated keys in one call)."""
         if not rows:
             return
         try:
@@ -237,36 +156,46 @@ class MilvusStore:
         except Exception as exc:
             raise _transient(exc) from None
 
-    def versions(self, ids: list[str]) -> dict[str, tuple[str | None, int | None]]:
-        """``{id: (source, source_offset)}`` of the rows that exist among ``ids``, read at Strong
-        consistency ({} for a collection without the version fields)."""
-        if not ids or not self.versioned:
-            return {}
+    def versions(self, doc_ids: list[str]) -> tuple[dict[str, Version], dict[str, int]]:
+        """For the documents among ``doc_ids`` that Milvus knows, read at Strong consistency: the
+        version each holds (its rows', or its last delete's where that is newer) and how many
+        chunks its rows say it has (documents with rows only). Chunk 0 speaks for the document:
+        every version has one, and its rows are written together."""
+        if not doc_ids:
+            return {}, {}
         try:
-            rows = self._client.get(self.collection, ids=ids, output_fields=list(VERSION_FIELDS),
+            rows = self._client.get(self.collection, ids=[chunk_id(d, 0) for d in doc_ids],
+                                    output_fields=["doc_id", "chunk_count", *VERSION_FIELDS],
                                     timeout=self.timeout, consistency_level="Strong")
-            deleted = self._client.get(self.tombstones, ids=ids, output_fields=list(VERSION_FIELDS),
+            deleted = self._client.get(self.tombstones, ids=doc_ids, output_fields=list(VERSION_FIELDS),
                                        timeout=self.timeout, consistency_level="Strong")
         except Exception as exc:
             raise _transient(exc) from None
-        out: dict[str, tuple[str | None, int | None]] = {
-            r["id"]: (r.get("source"), r.get("source_offset")) for r in deleted}
+        versions: dict[str, Version] = {r["id"]: (r.get("source"), r.get("source_offset")) for r in deleted}
+        counts: dict[str, int] = {}
         for r in rows:
-            out[r["id"]] = _newer(out.get(r["id"]), (r.get("source"), r.get("source_offset")))
-        return out
+            doc = r["doc_id"]
+            versions[doc] = _newer(versions.get(doc), (r.get("source"), r.get("source_offset")))
+            counts[doc] = int(r["chunk_count"])
+        return versions, counts
 
-    def delete(self, ids: list[str], versions: tuple[list[str], list[int]] | None = None,
-               updated_at: int = 0) -> None:
-        """Delete the rows of ``ids``; with ``versions`` (the deletes' ``source`` and ``source_offset``
-        columns) a versioned collection first records them in its companion, where ``versions()``
-        finds them: an older upsert of a deleted id is then known to be older."""
+    def record_deletes(self, doc_ids: list[str], versions: tuple[list[str], list[int]], updated_at: int) -> None:
+        """Keep the version of each document's delete in the companion, where ``versions()`` finds it:
+        an older upsert of a deleted id is then known to be older."""
+        if not doc_ids:
+            return
+        try:
+            self._client.upsert(self.tombstones, [
+                {"id": i, "source": src, "source_offset": off, "updated_at": updated_at, "marker": [1.0, 0.0]}
+                for i, src, off in zip(doc_ids, *versions)], timeout=self.timeout)
+        except Exception as exc:
+            raise _transient(exc) from None
+
+    def delete(self, ids: list[str]) -> None:
+        """Delete rows by primary key (chunk ids)."""
         if not ids:
             return
         try:
-            if versions is not None and self.versioned:
-                self._client.upsert(self.tombstones, [
-                    {"id": i, "source": src, "source_offset": off, "updated_at": updated_at, "marker": [1.0, 0.0]}
-                    for i, src, off in zip(ids, *versions)], timeout=self.timeout)
             self._client.delete(self.collection, ids=ids, timeout=self.timeout)
         except Exception as exc:
             raise _transient(exc) from None
@@ -297,9 +226,11 @@ class MilvusStore:
         return int(res[0]["count(*)"])
 
     def search(self, vector, limit: int = 5) -> list[dict]:
+        """The ``limit`` nearest chunk rows: ``id`` (the chunk's), ``score``, and the row's
+        ``doc_id``, ``chunk_index``, ``chunk_count``, span, ``excerpt``, ``metadata`` and ``model``."""
         try:
             hits = self._client.search(self.collection, data=[vector], limit=limit,
-                                       output_fields=["id", "metadata", "model"],
+                                       output_fields=[*CHUNK_FIELDS, "excerpt", "metadata", "model"],
                                        search_params={"metric_type": "COSINE"}, timeout=self.timeout)
         except Exception as exc:
             raise _transient(exc) from None

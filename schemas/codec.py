@@ -233,6 +233,10 @@ def encode_embedding(record: dict[str, Any]) -> bytes:
             parts.append(_string(v))
     parts.append(b"\x00")
     parts.append(_long(_ms(record["embedded_at"]) or 0))
+    parts.append(_long(record.get("chunk_index", 0)))
+    parts.append(_long(record.get("chunk_count", 1)))
+    parts.append(_long(record.get("span_start", 0)))
+    parts.append(_long(record.get("span_end", -1)))
     return b"".join(parts)
 
 

@@ -101,3 +101,45 @@ def read_topic(s: Settings, topic: str, expect: int | None = None, idle: float =
     finally:
         c.close()
     return out
+
+
+CHUNK_ROW_FIELDS = ("id", "doc_id", "chunk_index", "chunk_count", "span_start", "span_end", "source_offset",
+                    "content_hash", "metadata", "vector")
+
+
+def documents_in_milvus(s: Settings) -> dict[str, list[dict]]:
+    """Every document in the collection: its chunk rows in chunk order. Asserts each document holds
+    exactly the chunks of one version (indexes 0..count-1, one count, one source offset)."""
+    from connectors.milvus import MilvusStore
+
+    store = MilvusStore(s.milvus_uri, s.milvus_collection, timeout=30)
+    rows = store.query_ids(fields=CHUNK_ROW_FIELDS)
+    store.close()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "a Milvus id appears twice"
+    docs: dict[str, list[dict]] = {}
+    for r in sorted(rows, key=lambda r: (r["doc_id"], r["chunk_index"])):
+        docs.setdefault(r["doc_id"], []).append(r)
+    for doc, chunks in docs.items():
+        assert [r["chunk_index"] for r in chunks] == list(range(chunks[0]["chunk_count"])), \
+            f"{doc}: chunks {[r['chunk_index'] for r in chunks]} of {chunks[0]['chunk_count']}"
+        assert len({(r["chunk_count"], r["source_offset"]) for r in chunks}) == 1, f"{doc}: chunks of two versions"
+    return docs
+
+
+def min_cosine_to_direct_encode(model, docs: dict[str, list[dict]], texts: dict[str, str]) -> float:
+    """The lowest cosine between a row's vector and a direct encode of its span of the document's
+    text (``texts``: document id → the text as produced)."""
+    import numpy as np
+
+    from worker.records import normalise_text
+    from worker.tools.reference import encode_reference
+
+    rows = [r for chunks in docs.values() for r in chunks]
+    if not rows:
+        return 1.0
+    clean = {d: normalise_text(texts[d]) for d in docs}
+    got = np.array([r["vector"] for r in rows], dtype=np.float32)
+    ref = encode_reference(model, [clean[r["doc_id"]][r["span_start"]:r["span_end"]] for r in rows])
+    cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
+    return float(cos.min())

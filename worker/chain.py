@@ -2,8 +2,8 @@
 record goes through, in order:
 
     polling thread:  1 validate → 2 estimate tokens → 3 DLQ breaker → 4 batch        (Intake)
-    pipeline:        5 embed: cache lookup + model  → 6 sink: fence + version guard → Milvus +
-                                                       output/DLQ topics + cache fill
+    pipeline:        5 embed: chunk + cache lookup + model → 6 sink: fence + version guard →
+                                                    Milvus + output/DLQ topics + cache fill
     polling thread:  7 store offsets → commit                                        (OffsetCommitter)
 
 A new step is one line here: a ``Stage`` in the pipeline's list (its own thread, queue and retry
@@ -14,17 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from confluent_kafka import Consumer, Producer
 
 from connectors.milvus import MilvusStore
 from connectors.redis_cache import RedisCache
+from schemas.errors import ConfigError
 from worker.embedding.base import Embedder
 from worker.fence import Fence
 from worker.offsets import OffsetCommitter
-from worker.pipeline import Pipeline, Stage
+from worker.pipeline import Pipeline, Stage, in_turn
 from worker.settings import Settings
 from worker.steps.batcher import Batcher
+from worker.steps.chunk import Chunker
 from worker.steps.dlq_limit import DlqLimit
 from worker.steps.embed import EmbedStep
 from worker.steps.intake import Intake
@@ -46,6 +49,20 @@ class Chain:
     model_free: Callable[[], bool]
 
 
+def chunker_for(s: Settings, embedder: Embedder) -> Chunker:
+    """The chunk step for the model; raises :class:`ConfigError` on chunk settings it cannot serve."""
+    room = embedder.max_seq_length - embedder.special_tokens
+    tokens = s.chunk_tokens or room
+    if tokens > room:
+        raise ConfigError(f"EMBEDSTREAM_CHUNK_TOKENS={tokens} is more than the model takes: {room} tokens "
+                          f"({embedder.max_seq_length} less {embedder.special_tokens} special ones). Lower it, "
+                          "or unset it for the model's own length.")
+    if 2 * s.chunk_overlap > tokens:
+        raise ConfigError(f"EMBEDSTREAM_CHUNK_OVERLAP={s.chunk_overlap} is more than half a chunk ({tokens} tokens): "
+                          "lower it (the default is 32).")
+    return Chunker(embedder, s.chunking, tokens, s.chunk_overlap, s.max_chunks)
+
+
 def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Producer], embedder: Embedder,
                 cache: RedisCache | None, store: MilvusStore, fence: Fence, topic_ids: dict[str, str]) -> Chain:
     """Every step, in the order a record meets it (the pipeline is built first only because intake
@@ -53,14 +70,17 @@ def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Prod
     sink = SinkStep(store, new_producer, embedder.model_id, embedder.dim, cache, fence=fence,
                     guard=VersionGuard(topic_ids), output_topic=s.output_topic, dlq_topic=s.dlq_topic,
                     delivery_timeout_s=s.kafka_timeout_seconds)
-    embed = Stage("embed", EmbedStep(embedder, cache).process)                       # 5 cache + model
+    chunker = chunker_for(s, embedder)
+    embed = Stage("embed", in_turn(chunker.process,                                  # 5 chunk (tokenizer:
+                                   EmbedStep(embedder, cache).process))              #   embed thread only)
+                                                                                     #   + cache + model
     pipeline = Pipeline([
         embed,
         Stage("sink", sink.process),                                                 # 6 Milvus + topics
     ], backoff_max=s.retry_backoff_max_seconds, release=sink.close)
     intake = Intake(
-        Validator(s.max_text_bytes, embedder.accepts),                               # 1 Item | Delete | DeadLetter
-        embedder.estimate_tokens,                                                    # 2 token estimate
+        Validator(s.max_text_bytes, embedder.accepts, chunker.may_exceed),           # 1 Item | Delete | DeadLetter
+        partial(embedder.estimate_tokens, chunked=s.chunking == "tokens"),           # 2 token estimate
         DlqLimit(s.dlq_max_consecutive, s.dlq_max_ratio, s.dlq_ratio_window),        # 3 halt a bad deploy
         Batcher(s.max_batch_size, s.max_batch_tokens, s.max_batch_wait_ms / 1000,    # 4 count, tokens,
                 max_bytes=s.max_batch_bytes),                                        #   deadline, bytes

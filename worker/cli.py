@@ -257,6 +257,8 @@ def _done_line(stats) -> str:
     elapsed = time.monotonic() - stats.started
     extra = "".join(f", {n} {what}" for n, what in ((stats.superseded, "superseded by newer versions"),
                                                   (stats.fenced, "left to new owners (fenced)")) if n)
+    if stats.chunked:
+        extra += f", {stats.chunked} long documents in {stats.chunks - stats.embedded + stats.chunked} chunks"
     return (f"done: {stats.embedded} embedded ({stats.cached} from cache), {stats.deleted} deleted, "
             f"{stats.dead_lettered} dead-lettered{extra}, {stats.batches} batches in {elapsed:.1f}s")
 
@@ -288,10 +290,16 @@ def search(
 
 
 def hits_table(query: str, hits: list[dict]) -> Table:
-    table = Table("#", "score", "id", "metadata", title=f"[bold]{query}[/]", title_justify="left")
+    """The documents found, best first: score, id, which chunk matched (its span) and an excerpt."""
+    table = Table("#", "score", "id", "matched", "excerpt", "metadata", title=f"[bold]{query}[/]",
+                  title_justify="left")
     for rank, h in enumerate(hits, 1):
         meta = ", ".join(f"{k}={v}" for k, v in (h.get("metadata") or {}).items())
-        table.add_row(str(rank), f"{h['score']:.3f}", h["id"], meta[:80])
+        chunks, (start, end) = h.get("chunks", 1), h.get("span", (0, -1))
+        where = f"chunk {h.get('chunk', 0) + 1}/{chunks}, chars {start}–{end}" if chunks > 1 else "whole text"
+        excerpt = " ".join((h.get("excerpt") or "").split())
+        table.add_row(str(rank), f"{h['score']:.3f}", h["id"], where, excerpt[:70] + ("…" if len(excerpt) > 70 else ""),
+                      meta[:60])
     return table
 
 

@@ -44,6 +44,14 @@ MODEL_TOKENS = Counter("embedstream_model_tokens_total", "Tokens through the mod
 MODEL_INFO = Gauge("embedstream_model_info", "The model in use", ["model", "precision", "device"])
 # Transient failures of outside systems, retried: kafka | milvus.
 RETRIES = Counter("embedstream_retries_total", "Transient failures retried", ["system"])
+# Long documents: how they were split (chunking on) or cut (chunking off).
+CHUNKS_PER_DOCUMENT = Histogram("embedstream_chunks_per_document",
+                                "Chunks per document longer in characters than one chunk's tokens",
+                                buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256, 512))
+DOCUMENTS_CHUNKED = Counter("embedstream_documents_chunked_total", "Documents split into more than one chunk")
+DOCUMENTS_TRUNCATED = Counter("embedstream_documents_truncated_total",
+                              "Documents cut to the model's max length (EMBEDSTREAM_CHUNKING=off)")
+TOKENS_TRUNCATED = Counter("embedstream_tokens_truncated_total", "Tokens cut off by truncation (chunking off)")
 # Batches waiting for or inside the pipeline.
 INFLIGHT_BATCHES = Gauge("embedstream_inflight_batches", "Batches in the pipeline")
 

@@ -35,6 +35,16 @@ from worker.records import Batch
 
 log = logging.getLogger(__name__)
 
+def in_turn(*steps: Callable[[list[Batch]], None]) -> Callable[[list[Batch]], None]:
+    """Several steps as one stage's work, run one after the other on its thread (steps that must
+    share a thread, like the chunk step and the model, which both use the tokenizer)."""
+    def run(group: list[Batch]) -> None:
+        for step in steps:
+            step(group)
+
+    return run
+
+
 #: A stage's work: process a group of batches (in submission order) in place.
 Step = Callable[[list[Batch]], None]
 

@@ -43,8 +43,23 @@ class Source:
 
 
 @dataclass(slots=True)
+class Chunk:
+    """A window of a document's text that the model takes whole: ``text == doc.text[start:end]``.
+    ``vector`` and ``cached`` are filled by the embed step; ``hash`` is its cache key's suffix."""
+
+    index: int
+    start: int
+    end: int
+    text: str
+    hash: str
+    vector: np.ndarray | None = None
+    cached: bool = False
+
+
+@dataclass(slots=True)
 class Item:
-    """A document to embed. ``vector`` and ``cached`` are filled by the cache and embed steps."""
+    """A document to embed: split into ``chunks`` by the chunk step (one chunk when it fits the
+    model), whose vectors the embed step fills."""
 
     source: Source
     id: str
@@ -52,10 +67,12 @@ class Item:
     hash: str
     tokens: int
     metadata: dict[str, str]
-    vector: np.ndarray | None = None
-    cached: bool = False
+    chunks: list[Chunk] = field(default_factory=list)
     #: Written nowhere: Milvus already held a newer version of this id (``worker.steps.versions``).
     superseded: bool = False
+    #: The original key, value and headers, kept only for a text long enough that it might yield
+    #: too many chunks (the chunk step then dead-letters it whole).
+    original: tuple[bytes | None, bytes | None, list | None] | None = None
 
 
 @dataclass(slots=True)
@@ -102,7 +119,7 @@ class Batch:
     #: Bytes of the record values in the batch (bounds the memory a batch holds).
     size: int = 0
     opened_at: float = field(default_factory=time.monotonic)
-    #: Vectors computed by the model for this batch, by content hash (written back to the cache).
+    #: Vectors computed by the model for this batch, by chunk hash (written back to the cache).
     fresh: dict[str, np.ndarray] = field(default_factory=dict)
     #: Its output and dead-letter records were acknowledged (a retry for Milvus skips them).
     delivered: bool = False

@@ -7,11 +7,28 @@ from worker.embedding.base import Embedder
 from worker.records import normalise_text
 from worker.settings import Settings
 
+#: Chunk rows asked of Milvus per document shown: a long document's chunks crowd the nearest rows.
+ROWS_PER_DOCUMENT = 4
+
+
+def best_chunk_per_document(rows: list[dict], top_k: int) -> list[dict]:
+    """Rank documents by their best chunk: the first row of each ``doc_id`` among ``rows`` (nearest
+    first), as ``{id: the document id, score, chunk, chunks, span, excerpt, metadata, model}``."""
+    seen: dict[str, dict] = {}
+    for r in rows:
+        doc = r.get("doc_id") or r["id"]
+        if doc not in seen:
+            seen[doc] = {"id": doc, "score": r["score"], "chunk": r.get("chunk_index", 0),
+                         "chunks": r.get("chunk_count", 1), "span": [r.get("span_start", 0), r.get("span_end", -1)],
+                         "excerpt": r.get("excerpt", ""), "metadata": r.get("metadata") or {}, "model": r.get("model")}
+    return list(seen.values())[:top_k]
+
 
 def search_documents(settings: Settings, queries: list[str], top_k: int = 5,
                      embedder: Embedder | None = None) -> list[list[dict]]:
-    """Top-``top_k`` hits (``id``, ``score``, ``metadata``) per query. Raises ConfigError on a
-    missing collection or a dim mismatch."""
+    """The ``top_k`` nearest documents per query, each ranked by its best chunk and showing which
+    span matched (``best_chunk_per_document``). Raises ConfigError on a missing collection or a dim
+    mismatch."""
     if settings.milvus_uri is None:
         raise ConfigError("EMBEDSTREAM_MILVUS_URI (or --milvus-uri) is not set")
     from worker.runner import load_embedder, open_store
@@ -26,6 +43,6 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5,
             raise ConfigError(f"collection {settings.milvus_collection!r} holds {store.dim()}-dim vectors, the "
                               f"model makes {embedder.dim}: use the model the collection was built with")
         vectors = embedder.embed([normalise_text(q) for q in queries])
-        return [store.search(v, top_k) for v in vectors]
+        return [best_chunk_per_document(store.search(v, top_k * ROWS_PER_DOCUMENT), top_k) for v in vectors]
     finally:
         store.close()

@@ -51,6 +51,14 @@ class Settings(BaseSettings):
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
+    # Chunking
+    chunking: Literal["tokens", "off"] = Field(
+        "tokens", description="tokens: split long texts into windows the model takes whole; off: truncate (counted)")
+    chunk_tokens: int | None = Field(
+        None, ge=8, description="tokens per chunk (default: the model's max length minus its special tokens)")
+    chunk_overlap: int = Field(32, ge=0, description="tokens shared by consecutive chunks")
+    max_chunks: int = Field(512, ge=1, description="a text that would yield more chunks is dead-lettered")
+
     # Batching
     max_batch_size: int = Field(256, ge=1, le=100_000)
     max_batch_tokens: int = Field(32_768, ge=16)

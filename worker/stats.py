@@ -21,7 +21,11 @@ class RunStats:
     superseded: int = 0
     #: Records left to the partition's new owner (this member lost the partition meanwhile).
     fenced: int = 0
+    #: Documents whose every chunk came from a cache.
     cached: int = 0
+    #: Chunks written (a document that fits the model is one), and documents of more than one.
+    chunks: int = 0
+    chunked: int = 0
     batches: int = 0
     started: float = field(default_factory=time.monotonic)
     #: When the first record arrived and when the last batch finished (monotonic), for rates.
@@ -62,7 +66,13 @@ class RunStats:
                 superseded += 1
             elif isinstance(e, Item):
                 items += 1
-                self.cached += e.cached
+                n = len(e.chunks)
+                self.chunks += n
+                if n == 1:
+                    self.cached += e.chunks[0].cached
+                else:
+                    self.chunked += 1
+                    self.cached += all(ch.cached for ch in e.chunks)
                 if e.source.timestamp_ms:
                     metrics.END_TO_END_SECONDS.observe(max(0.0, (now_ms - e.source.timestamp_ms) / 1000))
             elif isinstance(e, Delete):

@@ -1,5 +1,6 @@
-"""MilvusStore's contract: columnar upserts replace rows by id, deletes remove them and keep their
-version, rows read back as written; every failure is a TransientError. The fake decodes the very
+"""MilvusStore's contract: columnar chunk upserts replace rows by id, deletes remove them, a
+document's version and chunk count read back (its delete's version too); every failure is a
+TransientError. The fake decodes the very
 request sent to the server."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from connectors.milvus import MilvusStore
+from connectors.milvus_schema import ChunkRows
 from schemas.errors import TransientError
 from tests.unit.fakes import RecordingMilvusClient
 
@@ -18,31 +20,46 @@ def _store(kind, stack_env, client=None) -> MilvusStore:
     if kind == "fake":
         store = MilvusStore.__new__(MilvusStore)
         store._client, store.collection, store.timeout, store.uri = client or RecordingMilvusClient(), "c", 5.0, "fake"
-        store.versioned, store.tombstones = True, "c_deleted"
+        store.tombstones = "c_deleted"
         return store
     store = MilvusStore(stack_env["EMBEDSTREAM_MILVUS_URI"], f"contract_{uuid.uuid4().hex[:8]}", timeout=30)
     store.ensure_collection(4)
     return store
 
 
-def test_upsert_replaces_by_id_delete_removes_and_rows_read_back(kind, stack_env):
+def _rows(docs: list[tuple[str, int, int]], vecs: np.ndarray, source: str = "T:0") -> ChunkRows:
+    """Rows for ``(doc id, chunk index, offset)`` triples; each document's count is how many it has here."""
+    count = {d: sum(1 for x, _, _ in docs if x == d) for d, _, _ in docs}
+    return ChunkRows(doc_ids=[d for d, _, _ in docs], chunk_index=[i for _, i, _ in docs],
+                     chunk_count=[count[d] for d, _, _ in docs], span_start=[10 * i for _, i, _ in docs],
+                     span_end=[10 * i + 9 for _, i, _ in docs], excerpts=[f"{d} {i}" for d, i, _ in docs],
+                     vectors=vecs, hashes=[f"h-{d}{i}" for d, i, _ in docs], metadata=[{"d": d} for d, _, _ in docs],
+                     sources=[source] * len(docs), offsets=[o for _, _, o in docs])
+
+
+def test_chunk_rows_upsert_by_id_delete_removes_and_versions_read_back(kind, stack_env):
     store = _store(kind, stack_env)
-    vecs = np.eye(4, dtype=np.float32)[:3]
-    store.upsert_columns(["a", "b", "c"], vecs, "m", ["h1", "h2", "h3"], [{"k": "1"}, {}, {"k": "3"}], 1000,
-                         (["T:0", "T:0", "T:1"], [1, 2, 3]))
-    store.upsert_columns(["b"], vecs[2:3], "m", ["h2b"], [{"v": "2"}], 2000, (["T:0"], [7]))
-    store.delete(["c"], (["T:1"], [9]), 3000)
-    # a deleted id keeps the version of its delete; a row re-created after it shows the row's
-    assert store.versions(["a", "b", "c", "zz"]) == {"a": ("T:0", 1), "b": ("T:0", 7), "c": ("T:1", 9)}
-    store.upsert_columns(["c"], vecs[1:2], "m", ["h3b"], [{}], 4000, (["T:1"], [12]))
-    assert store.versions(["c"]) == {"c": ("T:1", 12)}
-    store.delete(["c"], (["T:1"], [13]), 5000)
-    rows = {r["id"]: r for r in store.query_ids(("id", "vector", "content_hash", "metadata", "updated_at"))}
-    assert sorted(rows) == ["a", "b"]
-    assert rows["b"]["content_hash"] == "h2b" and rows["b"]["metadata"] == {"v": "2"}
-    assert rows["b"]["updated_at"] == 2000 and rows["a"]["metadata"] == {"k": "1"}
-    assert np.allclose(rows["a"]["vector"], vecs[0]) and np.allclose(rows["b"]["vector"], vecs[2])
-    store.upsert_columns([], np.empty((0, 4), np.float32), "m", [], [], 0)  # nothing to write: no call
+    vecs = np.eye(4, dtype=np.float32)
+    store.upsert_chunks(_rows([("a", 0, 1), ("b", 0, 2), ("b", 1, 2), ("c", 0, 3)], vecs), "m", 1000)
+    store.upsert_chunks(_rows([("b", 0, 7)], vecs[3:4]), "m", 2000)  # b shrank to one chunk at offset 7
+    store.delete(["b#1"])
+    store.record_deletes(["c"], (["T:0"], [9]), 3000)
+    store.delete(["c#0"])
+    versions, counts = store.versions(["a", "b", "c", "zz"])
+    # a deleted id keeps the version of its delete; the rows' chunk 0 speaks for each document
+    assert versions == {"a": ("T:0", 1), "b": ("T:0", 7), "c": ("T:0", 9)}
+    assert counts == {"a": 1, "b": 1}
+    store.upsert_chunks(_rows([("c", 0, 12)], vecs[1:2]), "m", 4000)
+    assert store.versions(["c"]) == ({"c": ("T:0", 12)}, {"c": 1})
+    rows = {r["id"]: r for r in store.query_ids(("id", "doc_id", "chunk_index", "chunk_count", "span_start",
+                                                 "span_end", "excerpt", "vector", "content_hash", "metadata",
+                                                 "updated_at"))}
+    assert sorted(rows) == ["a#0", "b#0", "c#0"]
+    b = rows["b#0"]
+    assert (b["doc_id"], b["chunk_index"], b["chunk_count"], b["span_start"], b["span_end"]) == ("b", 0, 1, 0, 9)
+    assert b["content_hash"] == "h-b0" and b["metadata"] == {"d": "b"} and b["updated_at"] == 2000
+    assert b["excerpt"] == "b 0" and np.allclose(b["vector"], vecs[3]) and np.allclose(rows["a#0"]["vector"], vecs[0])
+    store.upsert_chunks(_rows([], np.empty((0, 4), np.float32)), "m", 0)  # nothing to write: no call
     store.delete([])
     if kind == "real":
         store.drop()
@@ -56,5 +73,5 @@ def test_a_failed_write_is_transient(kind, stack_env):
         store = _store(kind, stack_env)
         store.drop()  # writing to a collection that is gone fails on the server
     with pytest.raises(TransientError):
-        store.upsert_columns(["a"], np.ones((1, 4), np.float32), "m", ["h"], [{}], 0)
+        store.upsert_chunks(_rows([("a", 0, 1)], np.ones((1, 4), np.float32)), "m", 0)
     store.close()

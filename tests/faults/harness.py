@@ -20,18 +20,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from connectors.milvus import MilvusStore
-from schemas.codec import Document
-from tests.helpers import CLI, REPO, read_topic, settings_env
+from schemas.codec import Document, decode_embedding
+from tests.helpers import CLI, REPO, documents_in_milvus, min_cosine_to_direct_encode, read_topic, settings_env
 from worker.produce import document_record, produce_records
-from worker.records import normalise_text
 from worker.settings import Settings
 from worker.tools.corpus import stdlib_docstrings
-from worker.tools.reference import encode_reference
 
 
 def short_docs(n: int, prefix: str) -> list[Document]:
@@ -207,27 +203,20 @@ class Report:
 
 def check_nothing_lost(s: Settings, model, expected: Expected, partitions: int) -> Report:
     """The shared pass check of the fault suite (see the module doc). Returns what it saw."""
-    # Milvus: exactly the expected ids, once each, vectors equal to a direct encode.
-    store = MilvusStore(s.milvus_uri, s.milvus_collection, timeout=30)
-    rows = store.query_ids(fields=("id", "vector"))
-    store.close()
-    ids = [r["id"] for r in rows]
-    assert len(ids) == len(set(ids)), "a Milvus id appears twice"
+    # Milvus: exactly the expected documents, each as exactly the chunks of one version, vectors equal
+    # to a direct encode of each chunk's span of the document's newest text.
+    docs = documents_in_milvus(s)
     want = expected.in_milvus
-    assert set(ids) == want, f"Milvus: {len(want - set(ids))} missing, {len(set(ids) - want)} unexpected"
-    order = sorted(want)
-    if order:
-        got = np.array([r["vector"] for r in sorted(rows, key=lambda r: r["id"])], dtype=np.float32)
-        ref = encode_reference(model, [normalise_text(expected.good[i]) for i in order])
-        cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
-        floor = 0.999 if model.precision == "fp32" else 0.995
-        assert cos.min() >= floor, f"a vector differs from a direct encode: min cosine {cos.min():.4f}"
+    assert set(docs) == want, f"Milvus: {len(want - set(docs))} missing, {len(set(docs) - want)} unexpected"
+    floor = 0.999 if model.precision == "fp32" else 0.995
+    worst = min_cosine_to_direct_encode(model, docs, expected.good)
+    assert worst >= floor, f"a vector differs from a direct encode: min cosine {worst:.4f}"
 
-    # Output topic: every good id at least once.
+    # Output topic: every good id at least once; a duplicate is a chunk of a document seen again.
     out = read_topic(s, s.output_topic, expect=len(expected.good) + len(expected.deleted), idle=2.0)
     values = [m for m in out if m.value() is not None]
-    seen = Counter(m.key().decode() for m in values)
-    missing = set(expected.good) - set(seen)
+    seen = Counter((m.key().decode(), decode_embedding(m.value())["chunk_index"]) for m in values)
+    missing = set(expected.good) - {key for key, _ in seen}
     assert not missing, f"{len(missing)} good ids never reached the output topic, e.g. {sorted(missing)[:3]}"
     duplicates = sum(seen.values()) - len(seen)
 

@@ -27,7 +27,6 @@ from tests.faults.harness import (
     wait_until,
 )
 from tests.helpers import fresh_settings, read_topic
-from worker.records import content_hash, normalise_text
 from worker.tools.corpus import stdlib_docstrings
 from worker.tools.dev import free_port
 
@@ -65,21 +64,18 @@ def _trickle(s, docs: list[Document], expected: Expected, per: int = 25, every: 
 
 
 def _assert_never_backwards(s, v1: list[Document], v2: list[Document], deleted: set[str]) -> int:
-    """Per key, in the order a reader from the beginning sees the output topic: version 1, then 2, then
-    the tombstone, never back. Returns how many records the topic holds."""
-    rank = {}
-    for d in v1:
-        rank[(d.id, content_hash(normalise_text(d.text)))] = 1
-    for d in v2:
-        rank[(d.id, content_hash(normalise_text(d.text)))] = 2
-    seen: dict[str, int] = {}
+    """Per key, in the order a reader from the beginning sees the output topic: versions by their
+    input offset (version 1's records before version 2's on the one partition of a key), then the
+    tombstone, never back. Returns how many records the topic holds."""
+    seen: dict[str, float] = {}
     out = read_topic(s, s.output_topic, idle=2.0)
     for m in out:  # read_topic keeps each partition's order, and a key lives in one partition
         key = m.key().decode()
-        version = 3 if m.value() is None else rank[(key, decode_embedding(m.value())["content_hash"])]
-        assert version >= seen.get(key, 0), f"{key}: version {version} after version {seen[key]}"
+        version = float("inf") if m.value() is None else decode_embedding(m.value())["source_offset"]
+        assert version >= seen.get(key, -1), f"{key}: the version at offset {version} after {seen[key]}"
         seen[key] = version
-    assert {k for k, v in seen.items() if v == 3} == deleted
+    assert {k for k, v in seen.items() if v == float("inf")} == deleted
+    assert set(seen) == {d.id for d in v1} | {d.id for d in v2}
     return len(out)
 
 

@@ -13,10 +13,16 @@ from pydantic import SecretStr
 from connectors.kafka import make_producer
 from connectors.milvus import MilvusStore
 from schemas.codec import Document, decode_embedding, encode_document
-from tests.helpers import CountingModel, fresh_settings, read_topic, run_cli, settings_env
-from worker.records import normalise_text
+from tests.helpers import (
+    CountingModel,
+    documents_in_milvus,
+    fresh_settings,
+    min_cosine_to_direct_encode,
+    read_topic,
+    run_cli,
+    settings_env,
+)
 from worker.tools.corpus import sample_documents
-from worker.tools.reference import encode_reference
 
 pytestmark = pytest.mark.integration
 
@@ -53,22 +59,19 @@ def test_end_to_end(stack, model):
 
     gone = set(tomb_existing)
     expected = {d.id: d for d in docs if d.id not in gone}
-    store = MilvusStore(s.milvus_uri, s.milvus_collection)
-    rows = store.query_ids(fields=("id", "vector", "content_hash", "metadata"))
-    ids = [r["id"] for r in rows]
-    assert len(ids) == len(set(ids)) and set(ids) == set(expected)
+    milvus = documents_in_milvus(s)
+    assert set(milvus) == set(expected)
+    assert any(len(chunks) > 1 for chunks in milvus.values()), "the sample has long documents: some are chunked"
 
-    # vectors: the same as a direct encode at the same precision
-    order = sorted(expected)
-    ref = encode_reference(model, [normalise_text(expected[i].text) for i in order])
-    got = np.array([next(r["vector"] for r in rows if r["id"] == i) for i in order], dtype=np.float32) \
-        if len(order) < 50 else np.array([{r["id"]: r["vector"] for r in rows}[i] for i in order], dtype=np.float32)
-    cos = (ref * got).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(got, axis=1)
-    assert cos.min() >= cosine_floor(model.precision), (cos.min(), model.precision)
-    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-4)
+    # vectors: each chunk's the same as a direct encode of its span, at the same precision
+    worst = min_cosine_to_direct_encode(model, milvus, {i: d.text for i, d in expected.items()})
+    assert worst >= cosine_floor(model.precision), (worst, model.precision)
+    norms = np.linalg.norm(np.array([r["vector"] for c in milvus.values() for r in c], dtype=np.float32), axis=1)
+    assert np.allclose(norms, 1.0, atol=1e-4)
 
     # output topic: every good id; tombstones forwarded
-    out = read_topic(s, s.output_topic, expect=len(docs) + 27)
+    chunks = sum(len(c) for c in milvus.values())
+    out = read_topic(s, s.output_topic, expect=chunks + len(gone) + 27)
     emb_ids = {m.key().decode() for m in out if m.value() is not None}
     assert emb_ids == {d.id for d in docs}
     assert {m.key().decode() for m in out if m.value() is None} == gone | {"never-existed-1", "never-existed-2"}
@@ -123,9 +126,9 @@ def test_cache_second_stream_is_all_hits_and_survives_redis_down(stack, model, t
     store = MilvusStore(s.milvus_uri, s.milvus_collection)
     rows = {r["id"]: np.array(r["vector"]) for r in store.query_ids(fields=("id", "vector"))}
     for i in range(300):
-        assert np.array_equal(rows[f"first-{i}"], rows[f"second-{i}"])
+        assert np.array_equal(rows[f"first-{i}#0"], rows[f"second-{i}#0"])
     out = read_topic(s, s.output_topic, expect=600)
-    cached_flags = {m.key().decode(): decode_embedding(m.value())["cached"] for m in out}
+    cached_flags = {m.key().decode(): decode_embedding(m.value())["cached"] for m in out}  # last chunk's
     assert all(cached_flags[f"second-{i}"] for i in range(300))
 
     # Redis unreachable: same results, no error, the model does the work.
@@ -135,10 +138,11 @@ def test_cache_second_stream_is_all_hits_and_survives_redis_down(stack, model, t
     assert producer.flush(30) == 0
     counting = CountingModel(model)
     stats3 = build_worker(s_down, embedder=counting).run(stop_when_idle=2)
-    assert stats3.embedded == 100 and stats3.cached == 0 and counting.texts == 100
     rows = {r["id"]: np.array(r["vector"]) for r in store.query_ids(fields=("id", "vector"))}
+    third_chunks = sum(1 for i in rows if i.startswith("third-"))  # long texts are several chunks
+    assert stats3.embedded == 100 and stats3.cached == 0 and counting.texts == third_chunks
     for i in range(100):
-        cos = rows[f"first-{i}"] @ rows[f"third-{i}"]
+        cos = rows[f"first-{i}#0"] @ rows[f"third-{i}#0"]
         assert cos > 0.9999
 
 
@@ -159,6 +163,21 @@ def test_startup_errors_are_clear(stack, tmp_path):
     client.create_collection("wrong_dim", schema=schema, timeout=10)
     res = run_cli(["run", "--milvus-collection", "wrong_dim"], env, timeout=120)
     assert res.returncode == 2 and "128-dim" in res.stderr and "EMBEDSTREAM_MILVUS_COLLECTION" in res.stderr
+
+    # a collection of the shape from before chunking (one row per document): no silent mixing
+    old = MilvusClient.create_schema(auto_id=False)
+    old.add_field("id", DataType.VARCHAR, is_primary=True, max_length=512)
+    old.add_field("vector", DataType.FLOAT_VECTOR, dim=384)
+    for name in ("model", "content_hash"):
+        old.add_field(name, DataType.VARCHAR, max_length=256)
+    old.add_field("metadata", DataType.JSON)
+    old.add_field("updated_at", DataType.INT64)
+    client.create_collection("one_row_per_document", schema=old, timeout=10)
+    res = run_cli(["run", "--milvus-collection", "one_row_per_document"], env, timeout=120)
+    assert res.returncode == 2 and "before chunking" in res.stderr and "EMBEDSTREAM_MILVUS_COLLECTION" in res.stderr
+
+    res = run_cli(["run"], {**env, "EMBEDSTREAM_CHUNK_TOKENS": "1000"}, timeout=120)
+    assert res.returncode == 2 and "EMBEDSTREAM_CHUNK_TOKENS=1000" in res.stderr and "254 tokens" in res.stderr
 
     res = run_cli(["run", "--kafka-bootstrap-servers", "127.0.0.1:1"], env, timeout=120)
     assert res.returncode == 2 and "EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS" in res.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.codec import (
+    SCHEMA_DIR,
     DecodeError,
     Document,
     Tombstone,
@@ -58,6 +60,10 @@ embeddings = st.fixed_dictionaries({
     "source_offset": st.integers(0, 2**63 - 1),
     "metadata": maps,
     "embedded_at": millis,
+    "chunk_index": st.integers(0, 511),
+    "chunk_count": st.integers(1, 512),
+    "span_start": st.integers(0, 2**31 - 1),
+    "span_end": st.integers(-1, 2**31 - 1),
 })
 
 
@@ -65,6 +71,26 @@ embeddings = st.fixed_dictionaries({
 @settings(max_examples=200)
 def test_embedding_round_trip(rec):
     assert decode_embedding(encode_embedding(rec)) == rec
+
+
+def test_a_record_from_before_chunking_reads_as_one_whole_chunk():
+    """The schema evolved compatibly: bytes written with the old schema resolve against the new one
+    (the chunk fields take their defaults), and old readers skip the new fields."""
+    import fastavro
+
+    from schemas.codec import EMBEDDING_SCHEMA
+
+    old_json = json.loads((SCHEMA_DIR / "embedding.avsc").read_text())
+    old_json["fields"] = [f for f in old_json["fields"] if not f["name"].startswith(("chunk_", "span_"))]
+    old = fastavro.parse_schema(old_json)
+    rec = {"id": "a", "model": "m", "dim": 2, "vector": [0.6, 0.8], "content_hash": "h", "cached": False,
+           "source_topic": "t", "source_partition": 0, "source_offset": 5, "metadata": {}, "embedded_at": 1000}
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, old, rec)
+    got = fastavro.schemaless_reader(io.BytesIO(buf.getvalue()), old, EMBEDDING_SCHEMA)
+    assert (got["chunk_index"], got["chunk_count"], got["span_start"], got["span_end"]) == (0, 1, 0, -1)
+    new = encode_embedding({**rec, "chunk_index": 2, "chunk_count": 3, "span_start": 10, "span_end": 90})
+    assert fastavro.schemaless_reader(io.BytesIO(new), old)["source_offset"] == 5
 
 
 def test_tombstone():

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from worker.embedding.fake import FakeEmbedder
+from worker.pipeline import in_turn
 from worker.records import Batch, Item, Source
+from worker.steps.chunk import Chunker
 from worker.steps.embed import EmbedStep
 
 
@@ -28,20 +30,46 @@ def _batch(offset: int, *texts: str) -> Batch:
     return b
 
 
+def _step(model, cache, max_tokens: int = 254):
+    """The embed stage's work: the chunk step, then the embed step (``worker.chain``)."""
+    return type("Stage", (), {"process": staticmethod(in_turn(Chunker(model, "tokens", max_tokens, 2, 512).process,
+                                                               EmbedStep(model, cache).process))})
+
+
 def test_a_group_is_one_model_call_over_its_distinct_misses():
     model = FakeEmbedder()
     cached_vec = model.embed(["in redis"])[0]
     model.calls = model.texts_embedded = 0
-    step = EmbedStep(model, DictCache({"h-in redis": cached_vec}))
+    step = _step(model, DictCache({"h-in redis": cached_vec}))
     first, second = _batch(0, "alpha", "beta", "in redis"), _batch(3, "beta", "gamma", "alpha")
     step.process([first, second])
     assert model.calls == 1 and model.texts_embedded == 3  # alpha, beta, gamma once each
-    every = first.items + second.items
-    assert [it.cached for it in every] == [False, False, True, False, False, False]
+    every = [it.chunks[0] for it in first.items + second.items]
+    assert [ch.cached for ch in every] == [False, False, True, False, False, False]
     assert np.allclose(every[2].vector, cached_vec)
     assert np.allclose(every[0].vector, every[5].vector)  # same text, same vector
     assert set(first.fresh) == {"h-alpha", "h-beta"} and set(second.fresh) == {"h-beta", "h-gamma", "h-alpha"}
     # a later group finds the same texts in the memo without the model
     third = _batch(6, "gamma")
     step.process([third])
-    assert model.calls == 1 and third.items[0].cached and third.fresh == {}
+    assert model.calls == 1 and third.items[0].chunks[0].cached and third.fresh == {}
+
+
+def test_a_long_document_edited_in_one_place_re_embeds_only_the_chunk_that_changed():
+    """Chunks are cached by their own text: the other chunks of an edited document are hits."""
+    model = FakeEmbedder()
+    cache = DictCache({})
+    step = _step(model, cache, max_tokens=8)
+    words = [f"w{i}" for i in range(40)]
+    first = _batch(0, " ".join(words))
+    step.process([first])
+    [doc] = first.items
+    assert len(doc.chunks) > 3 and all(not ch.cached for ch in doc.chunks)
+    assert all(doc.text[ch.start:ch.end] == ch.text for ch in doc.chunks)
+    cache.stored.update(first.fresh)  # the sink fills Redis with the fresh vectors
+    words[-1] = "edited"
+    model.calls = model.texts_embedded = 0
+    second = _batch(1, " ".join(words))
+    step.process([second])
+    [doc2] = second.items
+    assert model.texts_embedded == 1 and [ch.cached for ch in doc2.chunks] == [True] * (len(doc2.chunks) - 1) + [False]

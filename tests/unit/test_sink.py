@@ -10,20 +10,23 @@ from confluent_kafka import KafkaError
 from connectors.milvus import MilvusStore
 from schemas.errors import TransientError
 from worker.fence import Fence, FenceClosed
-from worker.records import Batch, DeadLetter, Delete, Item, Source
+from worker.records import Batch, Chunk, DeadLetter, Delete, Item, Source
 from worker.steps.sink import SinkStep
 from worker.steps.versions import VersionGuard, final_operations
 
 from .fakes import RecordingMilvusClient, RecordingProducer
 
 
-def _item(doc_id: str, o: int, v: float) -> Item:
-    return Item(Source("docs", 0, o), doc_id, f"text {o}", f"h{o}", 3, {"o": str(o)}, np.full(4, v, np.float32))
+def _item(doc_id: str, o: int, v: float, partition: int = 0) -> Item:
+    """A document of one chunk, its vector filled as the embed step would."""
+    text = f"text {o}"
+    return Item(Source("docs", partition, o), doc_id, text, f"h{o}", 3, {"o": str(o)},
+                [Chunk(0, 0, len(text), text, f"h{o}", np.full(4, v, np.float32))])
 
 
 def _store(client) -> MilvusStore:
     store = MilvusStore.__new__(MilvusStore)
-    store._client, store.collection, store.timeout, store.uri, store.versioned = client, "c", 5.0, "fake", True
+    store._client, store.collection, store.timeout, store.uri = client, "c", 5.0, "fake"
     store.tombstones = "c_deleted"
     return store
 
@@ -45,13 +48,14 @@ def test_sink_upserts_never_inserts_and_dedupes_last_wins():
     client, producer = RecordingMilvusClient(), RecordingProducer()
     _sink(client, producer).process([batch])
     kinds = [k for k, _ in client.calls]
-    assert "insert" not in kinds and kinds == ["upsert", "tombstones", "delete"]
-    rows = client.calls[0][1]
-    assert sorted(r["id"] for r in rows) == ["a", "c"]  # each id once
-    by_id = {r["id"]: r for r in rows}
+    assert "insert" not in kinds and kinds == ["tombstones", "delete", "upsert"]
+    rows = client.calls[2][1]
+    assert sorted(r["id"] for r in rows) == ["a#0", "c#0"]  # each id once
+    by_id = {r["doc_id"]: r for r in rows}
     assert by_id["a"]["content_hash"] == "h2" and by_id["c"]["content_hash"] == "h6"  # last wins
-    assert [(r["id"], r["source"], r["source_offset"]) for r in client.calls[1][1]] == [("b", "T1:0", 3)]
-    assert client.calls[2][1] == ["b"]
+    assert (by_id["a"]["chunk_index"], by_id["a"]["chunk_count"], by_id["a"]["span_end"]) == (0, 1, 6)
+    assert [(r["id"], r["source"], r["source_offset"]) for r in client.calls[0][1]] == [("b", "T1:0", 3)]
+    assert client.calls[1][1] == ["b#0"]
     # the output topic still sees every record, in order: 5 embeddings, 2 tombstones
     assert [v is None for _, _, v, _ in producer.records] == [False, False, False, True, False, True, False]
 
@@ -72,10 +76,10 @@ def test_a_group_is_one_upsert_and_the_last_operation_across_batches_wins():
         second.add(e)
     client, producer = RecordingMilvusClient(), RecordingProducer()
     _sink(client, producer).process([first, second])
-    assert [k for k, _ in client.calls] == ["upsert", "tombstones", "delete"]
-    rows = {r["id"]: r for r in client.calls[0][1]}
+    assert [k for k, _ in client.calls] == ["tombstones", "delete", "upsert"]
+    rows = {r["doc_id"]: r for r in client.calls[2][1]}
     assert sorted(rows) == ["b", "d"] and rows["b"]["content_hash"] == "h3"
-    assert client.calls[2][1] == ["a"]
+    assert client.calls[1][1] == ["a#0"]
     # every record of both batches reaches the output topic, in consumption order
     assert [k for _, k, _, _ in producer.records] == [b"a", b"b", b"a", b"b", b"d"]
 
@@ -130,12 +134,12 @@ def _owned(*partitions: int) -> Fence:
 
 def test_entries_of_partitions_no_longer_owned_are_written_nowhere():
     batch = Batch()
-    for e in (_item("a", 0, 0.1), Item(Source("docs", 1, 5), "b", "t", "hb", 3, {}, np.full(4, 0.2, np.float32)),
+    for e in (_item("a", 0, 0.1), _item("b", 5, 0.2, partition=1),
               DeadLetter(Source("docs", 1, 6), b"k", b"v", None, "decode_error", "m")):
         batch.add(e)
     client, producer = RecordingMilvusClient(), RecordingProducer()
     _sink(client, producer, _owned(0)).process([batch])
-    assert [r["id"] for r in client.calls[0][1]] == ["a"]
+    assert [r["id"] for r in client.calls[0][1]] == ["a#0"]
     assert [k for _, k, _, _ in producer.records] == [b"a"]
     assert batch.fenced == {("docs", 1)}
 
@@ -160,14 +164,15 @@ def test_an_older_version_than_milvus_holds_is_written_nowhere_and_a_newer_one_i
     newer.add(_item("a", 10, 0.9))
     newer.add(Delete(Source("docs", 0, 11), "gone"))
     sink.process([newer])  # a row for "a" at offset 10 of T1:0
-    client.rows["gone"] = {"id": "gone", "source": "T1:0", "source_offset": 12}  # re-created later at 12
+    client.rows["gone#0"] = {"id": "gone#0", "doc_id": "gone", "chunk_count": 1, "source": "T1:0",
+                             "source_offset": 12}  # re-created later at 12
     producer.records.clear()
     late = Batch()  # what a zombie still had in flight: older offsets of the same partition
     for e in (_item("a", 4, 0.1), _item("b", 5, 0.2), Delete(Source("docs", 0, 6), "gone"), _item("a", 12, 0.5)):
         late.add(e)
     sink.process([late])
-    assert client.rows["a"]["source_offset"] == 12 and client.rows["a"]["content_hash"] == "h12"
-    assert "gone" in client.rows, "an older tombstone deleted a newer row"
+    assert client.rows["a#0"]["source_offset"] == 12 and client.rows["a#0"]["content_hash"] == "h12"
+    assert "gone#0" in client.rows, "an older tombstone deleted a newer row"
     assert [k for _, k, _, _ in producer.records] == [b"b", b"a"]  # a@4 and the old tombstone are superseded
     assert [e.superseded for e in late.entries] == [True, False, True, False]
 
@@ -227,14 +232,14 @@ def test_a_replay_across_a_delete_neither_brings_the_row_back_nor_shows_the_old_
     first.add(_item("a", 10, 0.2))
     first.add(Delete(Source("docs", 0, 11), "a"))
     sink.process([first])
-    assert "a" not in client.rows and client.deleted["a"]["source_offset"] == 11
+    assert "a#0" not in client.rows and client.deleted["a"]["source_offset"] == 11
     producer.records.clear()
     replay = Batch()
     replay.add(_item("a", 10, 0.2))
     sink.process([replay])
-    assert "a" not in client.rows and producer.records == []
+    assert "a#0" not in client.rows and producer.records == []
     assert replay.entries[0].superseded
     newer = Batch()  # the document comes back later: newer than the delete, written
     newer.add(_item("a", 12, 0.3))
     sink.process([newer])
-    assert client.rows["a"]["source_offset"] == 12 and [k for _, k, _, _ in producer.records] == [b"a"]
+    assert client.rows["a#0"]["source_offset"] == 12 and [k for _, k, _, _ in producer.records] == [b"a"]

@@ -9,6 +9,7 @@ another thread once turned padding off under the model's call ("Unable to create
 from __future__ import annotations
 
 import abc
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 from schemas.errors import ConfigError
 
 PACKAGED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+_WORD = re.compile(r"\S+")
 
 
 class Embedder(abc.ABC):
@@ -27,16 +29,30 @@ class Embedder(abc.ABC):
     device: str
     max_seq_length: int
 
+    #: Special tokens the model adds to every text (BERT's [CLS] and [SEP]): a chunk holds at most
+    #: ``max_seq_length - special_tokens`` tokens of text.
+    special_tokens: int = 2
+
     #: Characters per token of the estimate (WordPiece on English prose and docstrings; measured on
     #: the bench's texts: the sum is within 1 % on docstrings and 5 % on one-sentence texts).
     chars_per_token: float = 4.0
 
-    def estimate_tokens(self, texts: list[str]) -> list[int]:
-        """About how many tokens each text costs the model (special tokens included, truncation
-        applied), without tokenizing: the batcher's token budget. The model itself sorts and cuts
-        its forward passes by exact counts. Pure: safe from any thread."""
-        cap, per = self.max_seq_length, self.chars_per_token
-        return [min(cap, 2 + int(len(t) / per)) for t in texts]
+    def estimate_tokens(self, texts: list[str], chunked: bool = False) -> list[int]:
+        """About how many tokens each text costs the model (special tokens included), without
+        tokenizing: the batcher's token budget. Truncated to the model's max length, or, with
+        ``chunked``, the whole text plus the special tokens of each chunk. The model itself sorts and
+        cuts its forward passes by exact counts. Pure: safe from any thread."""
+        cap, per, special = self.max_seq_length, self.chars_per_token, self.special_tokens
+        if chunked:
+            room = max(1, cap - special)
+            return [n + special * (1 + n // room) for n in (int(len(t) / per) for t in texts)]
+        return [min(cap, special + int(len(t) / per)) for t in texts]
+
+    def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
+        """The character span of each token of each text, special tokens left out, nothing
+        truncated: where the chunk step may cut. Here: words (a model without a tokenizer of its
+        own); a real model answers with its tokenizer. Call it from the embed thread only."""
+        return [[m.span() for m in _WORD.finditer(t)] for t in texts]
 
     @abc.abstractmethod
     def embed(self, texts: list[str]) -> np.ndarray:

@@ -110,6 +110,7 @@ class SentenceTransformerEmbedder(Embedder):
         self._pad_left = getattr(self._tokenizer, "padding_side", "right") == "left"
         self._token_types = "token_type_ids" in getattr(self._tokenizer, "model_input_names", ())
         self.max_seq_length = int(getattr(self.sentence_transformer, "max_seq_length", None) or 512)
+        self.special_tokens = int(self._tokenizer.num_special_tokens_to_add(pair=False))
         st = self.sentence_transformer
         dim = (getattr(st, "get_embedding_dimension", None) or st.get_sentence_embedding_dimension)()
         if dim is None:
@@ -136,6 +137,17 @@ class SentenceTransformerEmbedder(Embedder):
         """Token ids of each text (special tokens added, truncated to the model's max), unpadded."""
         return self._tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self.max_seq_length,
                                return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+
+    def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
+        """Character spans of each text's tokens (no special tokens, nothing truncated), from the
+        tokenizer's Rust backend. Its truncation and padding settings are shared state that each
+        ``tokenize`` call sets again, so they are cleared here, on the same (embed) thread."""
+        backend = getattr(self._tokenizer, "_tokenizer", None)
+        if backend is None:  # a slow tokenizer has no offsets: cut between words
+            return super().token_offsets(texts)
+        backend.no_truncation()
+        backend.no_padding()
+        return [list(enc.offsets) for enc in backend.encode_batch(texts, add_special_tokens=False)]
 
     def pad(self, ids: list[list[int]]) -> dict:
         """The model inputs of one forward pass: ``ids`` padded to the longest, with the attention

@@ -1,10 +1,12 @@
-"""Cache lookup and embedding of a group of batches.
+"""Cache lookup and embedding of a group of batches, chunk by chunk.
 
-Identical texts in a group are looked up and embedded once. Lookups go first to a small in-process
-memo of the vectors this worker computed lately (it covers repeats whose first copy is still in
-flight, before its batch has filled Redis), then to Redis with one pipelined MGET per group; only
-the misses reach the model, all in one call (which sorts them by length). The vectors of the misses
-are handed on (in each batch's ``fresh``) so the sink step writes them back to Redis.
+The unit is the chunk (``worker.steps.chunk``; a document that fits the model is one chunk with the
+document's own text and hash). Identical texts in a group are looked up and embedded once. Lookups
+go first to a small in-process memo of the vectors this worker computed lately (it covers repeats
+whose first copy is still in flight, before its batch has filled Redis), then to Redis with one
+pipelined MGET per group; only the misses reach the model, all in one call (which sorts them by
+length). The vectors of the misses are handed on (in each batch's ``fresh``) so the sink step writes
+them back to Redis.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from worker.records import Batch
 
 
 class EmbedStep:
-    """``process(group)`` fills ``item.vector`` and ``item.cached`` for every item. Blocks on the model.
+    """``process(group)`` fills ``chunk.vector`` and ``chunk.cached`` for every chunk of every item.
+    Blocks on the model.
 
     Raises only what the model raises (a bug: crash); the cache never raises."""
 
@@ -36,12 +39,12 @@ class EmbedStep:
     def process(self, group: list[Batch]) -> None:
         for batch in group:
             batch.fresh = {}
-        items = [it for batch in group for it in batch.items]
-        if not items:
+        chunks = [ch for batch in group for it in batch.items for ch in it.chunks]
+        if not chunks:
             return
         first_text: dict[str, str] = {}
-        for it in items:
-            first_text.setdefault(it.hash, it.text)
+        for ch in chunks:
+            first_text.setdefault(ch.hash, ch.text)
         hashes = list(first_text)
         vectors: dict[str, np.ndarray] = {}
         hit: set[str] = set()
@@ -77,7 +80,8 @@ class EmbedStep:
                 self._memo.popitem(last=False)
         for batch in group:
             for it in batch.items:
-                it.vector = vectors[it.hash]
-                it.cached = it.hash in hit
-                if not it.cached:
-                    batch.fresh[it.hash] = it.vector
+                for ch in it.chunks:
+                    ch.vector = vectors[ch.hash]
+                    ch.cached = ch.hash in hit
+                    if not ch.cached:
+                        batch.fresh[ch.hash] = ch.vector

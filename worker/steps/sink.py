@@ -1,5 +1,8 @@
 """Write a group of finished batches: Milvus, the output and dead-letter topics, and the cache.
 
+A document is written as its chunks (``worker.steps.chunk``): a Milvus row and an output record per
+chunk, and its chunks of an older version that the new one no longer has are deleted.
+
 The order is the delivery contract: a batch counts as done (its offsets may be committed) only
 when Milvus has acknowledged the upserts and deletes *and* the broker has acknowledged every output
 and dead-letter record. A group is written with one Milvus upsert and one delete (the last
@@ -33,6 +36,7 @@ from confluent_kafka import Producer
 
 from connectors.kafka import DeliveryBatch
 from connectors.milvus import MilvusStore
+from connectors.milvus_schema import EXCERPT_CHARS, ChunkRows, chunk_id
 from connectors.redis_cache import RedisCache
 from schemas.codec import encode_embedding
 from schemas.errors import TransientError
@@ -99,37 +103,58 @@ class SinkStep:
         old.purge()
         old.flush(0)
 
-    def _write_milvus(self, upserts: dict[str, Item], deletes: dict[str, Delete], now: int) -> float:
-        """Upsert then delete (ids never in both); returns the seconds it took."""
+    def _rows(self, items: list[Item]) -> ChunkRows:
+        """The Milvus rows of ``items``: one per chunk."""
+        chunks = [(it, ch) for it in items for ch in it.chunks]
+        vectors = [ch.vector for _, ch in chunks if ch.vector is not None]
+        if len(vectors) != len(chunks):
+            raise RuntimeError("a chunk reached the sink without a vector")  # a bug of the embed step
+        return ChunkRows(
+            doc_ids=[it.id for it, _ in chunks], chunk_index=[ch.index for _, ch in chunks],
+            chunk_count=[len(it.chunks) for it, _ in chunks], span_start=[ch.start for _, ch in chunks],
+            span_end=[ch.end for _, ch in chunks], excerpts=[ch.text[:EXCERPT_CHARS] for _, ch in chunks],
+            vectors=np.stack(vectors), hashes=[ch.hash for _, ch in chunks],
+            metadata=[it.metadata for it, _ in chunks], sources=[self.guard.source(it.source) for it, _ in chunks],
+            offsets=[it.source.offset for it, _ in chunks])
+
+    def _write_milvus(self, upserts: dict[str, Item], deletes: dict[str, Delete], counts: dict[str, int],
+                      now: int) -> float:
+        """Make Milvus hold exactly the chunks of each document's final operation; returns the seconds.
+
+        ``counts`` (how many chunks each document's rows say it has, read with the versions) names the
+        rows to remove: a deleted document's, and the chunks past the end of one that shrank. The
+        order keeps a crash at any point redoable by the replay: deletes are recorded first; a
+        document's chunk 0, which carries the count that names its other rows, goes last (deleted
+        after its other chunks, rewritten after its stale chunks are gone)."""
         t0 = time.perf_counter()
-        items = list(upserts.values())
-        if items:
-            vectors = np.stack([it.vector for it in items if it.vector is not None])
-            if len(vectors) != len(items):
-                raise RuntimeError("an item reached the sink without a vector")  # a bug of the embed step
-            versions = ([self.guard.source(it.source) for it in items], [it.source.offset for it in items])
-            self.store.upsert_columns(list(upserts), vectors, self.model_id, [it.hash for it in items],
-                                      [it.metadata for it in items], now, versions)
         if deletes:
-            versions = ([self.guard.source(d.source) for d in deletes.values()],
-                        [d.source.offset for d in deletes.values()])
-            self.store.delete(list(deletes), versions, now)
+            self.store.record_deletes(list(deletes), ([self.guard.source(d.source) for d in deletes.values()],
+                                                      [d.source.offset for d in deletes.values()]), now)
+        stale = [chunk_id(doc, k) for doc, it in upserts.items() for k in range(len(it.chunks), counts.get(doc, 0))]
+        stale += [chunk_id(doc, k) for doc in deletes for k in range(1, counts.get(doc, 1))]
+        self.store.delete(stale)
+        self.store.delete([chunk_id(doc, 0) for doc in deletes])
+        if upserts:
+            self.store.upsert_chunks(self._rows(list(upserts.values())), self.model_id, now)
         return time.perf_counter() - t0
 
     def _produce(self, entries: list[Entry], now: int) -> DeliveryBatch:
         """Hand every output and dead-letter record of ``entries`` to the producer (not yet confirmed);
-        the lease is checked before each one."""
+        the lease is checked before each document. A document's chunks go out in order, under its id."""
         delivery = DeliveryBatch(self.producer, self.delivery_timeout_s)
         for e in entries:
             self.fence.check()
             if isinstance(e, Item):
-                rec = {"id": e.id, "model": self.model_id, "dim": self.dim, "vector": e.vector,
-                       "content_hash": e.hash, "cached": e.cached, "source_topic": e.source.topic,
-                       "source_partition": e.source.partition, "source_offset": e.source.offset,
-                       "metadata": e.metadata, "embedded_at": now}
-                delivery.produce(self.output_topic, e.id.encode(), encode_embedding(rec),
-                                 [("embedstream.model", self._model_header),
-                                  ("embedstream.cached", b"true" if e.cached else b"false")])
+                key, count = e.id.encode(), len(e.chunks)
+                for ch in e.chunks:
+                    rec = {"id": e.id, "model": self.model_id, "dim": self.dim, "vector": ch.vector,
+                           "content_hash": ch.hash, "cached": ch.cached, "source_topic": e.source.topic,
+                           "source_partition": e.source.partition, "source_offset": e.source.offset,
+                           "metadata": e.metadata, "embedded_at": now, "chunk_index": ch.index,
+                           "chunk_count": count, "span_start": ch.start, "span_end": ch.end}
+                    delivery.produce(self.output_topic, key, encode_embedding(rec),
+                                     [("embedstream.model", self._model_header),
+                                      ("embedstream.cached", b"true" if ch.cached else b"false")])
             elif isinstance(e, Delete):
                 delivery.produce(self.output_topic, e.id.encode(), None, [("embedstream.model", self._model_header)])
             else:
@@ -137,31 +162,32 @@ class SinkStep:
                 delivery.produce(self.dlq_topic, e.key, value, headers)
         return delivery
 
-    def _news(self, group: list[Batch]) -> tuple[list[Entry], dict[str, Item], dict[str, Delete]]:
-        """The entries to write (owned partitions, not superseded) and the final Milvus operations.
-        Marks each batch's ``fenced`` partitions and each superseded entry."""
+    def _news(self, group: list[Batch]) -> tuple[list[Entry], dict[str, Item], dict[str, Delete], dict[str, int]]:
+        """The entries to write (owned partitions, not superseded), the final Milvus operations, and
+        the chunk counts Milvus holds for their documents. Marks each batch's ``fenced`` partitions
+        and each superseded entry."""
         owned = self.fence.owned_now()
         mine: list[Entry] = []
         for batch in group:
             batch.fenced = {tp for tp in batch.offsets if tp not in owned}
             mine += [e for e in batch.entries if e.source.tp in owned] if batch.fenced else batch.entries
         upserts, deletes = final_operations(mine)
-        stored = self.store.versions([*upserts, *deletes])
+        stored, counts = self.store.versions([*upserts, *deletes])
         for e in mine:
             if isinstance(e, (Item, Delete)):
                 e.superseded = self.guard.superseded(e, stored)
         return ([e for e in mine if not getattr(e, "superseded", False)],
                 {i: e for i, e in upserts.items() if not e.superseded},
-                {i: e for i, e in deletes.items() if not e.superseded})
+                {i: e for i, e in deletes.items() if not e.superseded}, counts)
 
     def process(self, group: list[Batch]) -> None:
         now = int(time.time() * 1000)
-        entries, upserts, deletes = self._news(group)
+        entries, upserts, deletes, counts = self._news(group)
         self.fence.check()  # the Strong read above may have taken a while
         # Milvus writes on a helper thread while this one encodes and hands the records to the
         # producer (librdkafka sends them meanwhile): the server works while Python does. Both
         # must be confirmed before the batches count as done; the order between them does not matter.
-        write = self._milvus.submit(self._write_milvus, upserts, deletes, now)
+        write = self._milvus.submit(self._write_milvus, upserts, deletes, counts, now)
         t0 = time.perf_counter()
         try:
             # Records acknowledged by an earlier attempt (which then failed on Milvus) are not

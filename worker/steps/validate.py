@@ -22,9 +22,13 @@ class Validator:
     Token counts are filled later, per consumed chunk, by the caller (one tokenizer call).
     """
 
-    def __init__(self, max_bytes: int, accepts_model: Callable[[str | None], bool]) -> None:
+    def __init__(self, max_bytes: int, accepts_model: Callable[[str | None], bool],
+                 keep_original: Callable[[int], bool] = lambda chars: False) -> None:
         self.max_bytes = max_bytes
         self.accepts_model = accepts_model
+        #: Whether a text of so many characters might be dead-lettered later (too many chunks):
+        #: its item then keeps the original record.
+        self.keep_original = keep_original
 
     def validate(self, msg) -> Entry:
         ts_type, ts = msg.timestamp()
@@ -50,4 +54,7 @@ class Validator:
         text = normalise_text(doc.text)
         if not text:
             return dead("empty_text", "text is empty (or only whitespace)")
-        return Item(source, doc.id, text, content_hash(text), 0, doc.metadata)
+        item = Item(source, doc.id, text, content_hash(text), 0, doc.metadata)
+        if self.keep_original(len(text)):
+            item.original = (key, value, msg.headers())
+        return item

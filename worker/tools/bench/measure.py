@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 
 from connectors.kafka import create_topics, make_admin
 from connectors.milvus import MilvusStore
+from connectors.milvus_schema import ChunkRows
 from schemas.codec import Document
 from worker.embedding.base import Embedder
 from worker.produce import document_record, produce_records
@@ -127,12 +128,14 @@ def milvus_bulk_upsert(uri: str, rows: int = 10_000, dim: int = 384, batch: int 
         return rows / took
 
     row_rate = rate(lambda store, i, n: store.upsert([
-        {"id": ids[j], "vector": vecs[j], "model": "m", "content_hash": "h", "metadata": {}, "updated_at": 0,
+        {"id": f"{ids[j]}#0", "doc_id": ids[j], "chunk_index": 0, "chunk_count": 1, "span_start": 0, "span_end": 1,
+         "excerpt": "x", "vector": vecs[j], "model": "m", "content_hash": "h", "metadata": {}, "updated_at": 0,
          "source": "bench:0", "source_offset": j}
         for j in range(i, i + n)]))
-    columnar_rate = rate(lambda store, i, n: store.upsert_columns(ids[i:i + n], vecs[i:i + n], "m", ["h"] * n,
-                                                                  [{}] * n, 0,
-                                                                  (["bench:0"] * n, list(range(i, i + n)))))
+    columnar_rate = rate(lambda store, i, n: store.upsert_chunks(ChunkRows(
+        doc_ids=ids[i:i + n], chunk_index=[0] * n, chunk_count=[1] * n, span_start=[0] * n, span_end=[1] * n,
+        excerpts=["x"] * n, vectors=vecs[i:i + n], hashes=["h"] * n, metadata=[{}] * n, sources=["bench:0"] * n,
+        offsets=list(range(i, i + n))), "m", 0))
     return row_rate, columnar_rate
 
 

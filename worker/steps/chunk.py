@@ -1,0 +1,128 @@
+"""Where a long text is cut into chunks the model can take whole.
+
+A text is split on its own tokens (the model's tokenizer gives each token's character offsets) into
+windows of at most ``max_tokens`` tokens that overlap by ``overlap`` tokens. A window ends at a
+sentence end where one lies in its last quarter, else at a word boundary there, else where the
+budget runs out; the next window starts ``overlap`` tokens back, at the start of a word. Each chunk
+is a character span of the original text, so a reader can show what matched. A text that fits is
+one chunk spanning all of it: the model sees exactly the text it saw before chunking existed.
+"""
+
+from __future__ import annotations
+
+from worker import metrics
+from worker.embedding.base import Embedder
+from worker.records import Batch, Chunk, DeadLetter, Item, content_hash
+
+#: Characters that end a sentence when whitespace follows them.
+SENTENCE_END = frozenset(".!?。！？")
+
+
+def _starts_word(offsets: list[tuple[int, int]], i: int) -> bool:
+    """Token ``i`` begins a new word: whitespace (or nothing) lies between it and the token before."""
+    return i == 0 or offsets[i][0] > offsets[i - 1][1]
+
+
+def _cut(text: str, offsets: list[tuple[int, int]], start: int, limit: int, max_tokens: int) -> int:
+    """The exclusive end (token index) of the window that starts at ``start`` and may reach ``limit``."""
+    floor = start + max(1, (3 * max_tokens) // 4)
+    for end in range(limit, floor - 1, -1):  # a sentence end, latest first
+        last = offsets[end - 1]
+        if last[1] > last[0] and text[last[1] - 1] in SENTENCE_END and _starts_word(offsets, end):
+            return end
+    for end in range(limit, floor - 1, -1):  # else a word boundary
+        if _starts_word(offsets, end):
+            return end
+    return limit
+
+
+def plan_chunks(text: str, offsets: list[tuple[int, int]], max_tokens: int, overlap: int) -> list[tuple[int, int]]:
+    """Character spans ``(start, end)`` of the chunks of ``text``, given the character offsets of its
+    tokens (special tokens left out). ``[(0, len(text))]`` when the tokens fit in ``max_tokens``.
+
+    Every token lies in at least one chunk; consecutive chunks share about ``overlap`` tokens
+    (fewer where the start moves forward to a word start); each chunk holds at most ``max_tokens``."""
+    if max_tokens < 1:
+        raise ValueError("max_tokens must be at least 1")
+    n = len(offsets)
+    if n <= max_tokens:
+        return [(0, len(text))]
+    overlap = max(0, min(overlap, max_tokens // 2))
+    spans: list[tuple[int, int]] = []
+    start = 0
+    while True:
+        limit = min(start + max_tokens, n)
+        end = limit if limit == n else _cut(text, offsets, start, limit, max_tokens)
+        spans.append((offsets[start][0], offsets[end - 1][1]))
+        if end == n:
+            return spans
+        nxt = max(end - overlap, start + 1)
+        while nxt < end and not _starts_word(offsets, nxt):
+            nxt += 1
+        start = nxt
+
+
+class Chunker:
+    """``process(group)`` fills ``item.chunks`` for every item of a group of batches, on the embed
+    thread (the only thread that may use the tokenizer: ``worker.embedding.base``).
+
+    A text no longer in characters than a chunk's token budget fits whatever the tokenizer does
+    (a token covers at least one character) and becomes one chunk without tokenizing: the short
+    texts of most workloads pay nothing. Longer ones are tokenized together in one call. With
+    ``mode="off"`` every text stays one chunk and the model truncates it, as before chunking, but
+    what was cut is counted. A text that would yield more than ``max_chunks`` chunks becomes a
+    dead letter (``too_many_chunks``) in its batch, written whole to the DLQ instead of half to
+    Milvus."""
+
+    def __init__(self, embedder: Embedder, mode: str, max_tokens: int, overlap: int, max_chunks: int) -> None:
+        self.embedder = embedder
+        self.mode = mode
+        self.max_tokens = max_tokens
+        self.overlap = overlap
+        self.max_chunks = max_chunks
+
+    def may_exceed(self, chars: int) -> bool:
+        """Whether a text of ``chars`` characters might yield more than ``max_chunks`` chunks (its
+        record is then kept, to be dead-lettered whole). Each chunk but the last advances at least
+        three quarters of the budget less the overlap, and a token is at least one character."""
+        step = max(1, (3 * self.max_tokens) // 4 - min(self.overlap, self.max_tokens // 2))
+        return self.mode == "tokens" and chars > self.max_tokens + step * (self.max_chunks - 1)
+
+    def process(self, group: list[Batch]) -> None:
+        long_items: list[tuple[Batch, int, Item]] = []
+        for batch in group:
+            for pos, e in enumerate(batch.entries):
+                if isinstance(e, Item):
+                    if len(e.text) <= self.max_tokens:
+                        e.chunks = [Chunk(0, 0, len(e.text), e.text, e.hash)]
+                    else:
+                        long_items.append((batch, pos, e))
+        if not long_items:
+            return
+        offsets = self.embedder.token_offsets([it.text for _, _, it in long_items])
+        for (batch, pos, it), toks in zip(long_items, offsets):
+            if self.mode == "off":
+                self._truncated(it, len(toks))
+                continue
+            spans = plan_chunks(it.text, toks, self.max_tokens, self.overlap)
+            if len(spans) > self.max_chunks:
+                batch.entries[pos] = self._too_many(it, len(spans))
+                continue
+            if len(spans) == 1:
+                it.chunks = [Chunk(0, 0, len(it.text), it.text, it.hash)]
+            else:
+                it.chunks = [Chunk(i, a, b, it.text[a:b], content_hash(it.text[a:b])) for i, (a, b) in enumerate(spans)]
+                metrics.DOCUMENTS_CHUNKED.inc()
+            metrics.CHUNKS_PER_DOCUMENT.observe(len(it.chunks))
+
+    def _truncated(self, it: Item, tokens: int) -> None:
+        it.chunks = [Chunk(0, 0, len(it.text), it.text, it.hash)]
+        if tokens > self.max_tokens:
+            metrics.DOCUMENTS_TRUNCATED.inc()
+            metrics.TOKENS_TRUNCATED.inc(tokens - self.max_tokens)
+
+    def _too_many(self, it: Item, chunks: int) -> DeadLetter:
+        key, value, headers = it.original or (it.id.encode(), None, None)
+        return DeadLetter(it.source, key, value, headers, "too_many_chunks",
+                          f"the text would yield {chunks:,} chunks of {self.max_tokens} tokens, over the limit of "
+                          f"{self.max_chunks:,} (EMBEDSTREAM_MAX_CHUNKS)")
