@@ -40,6 +40,9 @@ class Assignment:
         self._idle_since: float | None = None
         #: The group member id under which the partitions were assigned (librdkafka's, at each assign).
         self.member_id: str | None = None
+        #: When a rebalance last changed the assignment after the first one (None: none has).
+        self._rebalanced_at: float | None = None
+        self._assigned_once = False
 
     def __contains__(self, tp: object) -> bool:
         return tp in self.partitions
@@ -49,6 +52,9 @@ class Assignment:
 
     def add(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.member_id = consumer.memberid()
+        if self._assigned_once:
+            self._rebalanced_at = self._clock()
+        self._assigned_once = True
         for p in partitions:
             self.partitions.add((p.topic, p.partition))
             self._at_end[(p.topic, p.partition)] = False
@@ -62,6 +68,7 @@ class Assignment:
             self._unassigned_since = self._clock()
 
     def remove(self, tps: Iterable[TopicPartitionKey], lost: bool) -> None:
+        self._rebalanced_at = self._clock()
         for tp in tps:
             self.partitions.discard(tp)
             self._at_end.pop(tp, None)
@@ -116,7 +123,13 @@ class Assignment:
         return False
 
     def drained(self) -> bool:
-        """Every owned partition is at its end; with none owned, none for ``join_grace`` seconds."""
+        """Every owned partition is at its end; with none owned, none for ``join_grace`` seconds; and
+        no rebalance within ``join_grace``. (After members join and leave, partitions they gave up
+        can stay unowned for a while, as the coordinator holds the next join: a member whose own
+        partitions were drained stopped 8 s after two members left, before the coordinator handed
+        it theirs, and their records stayed behind.)"""
+        if self._rebalanced_at is not None and self._clock() - self._rebalanced_at <= self.join_grace:
+            return False
         if not self.partitions:
             since = self._unassigned_since
             return since is not None and self._clock() - since > self.join_grace

@@ -66,6 +66,24 @@ def test_without_partitions_drained_only_after_the_join_grace_and_never_right_af
     assert a.drained()
 
 
+def test_after_a_rebalance_not_drained_until_the_join_grace_passed():
+    """Members that leave can leave their partitions unowned for a while: a member whose own
+    partitions are drained waits out the grace after any rebalance (not after the first assignment)."""
+    clock = Clock()
+    a = Assignment(pause_after=1, join_grace=10, clock=clock)
+    a.add(FakeConsumer({}), [TopicPartition("t", 0), TopicPartition("t", 1)])
+    a.at_end(("t", 0), True)
+    a.at_end(("t", 1), True)
+    assert a.drained()  # the first assignment starts no grace
+    clock.now = 20
+    a.remove([("t", 1)], lost=False)  # a member joined and took partition 1
+    a.add(FakeConsumer({}), [])
+    clock.now = 29
+    assert not a.drained()
+    clock.now = 30.5
+    assert a.drained()
+
+
 def test_pauses_after_being_full_for_a_while_resumes_and_reapplies_after_assign():
     clock, consumer = Clock(), FakeConsumer({0: [], 1: []})
     consumer.assigned = [TopicPartition("t", 0), TopicPartition("t", 1)]
