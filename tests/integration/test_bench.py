@@ -45,5 +45,11 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     assert r["p99_at_50pct_s"] == out["latency"][1]["p99_s"]
     assert r["p99_goal_met"] == (r["p99_at_50pct_s"] <= out["latency_bound_s"])
     assert r["Rpeer"] is None  # no --peer-python given
+    # long documents: several chunks each, the ratio over the raw encode of the same chunks, and an
+    # edit of one paragraph per document mostly served by the cache
+    lw = w["long"]
+    assert lw["docs"] == 3 and lw["words"] >= 6000 and lw["chunks"] > 3 * 8
+    assert r["R1_long"] == pytest.approx(lw["chunks_per_s"] / d["raw_long_chunks_per_s"]["chunks_per_s"])
+    assert 0.5 < lw["edit_cache_hit_rate"] < 1
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "R1" in res.stdout and "Rdup90" in res.stdout and "CPU/doc" in res.stdout
+    assert "R1" in res.stdout and "Rdup90" in res.stdout and "CPU/doc" in res.stdout and "long docs" in res.stdout

@@ -6,8 +6,14 @@ from __future__ import annotations
 import re
 
 import pytest
+from prometheus_client import REGISTRY
 
-from worker.steps.chunk import plan_chunks
+from schemas.errors import ConfigError
+from worker.chain import chunker_for
+from worker.embedding.fake import FakeEmbedder
+from worker.records import Batch, DeadLetter, Item, Source, content_hash
+from worker.settings import Settings
+from worker.steps.chunk import Chunker, plan_chunks
 
 
 def _words(text: str) -> list[tuple[int, int]]:
@@ -69,3 +75,81 @@ def test_one_endless_word_is_cut_hard_and_still_covered():
     spans = plan_chunks(text, offsets, max_tokens=30, overlap=5)
     assert spans[0] == (0, 30) and spans[-1][1] == 100
     assert all(b - a <= 30 for a, b in spans)
+
+
+# -- the chunk step -------------------------------------------------------------------------------
+
+class CountingTokenizer(FakeEmbedder):
+    """Counts the texts handed to the tokenizer."""
+
+    tokenized = 0
+
+    def token_offsets(self, texts):
+        self.tokenized += len(texts)
+        return super().token_offsets(texts)
+
+
+def _batch(*texts: str) -> Batch:
+    b = Batch()
+    for i, t in enumerate(texts):
+        item = Item(Source("docs", 0, i), f"d{i}", t, f"h{i}", 3, {})
+        item.original = (f"d{i}".encode(), t.encode(), [("trace", b"1")])
+        b.add(item)
+    return b
+
+
+def test_a_text_no_longer_than_the_budget_in_characters_is_never_tokenized():
+    model = CountingTokenizer()
+    batch = _batch("short one", "x" * 20)
+    Chunker(model, "tokens", max_tokens=20, overlap=2, max_chunks=8).process([batch])
+    assert model.tokenized == 0
+    assert [(c.index, c.start, c.end, c.hash) for it in batch.items for c in it.chunks] == [(0, 0, 9, "h0"),
+                                                                                           (0, 0, 20, "h1")]
+
+
+def test_a_long_text_becomes_chunks_and_one_that_fits_after_tokenizing_stays_whole():
+    model = CountingTokenizer()
+    long_text = " ".join(f"word{i}" for i in range(30))
+    fits = "a b c d e f g h i j"  # 19 characters over a 10-token budget, but 10 tokens
+    batch = _batch(long_text, fits)
+    Chunker(model, "tokens", max_tokens=10, overlap=2, max_chunks=8).process([batch])
+    doc, whole = batch.items
+    assert model.tokenized == 2 and len(doc.chunks) == 4 and [c.index for c in doc.chunks] == [0, 1, 2, 3]
+    assert all(c.text == long_text[c.start:c.end] and c.hash == content_hash(c.text) for c in doc.chunks)
+    assert [(c.start, c.end, c.hash) for c in whole.chunks] == [(0, len(fits), "h1")]
+
+
+def test_too_many_chunks_turns_the_record_into_a_dead_letter_with_its_original_bytes():
+    text = " ".join(f"word{i}" for i in range(100))
+    batch = _batch(text, "fine")
+    Chunker(FakeEmbedder(), "tokens", max_tokens=10, overlap=2, max_chunks=5).process([batch])
+    dead, fine = batch.entries
+    assert isinstance(dead, DeadLetter) and dead.reason == "too_many_chunks"
+    assert (dead.key, dead.value, dead.headers) == (b"d0", text.encode(), [("trace", b"1")])
+    assert "EMBEDSTREAM_MAX_CHUNKS" in dead.message and len(fine.chunks) == 1
+
+
+def test_may_exceed_is_a_bound_no_text_of_fewer_characters_breaks():
+    chunker = Chunker(FakeEmbedder(), "tokens", max_tokens=10, overlap=2, max_chunks=5)
+    limit = next(n for n in range(1, 10_000) if chunker.may_exceed(n))
+    # the most chunks a text of limit - 1 characters can make: one-character tokens
+    worst = " ".join("x" * ((limit - 1) // 2))
+    assert len(plan_chunks(worst, _words(worst), 10, 2)) <= 5
+    assert not Chunker(FakeEmbedder(), "off", 10, 2, 5).may_exceed(10**9)
+
+
+def test_off_keeps_one_chunk_and_counts_what_the_model_cuts():
+    before = REGISTRY.get_sample_value("embedstream_tokens_truncated_total") or 0.0
+    batch = _batch(" ".join(f"w{i}" for i in range(25)))
+    Chunker(FakeEmbedder(), "off", max_tokens=10, overlap=2, max_chunks=5).process([batch])
+    assert len(batch.items[0].chunks) == 1
+    assert REGISTRY.get_sample_value("embedstream_tokens_truncated_total") - before == 15
+
+
+def test_chunk_settings_the_model_cannot_serve_stop_the_start():
+    model = FakeEmbedder()  # max_seq_length 256, 2 special tokens
+    assert chunker_for(Settings(), model).max_tokens == 254
+    with pytest.raises(ConfigError, match="EMBEDSTREAM_CHUNK_TOKENS=300 is more than the model takes: 254"):
+        chunker_for(Settings(chunk_tokens=300), model)
+    with pytest.raises(ConfigError, match="EMBEDSTREAM_CHUNK_OVERLAP"):
+        chunker_for(Settings(chunk_tokens=40, chunk_overlap=30), model)

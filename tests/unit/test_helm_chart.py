@@ -116,6 +116,14 @@ def test_gpu_request_and_keda_off_hpa():
     assert "ScaledObject" not in hpa and hpa["HorizontalPodAutoscaler"]["spec"]["maxReplicas"] == 6
 
 
+def test_chunking_settings_reach_the_worker():
+    env = env_of(render(BASE))
+    assert env["EMBEDSTREAM_CHUNKING"]["value"] == "tokens" and "EMBEDSTREAM_CHUNK_TOKENS" not in env
+    assert env["EMBEDSTREAM_CHUNK_OVERLAP"]["value"] == "32" and env["EMBEDSTREAM_MAX_CHUNKS"]["value"] == "512"
+    env = env_of(render(merge(BASE, {"chunking": {"mode": "off", "tokens": 128}})))
+    assert env["EMBEDSTREAM_CHUNKING"]["value"] == "off" and env["EMBEDSTREAM_CHUNK_TOKENS"]["value"] == "128"
+
+
 def test_dashboard_is_valid_json_with_the_contract_metrics():
     import json
 

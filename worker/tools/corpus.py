@@ -58,3 +58,34 @@ def sample_documents(n: int, repeat_fraction: float = 0.0, seed: int = 7, prefix
         docs.append(Document(f"{prefix}-{i}", corpus[j][1], None, {"source": corpus[j][0], "repeat": "true"}))
     rng.shuffle(docs)
     return docs
+
+
+def long_documents(n: int | None = None, min_words: int = 2000, max_words: int = 10_000) -> list[Document]:
+    """Long documents of real prose from this machine, longest first: the docstrings of a whole
+    standard-library module joined into one text, and the long descriptions of installed packages
+    (their READMEs). Each between ``min_words`` and ``max_words`` words (longer ones are cut at a
+    paragraph); ids ``long-<module or package>``, metadata ``source``."""
+    import importlib.metadata
+
+    groups: dict[str, list[str]] = {}
+    for name, doc in stdlib_docstrings():
+        module = name.rsplit(".", 1)[0] if "." in name else name  # a module's docstring joins its parent
+        groups.setdefault(module, []).append(doc)
+    texts = {f"long-{m}": ("stdlib " + m, "\n\n".join(docs)) for m, docs in groups.items()}
+    for dist in importlib.metadata.distributions():
+        body = dist.metadata.get_payload() or dist.metadata.get("Description") or ""  # type: ignore[attr-defined]
+        name = dist.metadata["Name"]
+        if name and body and f"long-{name}" not in texts:
+            texts[f"long-{name}"] = (f"package {name}", body)
+    out = []
+    for doc_id, (source, text) in texts.items():
+        paragraphs, kept, words = text.split("\n\n"), [], 0
+        for p in paragraphs:
+            if words + len(p.split()) > max_words:
+                break
+            kept.append(p)
+            words += len(p.split())
+        if words >= min_words:
+            out.append(Document(doc_id, "\n\n".join(kept), None, {"source": source}))
+    out.sort(key=lambda d: (-len(d.text.split()), d.id))
+    return out[:n] if n is not None else out

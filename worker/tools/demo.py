@@ -1,9 +1,11 @@
 """``embedstream demo``: the whole path on the local stack, with something to look at.
 
 Starts the local stack, builds a corpus from the installed standard library's docstrings (some
-texts repeated under new ids, so the cache shows), adds a few bad records and tombstones, produces
-it, runs the worker until the input is drained with a live progress display, then prints a
-summary table and a few semantic searches, and stops the stack.
+texts repeated under new ids, so the cache shows) plus a few long documents (a whole module's
+docstrings each, chunked by the worker), adds a few bad records and tombstones, produces it, runs
+the worker until the input is drained with a live progress display, then prints a summary table and
+a few semantic searches — one of them for a passage deep inside a long document — and stops the
+stack.
 """
 
 from __future__ import annotations
@@ -21,10 +23,20 @@ from schemas.codec import Document, encode_document
 from worker.produce import document_record, produce_records
 from worker.settings import Settings
 from worker.stats import RunStats
-from worker.tools.corpus import sample_documents
+from worker.tools.corpus import long_documents, sample_documents
 from worker.tools.dev import LocalStack
 
 QUERIES = ("how do I read a file line by line", "parse command-line arguments", "compress data with gzip")
+#: How many long documents the demo adds (each several thousand words: tens of chunks).
+LONG_DOCUMENTS = 4
+
+
+def deep_query(doc: Document) -> str:
+    """A query for a passage about four fifths into ``doc``: the first sentence of the paragraph
+    there (a truncating embedder never sees it)."""
+    paragraphs = [p for p in doc.text.split("\n\n") if len(p.split()) >= 8]
+    passage = " ".join(paragraphs[int(len(paragraphs) * 0.8)].split())
+    return " ".join(passage.split(". ")[0].split()[:16])
 
 
 def _bad_records() -> list[tuple[str, bytes | None]]:
@@ -81,11 +93,14 @@ def _stream(console: Console, env: dict[str, str], docs: int, repeats: float) ->
     summary = _summary(s, stats)
     console.print(_summary_table(summary))
 
-    hits = search_documents(s, list(QUERIES), top_k=3, embedder=embedder)
-    for q, h in zip(QUERIES, hits):
-        table = Table("score", "id", "from", title=f"search: [bold]{q}[/]", title_justify="left")
+    queries = [*QUERIES, deep_query(long_documents(LONG_DOCUMENTS)[-1])]
+    hits = search_documents(s, queries, top_k=3, embedder=embedder)
+    for q, h in zip(queries, hits):
+        table = Table("score", "id", "matched", "from", title=f"search: [bold]{q}[/]", title_justify="left")
         for hit in h:
-            table.add_row(f"{hit['score']:.3f}", hit["id"], (hit.get("metadata") or {}).get("source", ""))
+            where = (f"chunk {hit['chunk'] + 1}/{hit['chunks']}, chars {hit['span'][0]:,}–{hit['span'][1]:,}"
+                     if hit["chunks"] > 1 else "whole text")
+            table.add_row(f"{hit['score']:.3f}", hit["id"], where, (hit.get("metadata") or {}).get("source", ""))
         console.print(table)
     return summary
 
@@ -93,13 +108,14 @@ def _stream(console: Console, env: dict[str, str], docs: int, repeats: float) ->
 def _produce_corpus(console: Console, s: Settings, docs: int, repeats: float) -> int:
     """Build the sample corpus, add tombstones and bad records, produce it all; returns the count."""
     with console.status("building a corpus from the standard library's docstrings…"):
-        corpus = sample_documents(docs, repeat_fraction=repeats, prefix="demo")
+        corpus = sample_documents(docs, repeat_fraction=repeats, prefix="demo") + long_documents(LONG_DOCUMENTS)
     tombstones = [d.id for d in corpus[:5]]
     bad = _bad_records()
     total = len(corpus) + len(tombstones) + len(bad)
     unique = len({d.text for d in corpus})
-    console.print(f"[green]✓[/] corpus: {len(corpus):,} documents ({unique:,} distinct texts), "
-                  f"{len(tombstones)} tombstones, {len(bad)} bad records")
+    words = sum(len(d.text.split()) for d in corpus[-LONG_DOCUMENTS:])
+    console.print(f"[green]✓[/] corpus: {len(corpus):,} documents ({unique:,} distinct texts; {LONG_DOCUMENTS} long "
+                  f"ones, {words:,} words), {len(tombstones)} tombstones, {len(bad)} bad records")
     records = [*(document_record(d) for d in corpus), *((key, None) for key in tombstones), *bad]
     with Progress(TextColumn("producing"), BarColumn(), MofNCompleteColumn(), console=console,
                   transient=True) as bar:
@@ -118,7 +134,9 @@ def _summary(s: Settings, stats: RunStats) -> dict:
     out = sum(1 for _ in tail_records(s, from_beginning=True, timeout=1.5))
     dlq = sum(1 for _ in tail_records(s, topic=s.dlq_topic, from_beginning=True, timeout=1.5,
                                       decode=lambda v: {}))
-    return {"documents": stats.embedded, "deleted": stats.deleted, "vectors in Milvus": vectors,
+    return {"documents": stats.embedded, "deleted": stats.deleted,
+            "long documents (chunks)": f"{stats.chunked} ({stats.chunks - stats.embedded + stats.chunked})",
+            "vectors in Milvus (a row per chunk)": vectors,
             "records on the output topic": out, "dead-lettered": dlq, "cache hits": stats.cached,
             "batches": stats.batches, "seconds (first record → last commit)": round(stats.busy_seconds, 1),
             "docs/s": round(stats.docs_per_second, 1)}

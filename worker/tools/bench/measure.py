@@ -24,6 +24,13 @@ from worker.records import normalise_text
 from worker.settings import Settings
 
 
+def cache_counts() -> tuple[float, float]:
+    """``(hits, misses)`` of the cache so far in this process (its metric: distinct texts per group)."""
+    get = REGISTRY.get_sample_value
+    return (get("embedstream_cache_requests_total", {"result": "hit"}) or 0.0,
+            get("embedstream_cache_requests_total", {"result": "miss"}) or 0.0)
+
+
 @dataclass
 class StreamResult:
     docs: int
@@ -91,12 +98,15 @@ def drop_collection(s: Settings) -> None:
     store.close()
 
 
-def worker_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: str) -> StreamResult:
-    """Backlog ``texts`` on a fresh topic, then run the worker until drained: docs/s end to end."""
+def worker_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: str,
+                  cold: bool = True) -> StreamResult:
+    """Backlog ``texts`` on a fresh topic, then run the worker until drained: docs/s end to end.
+    ``cold``: empty the cache first."""
     from worker.runner import build_worker
 
     s = fresh_topics(base)
-    flush_cache(s)
+    if cold:
+        flush_cache(s)
     produce_texts(s, texts, prefix)
     real0, pad0 = model_tokens()
     worker = build_worker(s, embedder=embedder)

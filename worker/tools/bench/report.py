@@ -46,6 +46,13 @@ def ratio_table(out: dict) -> Table:
         t.add_row("CPU/doc (io)", _fmt(w["io"]["cpu_us_per_doc"], 0) + " µs", "", "worker-process CPU seconds ÷ "
                   "documents, instant model, S2 texts (the stack runs in other processes)")
     row("Rpad", r["Rpad"], "≥ 0.85", "real ÷ padded tokens in the model (S2)", met("Rpad"))
+    if "long" in w:
+        lw = w["long"]
+        row("R1 (long docs)", r.get("R1_long"), "≥ 0.90", f"worker {_fmt(lw['chunks_per_s'], 1)} ÷ raw encode "
+            f"{_fmt(d['raw_long_chunks_per_s']['chunks_per_s'], 1)} chunks/s ({lw['docs']} documents, "
+            f"{lw['words']:,} words, {lw['chunks']} chunks; {_fmt(lw['docs_per_s'], 2)} docs/s)", met("R1_long"))
+        t.add_row("cache on an edit", f"{lw['edit_cache_hit_rate']:.0%}", "", "chunks served by the cache when "
+                  "each long document is produced again with one paragraph changed")
     q = out.get("quality")
     if q:
         t.add_row(f"quality ({out['precision']})", _fmt(q["min_cosine"], 4), "", f"cosine to {q['vs']} on "

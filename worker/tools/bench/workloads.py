@@ -10,9 +10,10 @@ from worker.tools.corpus import stdlib_docstrings
 #: 90 % run is short) get more documents than S2, so that they last long enough to outweigh the
 #: pipeline's fill and drain (S4 at 90 %: Rdup90 5.4 with 3,000 documents, 7.2-7.5 with 5,000).
 FULL = {"S1": 3000, "S2": 3000, "S4": 5000, "io": 6000, "upsert_rows": 10_000, "S5_seconds": 30.0,
-        "quality_texts": 500, "raw_batch_sizes": (32, 64, 128)}
+        "quality_texts": 500, "raw_batch_sizes": (32, 64, 128), "long": None}
+#: ``long``: how many long documents (``corpus.long_documents``, the shortest of them; None: all).
 QUICK = {"S1": 400, "S2": 400, "S4": 300, "io": 800, "upsert_rows": 2000, "S5_seconds": 5.0,
-         "quality_texts": 200, "raw_batch_sizes": (32, 64)}
+         "quality_texts": 200, "raw_batch_sizes": (32, 64), "long": 3}
 
 
 def short_texts(n: int, seed: int = 1) -> list[str]:
@@ -48,3 +49,20 @@ def with_repeats(n: int, fraction: float, seed: int = 3) -> list[str]:
     texts = base + [base[rng.choices(range(unique), weights)[0]] for _ in range(n - unique)]
     rng.shuffle(texts)
     return texts
+
+
+def long_texts(n: int | None) -> list[str]:
+    """Long documents of 2,000–10,000 words of real text on this machine (``corpus.long_documents``):
+    ``n`` of the shortest, or all of them."""
+    from worker.tools.corpus import long_documents
+
+    docs = long_documents()
+    return [d.text for d in (docs if n is None else docs[-n:])]
+
+
+def edited(text: str) -> str:
+    """``text`` with one paragraph in its middle changed (a word added): a typical small edit."""
+    paragraphs = text.split("\n\n")
+    i = len(paragraphs) // 2
+    paragraphs[i] = paragraphs[i] + " (edited)"
+    return "\n\n".join(paragraphs)
