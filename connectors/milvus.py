@@ -16,6 +16,7 @@ from connectors.milvus_schema import (
     CHUNK_FIELDS,
     VERSION_FIELDS,
     ChunkRows,
+    check_shape,
     chunk_id,
     collection_schema,
     tombstone_schema,
@@ -83,7 +84,7 @@ class MilvusStore:
         c = self._client
         try:
             if self.exists():
-                self._check_shape(dim)
+                check_shape(self.collection, c.describe_collection(self.collection, timeout=self.timeout), dim)
                 c.load_collection(self.collection, timeout=self.timeout)
             else:
                 index = c.prepare_index_params()
@@ -97,26 +98,6 @@ class MilvusStore:
             raise ConfigError(f"Milvus at {self.uri!r} did not answer ({type(exc).__name__}: {exc}). "
                               "Check EMBEDSTREAM_MILVUS_URI and EMBEDSTREAM_MILVUS_TOKEN.") from None
 
-    def _check_shape(self, dim: int) -> None:
-        info = self._client.describe_collection(self.collection, timeout=self.timeout)
-        fields = {f["name"]: f for f in info["fields"]}
-        if "vector" not in fields:
-            raise ConfigError(f"Milvus collection {self.collection!r} has no 'vector' field: not an embedstream "
-                              "collection; set EMBEDSTREAM_MILVUS_COLLECTION to another name.")
-        have = int(fields["vector"]["params"]["dim"])
-        if have != dim:
-            raise ConfigError(
-                f"Milvus collection {self.collection!r} holds {have}-dim vectors but the model makes {dim}-dim ones: "
-                "set EMBEDSTREAM_MILVUS_COLLECTION to a new collection, or use the model the collection was built "
-                "with.")
-        missing = [f for f in (*CHUNK_FIELDS, *VERSION_FIELDS) if f not in fields]
-        if missing:
-            raise ConfigError(
-                f"Milvus collection {self.collection!r} was made by an embedstream from before chunking (one row per "
-                f"document; no {', '.join(missing)} fields). This version writes a row per chunk and will not mix the "
-                "two. Set EMBEDSTREAM_MILVUS_COLLECTION to a new name and replay the input topic into it (a new "
-                "EMBEDSTREAM_GROUP_ID reads it from the start), then drop the old collection.")
-
     def _ensure_tombstones(self) -> None:
         c = self._client
         if c.has_collection(self.tombstones, timeout=self.timeout):
@@ -125,6 +106,11 @@ class MilvusStore:
         index = c.prepare_index_params()
         index.add_index(field_name="marker", index_type="AUTOINDEX", metric_type="L2")
         c.create_collection(self.tombstones, schema=tombstone_schema(), index_params=index, timeout=self.timeout)
+
+    @property
+    def client(self) -> Any:
+        """The ``MilvusClient`` (for tools that measure pymilvus itself, like the bench)."""
+        return self._client
 
     def exists(self) -> bool:
         return bool(self._client.has_collection(self.collection, timeout=self.timeout))
@@ -144,15 +130,6 @@ class MilvusStore:
             # A prepared request skips pymilvus' packing; ``schema`` only saves it a describe call.
             self._client._get_connection().upsert(self.collection, [], upsert_param=request,
                                                   schema={"fields": []}, timeout=self.timeout)
-        except Exception as exc:
-            raise _transient(exc) from None
-
-    def upsert(self, rows: list[dict[str, Any]]) -> None:
-        """Upsert ``rows`` given as dicts (ids unique: real Milvus rejects repeated keys in one call)."""
-        if not rows:
-            return
-        try:
-            self._client.upsert(self.collection, rows, timeout=self.timeout)
         except Exception as exc:
             raise _transient(exc) from None
 

@@ -19,6 +19,8 @@ import numpy as np
 # MilvusStore.upsert_chunks); the unit fake decodes the same request, the contract test sends it.
 from pymilvus.grpc_gen import milvus_pb2, schema_pb2
 
+from schemas.errors import ConfigError
+
 DOC_ID_MAX_LENGTH = 512
 #: ``<document id>#<chunk index>``: the document id, a ``#`` and up to seven digits.
 ID_MAX_LENGTH = DOC_ID_MAX_LENGTH + 8
@@ -122,3 +124,25 @@ def upsert_request(collection: str, rows: ChunkRows, model: str, updated_at: int
     strings("source", rows.sources)
     longs("source_offset", rows.offsets)
     return req
+
+
+def check_shape(collection: str, info: dict, dim: int) -> None:
+    """Raise :class:`ConfigError` unless ``info`` (``describe_collection``'s answer) is a collection
+    of this shape for ``dim``-dim vectors: another dim means another model; no chunk fields, a
+    collection from before chunking (a row per document), which is never mixed with chunk rows."""
+    fields = {f["name"]: f for f in info["fields"]}
+    if "vector" not in fields:
+        raise ConfigError(f"Milvus collection {collection!r} has no 'vector' field: not an embedstream collection; "
+                          "set EMBEDSTREAM_MILVUS_COLLECTION to another name.")
+    have = int(fields["vector"]["params"]["dim"])
+    if have != dim:
+        raise ConfigError(
+            f"Milvus collection {collection!r} holds {have}-dim vectors but the model makes {dim}-dim ones: set "
+            "EMBEDSTREAM_MILVUS_COLLECTION to a new collection, or use the model the collection was built with.")
+    missing = [f for f in (*CHUNK_FIELDS, *VERSION_FIELDS) if f not in fields]
+    if missing:
+        raise ConfigError(
+            f"Milvus collection {collection!r} was made by an embedstream from before chunking (one row per "
+            f"document; no {', '.join(missing)} fields). This version writes a row per chunk and will not mix the "
+            "two. Set EMBEDSTREAM_MILVUS_COLLECTION to a new name and replay the input topic into it (a new "
+            "EMBEDSTREAM_GROUP_ID reads it from the start), then drop the old collection.")

@@ -129,13 +129,8 @@ class Worker:
         return self.stats
 
     def _membership_proven(self) -> bool:
-        """After a stall: still the member the partitions were assigned to (the member id did not
-        change with a rejoin), nobody else committed for its partitions meanwhile, and the group
-        accepts a commit from it (``OffsetCommitter.membership_holds``). Each check sees a loss the
-        others can miss: a rejoin under a new id whose assignment has not been served yet; a broker
-        that accepts any commit (measured on the local Tansu, three workers: the woken member's
-        commit was accepted 1 s before its revoke was served, while another member owned the
-        partition and had committed it further); a rebalance still under way."""
+        """After a stall: the proof ``worker.fence`` asks for before writes resume (same member id,
+        no takeover commit, a commit the group accepts)."""
         return self.assignment.same_member(self.consumer) and self.chain.committer.membership_holds()
 
     def _consume(self) -> list:

@@ -75,3 +75,20 @@ def test_a_failed_write_is_transient(kind, stack_env):
     with pytest.raises(TransientError):
         store.upsert_chunks(_rows([("a", 0, 1)], np.ones((1, 4), np.float32)), "m", 0)
     store.close()
+
+
+def test_a_collection_of_another_shape_is_refused_with_what_to_do():
+    from connectors.milvus_schema import check_shape
+    from schemas.errors import ConfigError
+
+    def info(*names, dim=4):
+        return {"fields": [{"name": n, "params": {"dim": dim} if n == "vector" else {}} for n in names]}
+
+    new = ("id", "doc_id", "chunk_index", "chunk_count", "span_start", "span_end", "vector", "source", "source_offset")
+    check_shape("c", info(*new), 4)
+    with pytest.raises(ConfigError, match="holds 8-dim vectors"):
+        check_shape("c", info(*new, dim=8), 4)
+    with pytest.raises(ConfigError, match="from before chunking .* no doc_id, chunk_index"):
+        check_shape("c", info("id", "vector", "model", "content_hash", "metadata", "updated_at"), 4)
+    with pytest.raises(ConfigError, match="no 'vector' field"):
+        check_shape("c", info("id"), 4)

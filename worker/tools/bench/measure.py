@@ -137,11 +137,11 @@ def milvus_bulk_upsert(uri: str, rows: int = 10_000, dim: int = 384, batch: int 
         store.close()
         return rows / took
 
-    row_rate = rate(lambda store, i, n: store.upsert([
+    row_rate = rate(lambda store, i, n: store.client.upsert(store.collection, [
         {"id": f"{ids[j]}#0", "doc_id": ids[j], "chunk_index": 0, "chunk_count": 1, "span_start": 0, "span_end": 1,
          "excerpt": "x", "vector": vecs[j], "model": "m", "content_hash": "h", "metadata": {}, "updated_at": 0,
          "source": "bench:0", "source_offset": j}
-        for j in range(i, i + n)]))
+        for j in range(i, i + n)], timeout=60))
     columnar_rate = rate(lambda store, i, n: store.upsert_chunks(ChunkRows(
         doc_ids=ids[i:i + n], chunk_index=[0] * n, chunk_count=[1] * n, span_start=[0] * n, span_end=[1] * n,
         excerpts=["x"] * n, vectors=vecs[i:i + n], hashes=["h"] * n, metadata=[{}] * n, sources=["bench:0"] * n,
