@@ -79,33 +79,39 @@ class MilvusStore:
         self._client = _connect(uri, token, timeout)
 
     def ensure_collection(self, dim: int) -> None:
-        """Create the collection for ``dim`` if missing. Raise :class:`ConfigError` when it exists with
-        another dim (the model changed) or in the shape from before chunking (a row per document)."""
+        """Create the collection for ``dim`` (and its companion) if missing. Raise :class:`ConfigError`
+        when it exists with another dim (the model changed) or in the shape from before chunking (a row
+        per document). Workers starting together may race to create it: the loser uses the winner's."""
         c = self._client
         try:
-            if self.exists():
+            index = c.prepare_index_params()
+            index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="COSINE")
+            if not self._create(self.collection, collection_schema(dim), index):
                 check_shape(self.collection, c.describe_collection(self.collection, timeout=self.timeout), dim)
                 c.load_collection(self.collection, timeout=self.timeout)
-            else:
-                index = c.prepare_index_params()
-                index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="COSINE")
-                c.create_collection(self.collection, schema=collection_schema(dim), index_params=index,
-                                    timeout=self.timeout)
-            self._ensure_tombstones()
+            marker = c.prepare_index_params()
+            marker.add_index(field_name="marker", index_type="AUTOINDEX", metric_type="L2")
+            if not self._create(self.tombstones, tombstone_schema(), marker):
+                c.load_collection(self.tombstones, timeout=self.timeout)
         except ConfigError:
             raise
         except Exception as exc:
             raise ConfigError(f"Milvus at {self.uri!r} did not answer ({type(exc).__name__}: {exc}). "
                               "Check EMBEDSTREAM_MILVUS_URI and EMBEDSTREAM_MILVUS_TOKEN.") from None
 
-    def _ensure_tombstones(self) -> None:
+    def _create(self, name: str, schema: Any, index: Any) -> bool:
+        """Create collection ``name`` (loaded) unless it exists; True when this call created it. A
+        collection another process created meanwhile counts as existing (seen with three workers
+        started at once: "collection already exists")."""
         c = self._client
-        if c.has_collection(self.tombstones, timeout=self.timeout):
-            c.load_collection(self.tombstones, timeout=self.timeout)
-            return
-        index = c.prepare_index_params()
-        index.add_index(field_name="marker", index_type="AUTOINDEX", metric_type="L2")
-        c.create_collection(self.tombstones, schema=tombstone_schema(), index_params=index, timeout=self.timeout)
+        if not c.has_collection(name, timeout=self.timeout):
+            try:
+                c.create_collection(name, schema=schema, index_params=index, timeout=self.timeout)
+                return True
+            except Exception:
+                if not c.has_collection(name, timeout=self.timeout):
+                    raise
+        return False
 
     @property
     def client(self) -> Any:
