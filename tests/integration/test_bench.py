@@ -32,6 +32,8 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     assert all(x["n"] > 0 for x in out["latency"])
     w, d, r = out["workloads"], out["denominators"], out["ratios"]
     assert r["R1"] == pytest.approx(w["S2"]["docs_per_s"] / d["raw_S2"]["docs_per_s"])
+    assert d["raw_S2_chunks"]["chunks"] >= 60  # a long S2 text is several chunks
+    assert r["R1_S2_chunks"] == pytest.approx(w["S2"]["docs_per_s"] / d["raw_S2_chunks"]["docs_per_s"])
     assert r["R1_S1"] == pytest.approx(w["S1"]["docs_per_s"] / d["raw_S1"]["docs_per_s"])
     assert r["Rdup90"] == pytest.approx(w["S4_90"]["docs_per_s"] / w["S4_0"]["docs_per_s"])
     assert r["Rio"] == pytest.approx(w["io"]["docs_per_s"] / d["milvus_upsert_rows_per_s"])
