@@ -258,7 +258,7 @@ def _done_line(stats) -> str:
     extra = "".join(f", {n} {what}" for n, what in ((stats.superseded, "superseded by newer versions"),
                                                   (stats.fenced, "left to new owners (fenced)")) if n)
     if stats.chunked:
-        extra += f", {stats.chunked} long documents in {stats.chunks - stats.embedded + stats.chunked} chunks"
+        extra += f", {stats.chunked} long documents in {stats.long_chunks} chunks"
     return (f"done: {stats.embedded} embedded ({stats.cached} from cache), {stats.deleted} deleted, "
             f"{stats.dead_lettered} dead-lettered{extra}, {stats.batches} batches in {elapsed:.1f}s")
 

@@ -38,6 +38,11 @@ class RunStats:
         return self.embedded + self.deleted + self.dead_lettered + self.superseded
 
     @property
+    def long_chunks(self) -> int:
+        """Chunks of the documents that were more than one (``chunked`` of them)."""
+        return self.chunks - (self.embedded - self.chunked)
+
+    @property
     def busy_seconds(self) -> float:
         """First record consumed → last batch finished (excludes group join and idle time)."""
         if self.first_record_at is None or self.last_done_at is None:

@@ -62,6 +62,11 @@ def plan_chunks(text: str, offsets: list[tuple[int, int]], max_tokens: int, over
         start = nxt
 
 
+def _whole(it: Item) -> Chunk:
+    """The one chunk of a text the model takes whole: the text itself, under the document's hash."""
+    return Chunk(0, 0, len(it.text), it.text, it.hash)
+
+
 class Chunker:
     """``process(group)`` fills ``item.chunks`` for every item of a group of batches, on the embed
     thread (the only thread that may use the tokenizer: ``worker.embedding.base``).
@@ -88,38 +93,42 @@ class Chunker:
         step = max(1, (3 * self.max_tokens) // 4 - min(self.overlap, self.max_tokens // 2))
         return self.mode == "tokens" and chars > self.max_tokens + step * (self.max_chunks - 1)
 
+    def spans(self, texts: list[str]) -> list[list[tuple[int, int]]]:
+        """The chunk spans of each text: ``[(0, len(text))]`` for a text no longer in characters than
+        the budget (never tokenized); the others tokenized together in one call and planned."""
+        out = [[(0, len(t))] for t in texts]
+        long = [i for i, t in enumerate(texts) if len(t) > self.max_tokens]
+        if long:
+            for i, offsets in zip(long, self.embedder.token_offsets([texts[i] for i in long])):
+                out[i] = plan_chunks(texts[i], offsets, self.max_tokens, self.overlap)
+        return out
+
     def process(self, group: list[Batch]) -> None:
-        long_items: list[tuple[Batch, int, Item]] = []
-        for batch in group:
-            for pos, e in enumerate(batch.entries):
-                if isinstance(e, Item):
-                    if len(e.text) <= self.max_tokens:
-                        e.chunks = [Chunk(0, 0, len(e.text), e.text, e.hash)]
-                    else:
-                        long_items.append((batch, pos, e))
-        if not long_items:
+        items = [(batch, pos, e) for batch in group for pos, e in enumerate(batch.entries) if isinstance(e, Item)]
+        if self.mode == "off":
+            self._truncate([it for _, _, it in items])
             return
-        offsets = self.embedder.token_offsets([it.text for _, _, it in long_items])
-        for (batch, pos, it), toks in zip(long_items, offsets):
-            if self.mode == "off":
-                self._truncated(it, len(toks))
-                continue
-            spans = plan_chunks(it.text, toks, self.max_tokens, self.overlap)
+        for (batch, pos, it), spans in zip(items, self.spans([it.text for _, _, it in items])):
             if len(spans) > self.max_chunks:
                 batch.entries[pos] = self._too_many(it, len(spans))
                 continue
             if len(spans) == 1:
-                it.chunks = [Chunk(0, 0, len(it.text), it.text, it.hash)]
+                it.chunks = [_whole(it)]
             else:
                 it.chunks = [Chunk(i, a, b, it.text[a:b], content_hash(it.text[a:b])) for i, (a, b) in enumerate(spans)]
                 metrics.DOCUMENTS_CHUNKED.inc()
-            metrics.CHUNKS_PER_DOCUMENT.observe(len(it.chunks))
+            if len(it.text) > self.max_tokens:
+                metrics.CHUNKS_PER_DOCUMENT.observe(len(it.chunks))
 
-    def _truncated(self, it: Item, tokens: int) -> None:
-        it.chunks = [Chunk(0, 0, len(it.text), it.text, it.hash)]
-        if tokens > self.max_tokens:
-            metrics.DOCUMENTS_TRUNCATED.inc()
-            metrics.TOKENS_TRUNCATED.inc(tokens - self.max_tokens)
+    def _truncate(self, items: list[Item]) -> None:
+        """``mode="off"``: every text one chunk; the tokens the model will cut are counted."""
+        for it in items:
+            it.chunks = [_whole(it)]
+        long = [it.text for it in items if len(it.text) > self.max_tokens]
+        for offsets in self.embedder.token_offsets(long) if long else []:
+            if len(offsets) > self.max_tokens:
+                metrics.DOCUMENTS_TRUNCATED.inc()
+                metrics.TOKENS_TRUNCATED.inc(len(offsets) - self.max_tokens)
 
     def _too_many(self, it: Item, chunks: int) -> DeadLetter:
         key, value, headers = it.original or (it.id.encode(), None, None)

@@ -150,7 +150,7 @@ def _summary(s: Settings, stats: RunStats) -> dict:
     dlq = sum(1 for _ in tail_records(s, topic=s.dlq_topic, from_beginning=True, timeout=1.5,
                                       decode=lambda v: {}))
     return {"documents": stats.embedded, "deleted": stats.deleted,
-            "long documents (chunks)": f"{stats.chunked} ({stats.chunks - stats.embedded + stats.chunked})",
+            "long documents (chunks)": f"{stats.chunked} ({stats.long_chunks})",
             "vectors in Milvus (a row per chunk)": vectors,
             "records on the output topic": out, "dead-lettered": dlq, "cache hits": stats.cached,
             "batches": stats.batches, "seconds (first record → last commit)": round(stats.busy_seconds, 1),

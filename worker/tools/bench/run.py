@@ -69,21 +69,12 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
 
 
 def _chunks(base: Settings, emb, texts: list[str]) -> list[str]:
-    """The chunk texts the worker embeds for ``texts`` (its chunk step's planning, same settings)."""
+    """The chunk texts the worker embeds for ``texts`` (its own chunk step, same settings)."""
     from worker.chain import chunker_for
     from worker.records import normalise_text
-    from worker.steps.chunk import plan_chunks
 
-    chunker = chunker_for(base, emb)
     clean = [normalise_text(t) for t in texts]
-    out = []
-    for t in clean:
-        if len(t) <= chunker.max_tokens:
-            out.append(t)
-        else:
-            [offsets] = emb.token_offsets([t])
-            out += [t[a:b] for a, b in plan_chunks(t, offsets, chunker.max_tokens, chunker.overlap)]
-    return out
+    return [t[a:b] for t, spans in zip(clean, chunker_for(base, emb).spans(clean)) for a, b in spans]
 
 
 def _throughput(out: dict, base: Settings, emb, texts: dict, sizes: dict, say: Callable[[str], None]) -> None:
