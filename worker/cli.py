@@ -61,11 +61,16 @@ def dev_up(
     broker_port: Annotated[int | None, typer.Option(help="Broker port (default: a free one)")] = None,
     redis_port: Annotated[int | None, typer.Option(help="Redis port (default: a free one)")] = None,
     milvus_port: Annotated[int | None, typer.Option(help="Milvus port (default: a free one)")] = None,
+    registry_port: Annotated[int | None, typer.Option(help="Schema registry port (default: a free one)")] = None,
     input_topic: opt.InputTopic = None,
     output_topic: opt.OutputTopic = None,
     dlq_topic: opt.DlqTopic = None,
 ) -> None:
-    """Start the broker (Tansu), Redis and Milvus Lite, create the topics, print KEY=VALUE lines.
+    """Start the broker (Tansu), Redis, Milvus Lite and a development schema registry, create the
+    topics, print KEY=VALUE lines.
+
+    The registry is a stand-in for a Confluent-compatible one (the REST calls confluent-kafka's client
+    makes, BACKWARD compatibility checks); it is never part of the Helm chart.
 
     Run eval "$(embedstream dev up)" (or export the lines) to point the other commands at it.
     A second up finds the running stack and prints the same lines.
@@ -77,7 +82,8 @@ def dev_up(
               "EMBEDSTREAM_DLQ_TOPIC": s.dlq_topic}
     stack = LocalStack(state_dir)
     try:
-        env, started = stack.up({"broker": broker_port, "redis": redis_port, "milvus": milvus_port},
+        env, started = stack.up({"broker": broker_port, "redis": redis_port, "milvus": milvus_port,
+                                 "registry": registry_port},
                                 partitions=partitions, topics=topics,
                                 on_progress=lambda m: err.print(f"[dim]{m}[/]"))
     except StackError as exc:
@@ -133,30 +139,47 @@ def dev_env(state_dir: opt.StateDir = DEFAULT_STATE) -> None:
 def produce(
     file: Annotated[Path, typer.Argument(help="JSONL, CSV (id,text,...) or plain text (one document a line)",
                                          exists=True, dir_okay=False, readable=True)],
-    fmt: Annotated[str | None, typer.Option("--format", help="jsonl|csv|text (default: from the extension)")] = None,
+    formats: Annotated[list[str] | None, typer.Option(
+        "--format", help="The file's format, jsonl|csv|text (default: from the extension), and/or the records' "
+        "format, avro|avro-registry|json (default: avro, schemaless); give --format twice for both, e.g. "
+        "--format csv --format avro-registry")] = None,
     rate: Annotated[float | None, typer.Option(help="Produce at this many documents per second", min=0.001)] = None,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip malformed lines (counted) instead of "
                                            "stopping at the first")] = False,
     kafka_bootstrap_servers: opt.Bootstrap = None,
     input_topic: opt.InputTopic = None,
+    schema_registry_url: opt.SchemaRegistryUrl = None,
 ) -> None:
     """Produce the documents of FILE to the input topic, keyed by id (idempotent producer).
 
     JSONL lines are {"id", "text", "metadata", "model", "event_time"}; CSV needs a text
     column (an id column too, or ids are hashes of the text; other columns become metadata);
-    plain text is one document a line with a stable hash as id.
+    plain text is one document a line with a stable hash as id. With --format avro-registry the
+    values are framed by confluent-kafka's AvroSerializer (schema registered under <topic>-value).
     """
-    from worker.produce import BadLine, count_lines, document_record, good_documents, produce_records, read_documents
+    from worker.produce import (
+        BadLine,
+        count_lines,
+        document_record,
+        good_documents,
+        produce_records,
+        read_documents,
+        split_formats,
+    )
+    from worker.wire import document_encoder
 
-    s = settings_or_exit(kafka_bootstrap_servers=kafka_bootstrap_servers, input_topic=input_topic)
+    s = settings_or_exit(kafka_bootstrap_servers=kafka_bootstrap_servers, input_topic=input_topic,
+                         schema_registry_url=schema_registry_url)
     try:
         s.require("kafka_bootstrap_servers")
+        fmt, wire = split_formats(formats or [])
+        encode = document_encoder(wire, s, s.input_topic)
         if not skip_bad:  # find a bad line before producing anything, so a fixed file can simply be re-run
             for _line, doc in read_documents(file, fmt):
                 if isinstance(doc, BadLine):
                     raise doc
         skipped: list[int] = []
-        records = (document_record(d) for d in good_documents(read_documents(file, fmt), skipped))
+        records = (document_record(d, encode=encode) for d in good_documents(read_documents(file, fmt), skipped))
         with Progress(TextColumn("[bold]producing[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("docs"),
                       TimeRemainingColumn(), console=err, transient=False) as bar:
             task = bar.add_task("produce", total=count_lines(file))
@@ -182,16 +205,27 @@ def tail(
     max_records: Annotated[int | None, typer.Option("--max", help="Stop after N records", min=1)] = None,
     timeout: Annotated[float | None, typer.Option(help="Stop when no record came for this many seconds")] = None,
     vectors: Annotated[bool, typer.Option(help="Include the vectors in the output")] = True,
+    output_format: Annotated[str | None, typer.Option(
+        "--format", help="avro|avro-registry|json: how the values are written [env: EMBEDSTREAM_OUTPUT_FORMAT; "
+        "default: avro]")] = None,
     kafka_bootstrap_servers: opt.Bootstrap = None,
     output_topic: opt.OutputTopic = None,
+    schema_registry_url: opt.SchemaRegistryUrl = None,
 ) -> None:
-    """Print the output topic as JSON lines (tombstones as {"id", "tombstone": true})."""
-    from worker.tail import tail_records, to_json_line
+    """Print the output topic as JSON lines (tombstones as {"id", "tombstone": true}).
 
-    s = settings_or_exit(kafka_bootstrap_servers=kafka_bootstrap_servers, output_topic=output_topic)
+    With --format avro-registry the values are read by confluent-kafka's AvroDeserializer with
+    nothing but the registry's URL, as any consumer of the topic would."""
+    from worker.tail import tail_records, to_json_line
+    from worker.wire import embedding_decoder
+
+    s = settings_or_exit(kafka_bootstrap_servers=kafka_bootstrap_servers, output_topic=output_topic,
+                         schema_registry_url=schema_registry_url)
     try:
         s.require("kafka_bootstrap_servers")
-        for record in tail_records(s, from_beginning=from_beginning, max_records=max_records, timeout=timeout):
+        decode = embedding_decoder(output_format or s.output_format, s)
+        for record in tail_records(s, from_beginning=from_beginning, max_records=max_records, timeout=timeout,
+                                   decode=decode):
             sys.stdout.write(to_json_line(record, vectors) + "\n")
             sys.stdout.flush()
     except (ValueError, RuntimeError) as exc:
@@ -223,12 +257,17 @@ def run(
     milvus_uri: opt.MilvusUri = None,
     milvus_collection: opt.MilvusCollection = None,
     metrics_port: opt.MetricsPort = None,
+    schema_registry_url: opt.SchemaRegistryUrl = None,
+    output_format: opt.OutputFormat = None,
+    key_field: opt.KeyField = None,
 ) -> None:
     """The worker: consume documents, batch, cache, embed, upsert into Milvus, publish, commit.
 
     Runs until SIGTERM/SIGINT (finishes in-flight batches, commits, exits 0), or with
     --stop-when-idle until the input is drained. Every setting also reads from its
-    EMBEDSTREAM_* variable; any librdkafka property passes as EMBEDSTREAM_KAFKA__<NAME_WITH_UNDERSCORES>.
+    EMBEDSTREAM_* variable; any librdkafka property passes as EMBEDSTREAM_KAFKA__<NAME_WITH_UNDERSCORES>,
+    any schema registry client property (credentials, TLS) as EMBEDSTREAM_SCHEMA_REGISTRY__<NAME>
+    (e.g. EMBEDSTREAM_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO=user:secret).
     """
     from worker.runner import build_worker, setup_logging
     from worker.steps.dlq_limit import DlqLimitExceeded
@@ -238,7 +277,8 @@ def run(
         dlq_topic=dlq_topic, group_id=group_id, group_instance_id=group_instance_id, model=model,
         precision=precision, device=device, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
         max_batch_wait_ms=max_batch_wait_ms, redis_url=redis_url, cache_ttl_seconds=cache_ttl_seconds,
-        milvus_uri=milvus_uri, milvus_collection=milvus_collection, metrics_port=metrics_port)
+        milvus_uri=milvus_uri, milvus_collection=milvus_collection, metrics_port=metrics_port,
+        schema_registry_url=schema_registry_url, output_format=output_format, key_field=key_field)
     setup_logging(s)
     try:
         worker = build_worker(s)

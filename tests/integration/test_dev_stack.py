@@ -35,7 +35,8 @@ def test_up_twice_is_one_stack_and_down_frees_ports(tmp_path):
     first = run_cli(["dev", "up", "--state-dir", state, "--partitions", "2"], _env(), timeout=120)
     assert first.returncode == 0, first.stderr
     env = _parse(first.stdout)
-    assert set(env) >= {"EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS", "EMBEDSTREAM_REDIS_URL", "EMBEDSTREAM_MILVUS_URI"}
+    assert set(env) >= {"EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS", "EMBEDSTREAM_REDIS_URL", "EMBEDSTREAM_MILVUS_URI",
+                        "EMBEDSTREAM_SCHEMA_REGISTRY_URL"}
     pids = {n: p["pid"] for n, p in LocalStack(state).status().items()}
     try:
         second = run_cli(["dev", "up", "--state-dir", state], _env(), timeout=120)
@@ -44,13 +45,14 @@ def test_up_twice_is_one_stack_and_down_frees_ports(tmp_path):
         assert _parse(second.stdout) == env
         assert {n: p["pid"] for n, p in LocalStack(state).status().items()} == pids
         status = run_cli(["dev", "status", "--state-dir", state], _env())
-        assert status.returncode == 0 and status.stdout.count("running") == 3
+        assert status.returncode == 0 and status.stdout.count("running") == 4
         assert _parse(run_cli(["dev", "env", "--state-dir", state], _env()).stdout) == env
     finally:
         down = run_cli(["dev", "down", "--state-dir", state], _env())
     assert down.returncode == 0
     ports = [int(v.rsplit(":", 1)[1].split("/")[0]) for k, v in env.items()
-             if k in ("EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS", "EMBEDSTREAM_REDIS_URL", "EMBEDSTREAM_MILVUS_URI")]
+             if k in ("EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS", "EMBEDSTREAM_REDIS_URL", "EMBEDSTREAM_MILVUS_URI",
+                      "EMBEDSTREAM_SCHEMA_REGISTRY_URL")]
     assert all(_port_free(p) for p in ports)
     for pid in pids.values():
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"

@@ -1,5 +1,6 @@
-"""The local stack behind ``embedstream dev``: a Kafka-compatible broker (Tansu), Redis and a
-Milvus Lite gRPC server, each a child process on 127.0.0.1 and a free port.
+"""The local stack behind ``embedstream dev``: a Kafka-compatible broker (Tansu), Redis, a
+Milvus Lite gRPC server and a development schema registry (``worker.tools.registry``: a stand-in,
+never shipped in the chart), each a child process on 127.0.0.1 and a free port.
 
 What was started is recorded in ``<state dir>/stack.json`` (pid, port, log file, command line), so
 ``down`` stops exactly those processes, ``status`` reports them, and a second ``up`` finds the
@@ -21,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 STATE_FILE = "stack.json"
-PART_NAMES = ("broker", "redis", "milvus")
+PART_NAMES = ("broker", "redis", "milvus", "registry")
 #: Tansu holds a JoinGroup for a good part of session.timeout.ms; 6 s keeps joins at ~3 s.
 LOCAL_SESSION_TIMEOUT_MS = 6000
 
@@ -116,6 +117,20 @@ def _milvus_cmd(port: int, state: Path) -> list[str]:
     return [milvus_bin(), "server", "--data-dir", str(state / "milvus"), "--host", "127.0.0.1", "--port", str(port)]
 
 
+def _registry_cmd(port: int, state: Path) -> list[str]:
+    return [sys.executable, "-m", "worker.tools.registry", "--port", str(port), "--data", str(state / "registry.json")]
+
+
+def _registry_ready(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/subjects", timeout=1) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
 def _broker_ready(port: int) -> bool:
     from confluent_kafka.admin import AdminClient
 
@@ -148,10 +163,10 @@ def _milvus_ready(port: int) -> bool:
 
 
 _COMMANDS: dict[str, Callable[[int, Path], list[str]]] = {
-    "broker": _broker_cmd, "redis": _redis_cmd, "milvus": _milvus_cmd,
+    "broker": _broker_cmd, "redis": _redis_cmd, "milvus": _milvus_cmd, "registry": _registry_cmd,
 }
 _PROBES: dict[str, Callable[[int], bool]] = {
-    "broker": _broker_ready, "redis": _redis_ready, "milvus": _milvus_ready,
+    "broker": _broker_ready, "redis": _redis_ready, "milvus": _milvus_ready, "registry": _registry_ready,
 }
 
 
@@ -161,6 +176,7 @@ def env_lines(ports: dict[str, int]) -> dict[str, str]:
         "EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{ports['broker']}",
         "EMBEDSTREAM_REDIS_URL": f"redis://127.0.0.1:{ports['redis']}/0",
         "EMBEDSTREAM_MILVUS_URI": f"http://127.0.0.1:{ports['milvus']}",
+        "EMBEDSTREAM_SCHEMA_REGISTRY_URL": f"http://127.0.0.1:{ports['registry']}",
         "EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS": str(LOCAL_SESSION_TIMEOUT_MS),
     }
 
