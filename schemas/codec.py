@@ -1,8 +1,10 @@
 """Encode and decode the records of the input and output topics.
 
-Both topics carry *schemaless* Avro (no registry framing): the writer and the reader share the
-schema files beside this module, parsed once at import. The input topic also accepts a JSON object
-with the same fields (a value whose first byte is ``{``), and a null value is a tombstone.
+By default both topics carry *schemaless* Avro: the writer and the reader share the schema files
+beside this module, parsed once at import. The input topic also accepts a JSON object with the same
+fields (a value whose first byte is ``{``) and, with a schema registry, registry-framed Avro written
+with any schema that resolves against ``document.avsc`` (read through a :class:`FramedReader`); a
+null value is a tombstone. The record key is the document's identity (:func:`key_id`).
 
 Everything that cannot be turned into a :class:`Document` raises :class:`DecodeError`, whose
 ``reason`` is one of the dead-letter reasons of the contract, so the worker can dead-letter the
@@ -16,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import fastavro
 import numpy as np
@@ -36,8 +38,11 @@ def _without_logical_types(node: Any) -> Any:
     return node
 
 
-_DOCUMENT_JSON = json.loads((SCHEMA_DIR / "document.avsc").read_text())
-_EMBEDDING_JSON = json.loads((SCHEMA_DIR / "embedding.avsc").read_text())
+#: The schema files' text, as a schema registry takes them.
+DOCUMENT_SCHEMA_TEXT = (SCHEMA_DIR / "document.avsc").read_text()
+EMBEDDING_SCHEMA_TEXT = (SCHEMA_DIR / "embedding.avsc").read_text()
+_DOCUMENT_JSON = json.loads(DOCUMENT_SCHEMA_TEXT)
+_EMBEDDING_JSON = json.loads(EMBEDDING_SCHEMA_TEXT)
 DOCUMENT_SCHEMA = fastavro.parse_schema(_DOCUMENT_JSON)
 EMBEDDING_SCHEMA = fastavro.parse_schema(_EMBEDDING_JSON)
 _DOCUMENT_READER = fastavro.parse_schema(_without_logical_types(_DOCUMENT_JSON))
@@ -93,13 +98,68 @@ def encode_document(doc: Document) -> bytes:
     return buf.getvalue()
 
 
-def _key_text(key: bytes | None) -> str | None:
-    if key is None:
-        return None
+class FramedReader(Protocol):
+    """Reads registry-framed Avro (``connectors.registry.SchemaRegistry``): the codec stays free of
+    any network client, and raises only :class:`DecodeError` (or an outage's ``TransientError``)."""
+
+    def read_document(self, value: bytes) -> dict[str, Any]: ...
+
+    def read_key(self, key: bytes) -> Any: ...
+
+
+def is_framed(data: bytes | None) -> bool:
+    """Whether ``data`` looks registry-framed: magic byte 0, a 4-byte schema id, a body."""
+    return data is not None and len(data) > 5 and data[:1] == b"\x00"
+
+
+def _utf8(data: bytes, what: str) -> str:
     try:
-        return key.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DecodeError("invalid_utf8", f"record key is not valid UTF-8: {exc}") from None
+        raise DecodeError("invalid_utf8", f"{what} is not valid UTF-8: {exc}") from None
+
+
+def _key_value(obj: Any, key_field: str | None) -> str:
+    """The document id inside a structured key: ``key_field`` of a record (a JSON converter's
+    ``{"schema", "payload"}`` envelope is opened first), the only field of a one-field record, or a
+    primitive key itself."""
+    if isinstance(obj, dict):
+        if isinstance(obj.get("payload"), dict) and "schema" in obj:
+            obj = obj["payload"]
+        if key_field is not None:
+            if key_field not in obj:
+                raise DecodeError("decode_error", f"the record key has no field {key_field!r} "
+                                                  f"(EMBEDSTREAM_KEY_FIELD); its fields: {sorted(obj)}")
+            obj = obj[key_field]
+        elif len(obj) == 1:
+            obj = next(iter(obj.values()))
+        else:
+            raise DecodeError("decode_error", f"the record key is a record with fields {sorted(obj)}: set "
+                                              "EMBEDSTREAM_KEY_FIELD to the one that holds the document id")
+    if isinstance(obj, str) and obj:
+        return obj
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return str(obj)
+    raise DecodeError("decode_error", f"the record key's id must be a non-empty string or an integer, got {obj!r}")
+
+
+def key_id(key: bytes | None, key_field: str | None = None, framed: FramedReader | None = None) -> str | None:
+    """The document id a record key names, or None for no key (an empty key is none).
+
+    With a registry (``framed``), a registry-framed key is read through it; with ``key_field`` set, a
+    key that is a JSON object is read as one; any other key is the id itself (UTF-8)."""
+    if not key:
+        return None
+    if framed is not None and is_framed(key):
+        return _key_value(framed.read_key(key), key_field)
+    text = _utf8(key, "record key")
+    if key_field is not None and text[:1] == "{":
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DecodeError("decode_error", f"the record key is not valid JSON: {exc}") from None
+        return _key_value(obj, key_field)
+    return text
 
 
 def _metadata(raw: Any) -> dict[str, str]:
@@ -115,23 +175,32 @@ def _metadata(raw: Any) -> dict[str, str]:
     return out
 
 
-def document_from_json(value: bytes, key: str | None) -> Document:
-    """A :class:`Document` from JSON bytes (``key`` fills a missing id). Raises :class:`DecodeError`."""
+def _with_identity(doc: Document, key: str | None) -> Document:
+    """``doc`` under the id its record stands for: the key's, which a value id must agree with;
+    the value's own when the record has no key."""
+    if key is None:
+        if not doc.id:
+            raise DecodeError("decode_error", "document has no 'id' and the record has no key")
+        return doc
+    if doc.id and doc.id != key:
+        raise DecodeError("id_mismatch", f"the record key says id {key!r} but the value says {doc.id!r}: the key "
+                                         "is the document's identity (deletes use it too)")
+    return doc if doc.id else Document(key, doc.text, doc.model, doc.metadata, doc.event_time)
+
+
+def _json_document(value: bytes) -> Document:
+    """The fields of a JSON value; the id may be empty (the key gives it)."""
     try:
-        text = value.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DecodeError("invalid_utf8", f"JSON value is not valid UTF-8: {exc}") from None
-    try:
-        obj = json.loads(text)
+        obj = json.loads(_utf8(value, "JSON value"))
     except json.JSONDecodeError as exc:
         raise DecodeError("decode_error", f"value is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise DecodeError("decode_error", f"JSON value must be an object, got {type(obj).__name__}")
-    doc_id = obj.get("id", key)
-    if doc_id is None or doc_id == "":
-        doc_id = key
-    if not isinstance(doc_id, str) or not doc_id:
-        raise DecodeError("decode_error", "JSON document has no string 'id' and the record has no key")
+    doc_id = obj.get("id")
+    if isinstance(doc_id, int) and not isinstance(doc_id, bool):
+        doc_id = str(doc_id)  # CDC tools write numeric primary keys
+    if doc_id is not None and not isinstance(doc_id, str):
+        raise DecodeError("decode_error", f"'id' must be a string, got {type(doc_id).__name__}")
     body = obj.get("text")
     if not isinstance(body, str):
         raise DecodeError("decode_error", f"'text' must be a string, got {type(body).__name__}")
@@ -141,7 +210,12 @@ def document_from_json(value: bytes, key: str | None) -> Document:
     event_time = obj.get("event_time")
     if event_time is not None and (isinstance(event_time, bool) or not isinstance(event_time, int)):
         raise DecodeError("decode_error", "'event_time' must be epoch milliseconds (an integer) or null")
-    return Document(doc_id, body, model, _metadata(obj.get("metadata")), event_time)
+    return Document(doc_id or "", body, model, _metadata(obj.get("metadata")), event_time)
+
+
+def document_from_json(value: bytes, key: str | None) -> Document:
+    """A :class:`Document` from JSON bytes (``key``, when given, is its id). Raises :class:`DecodeError`."""
+    return _with_identity(_json_document(value), key)
 
 
 def _read_avro(value: bytes, schema, what: str) -> dict[str, Any]:
@@ -165,29 +239,57 @@ def _read_avro(value: bytes, schema, what: str) -> dict[str, Any]:
     return rec
 
 
-def _from_avro(value: bytes, key: str | None) -> Document:
-    rec = _read_avro(value, _DOCUMENT_READER, "document.avsc")
-    doc_id = rec["id"] or key
-    if not doc_id:
-        raise DecodeError("decode_error", "document has an empty 'id' and the record has no key")
-    return Document(doc_id, rec["text"], rec["model"], dict(rec["metadata"] or {}), _ms(rec["event_time"]))
+def _avro_document(rec: dict[str, Any]) -> Document:
+    return Document(rec["id"], rec["text"], rec["model"], dict(rec["metadata"] or {}), _ms(rec["event_time"]))
 
 
-def decode_document(key: bytes | None, value: bytes | None) -> Document | Tombstone:
+def _schemaless_document(value: bytes, framed: FramedReader | None) -> Document:
+    try:
+        return _avro_document(_read_avro(value, _DOCUMENT_READER, "document.avsc"))
+    except DecodeError as exc:
+        if framed is None and is_framed(value):
+            raise DecodeError(exc.reason, f"{exc.message}; the value looks registry-framed (magic byte 0): set "
+                                          "EMBEDSTREAM_SCHEMA_REGISTRY_URL so it can be read") from None
+        raise
+
+
+def _framed_document(value: bytes, framed: FramedReader) -> Document:
+    try:
+        return _avro_document(framed.read_document(value))
+    except DecodeError as exc:
+        if exc.reason != "unknown_schema":
+            raise
+        # A schemaless record whose id is empty (its key names it) starts with byte 0 too: a value
+        # that reads whole as one is that, not a frame with an unknown id.
+        try:
+            return _avro_document(_read_avro(value, _DOCUMENT_READER, "document.avsc"))
+        except DecodeError:
+            raise exc from None
+
+
+def decode_document(key: bytes | None, value: bytes | None, *, framed: FramedReader | None = None,
+                    key_field: str | None = None) -> Document | Tombstone:
     """Decode one input record.
 
-    Returns a :class:`Tombstone` for a null value, else a :class:`Document` (from JSON when the
-    value starts with ``{``, from Avro otherwise). Raises :class:`DecodeError` when the record can
-    never be decoded. Never raises anything else for any input bytes.
+    Returns a :class:`Tombstone` for a null value, else a :class:`Document`: from JSON when the
+    value starts with ``{``, from registry-framed Avro when ``framed`` is given and the value starts
+    with the magic byte 0, from schemaless Avro otherwise. The key is the document's identity
+    (:func:`key_id`); a value id that disagrees is ``id_mismatch``. Raises :class:`DecodeError` when
+    the record can never be decoded, and nothing else for any input bytes (``framed`` may raise
+    ``TransientError`` for an id :meth:`resolve` did not see).
     """
-    key_text = _key_text(key)
+    kid = key_id(key, key_field, framed)
     if value is None:
-        if not key_text:
+        if kid is None:
             raise DecodeError("decode_error", "tombstone (null value) without a key: nothing to delete")
-        return Tombstone(key_text)
+        return Tombstone(kid)
     if value[:1] == b"{":
-        return document_from_json(value, key_text)
-    return _from_avro(value, key_text)
+        doc = _json_document(value)
+    elif framed is not None and is_framed(value):
+        doc = _framed_document(value, framed)
+    else:
+        doc = _schemaless_document(value, framed)
+    return _with_identity(doc, kid)
 
 
 def _long(n: int) -> bytes:
@@ -238,6 +340,19 @@ def encode_embedding(record: dict[str, Any]) -> bytes:
     parts.append(_long(record.get("span_start", 0)))
     parts.append(_long(record.get("span_end", -1)))
     return b"".join(parts)
+
+
+def embedding_json(record: dict[str, Any]) -> bytes:
+    """JSON bytes of an output record: the fields of ``embedding.avsc`` (``embedded_at`` in epoch
+    milliseconds, the vector as a list of numbers: the float32 values, exactly)."""
+    vec = np.asarray(record["vector"], dtype=np.float32)
+    out = {**record, "vector": vec.tolist(), "embedded_at": _ms(record["embedded_at"]) or 0,
+           "metadata": record["metadata"] or {}}
+    out.setdefault("chunk_index", 0)
+    out.setdefault("chunk_count", 1)
+    out.setdefault("span_start", 0)
+    out.setdefault("span_end", -1)
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def decode_embedding(value: bytes) -> dict[str, Any]:

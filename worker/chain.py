@@ -20,10 +20,12 @@ from confluent_kafka import Consumer, Producer
 
 from connectors.milvus import MilvusStore
 from connectors.redis_cache import RedisCache
+from connectors.registry import SchemaRegistry
 from schemas.errors import ConfigError
 from worker.embedding.base import Embedder
 from worker.fence import Fence
 from worker.offsets import OffsetCommitter
+from worker.output import output_format
 from worker.pipeline import Pipeline, Stage, in_turn
 from worker.settings import Settings
 from worker.steps.batcher import Batcher
@@ -64,12 +66,14 @@ def chunker_for(s: Settings, embedder: Embedder) -> Chunker:
 
 
 def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Producer], embedder: Embedder,
-                cache: RedisCache | None, store: MilvusStore, fence: Fence, topic_ids: dict[str, str]) -> Chain:
+                cache: RedisCache | None, store: MilvusStore, fence: Fence, topic_ids: dict[str, str],
+                registry: SchemaRegistry | None = None) -> Chain:
     """Every step, in the order a record meets it (the pipeline is built first only because intake
     hands its batches to it)."""
     sink = SinkStep(store, new_producer, embedder.model_id, embedder.dim, cache, fence=fence,
                     guard=VersionGuard(topic_ids), output_topic=s.output_topic, dlq_topic=s.dlq_topic,
-                    delivery_timeout_s=s.kafka_timeout_seconds)
+                    delivery_timeout_s=s.kafka_timeout_seconds,
+                    output=output_format(s.output_format, s.output_topic, registry))
     chunker = chunker_for(s, embedder)
     embed = Stage("embed", in_turn(chunker.process,                                  # 5 chunk (tokenizer:
                                    EmbedStep(embedder, cache).process))              #   embed thread only)
@@ -79,7 +83,8 @@ def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Prod
         Stage("sink", sink.process),                                                 # 6 Milvus + topics
     ], backoff_max=s.retry_backoff_max_seconds, release=sink.close)
     intake = Intake(
-        Validator(s.max_text_bytes, embedder.accepts, chunker.may_exceed),           # 1 Item | Delete | DeadLetter
+        Validator(s.max_text_bytes, embedder.accepts, chunker.may_exceed,            # 1 Item | Delete | DeadLetter
+                  registry=registry, key_field=s.key_field),                         #   (key = identity)
         partial(embedder.estimate_tokens, chunked=s.chunking == "tokens"),           # 2 token estimate
         DlqLimit(s.dlq_max_consecutive, s.dlq_max_ratio, s.dlq_ratio_window),        # 3 halt a bad deploy
         Batcher(s.max_batch_size, s.max_batch_tokens, s.max_batch_wait_ms / 1000,    # 4 count, tokens,

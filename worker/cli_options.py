@@ -41,5 +41,10 @@ CacheTtl = Annotated[int | None, _setting("cache_ttl_seconds", "Cache entry life
 MilvusUri = Annotated[str | None, _setting("milvus_uri", "Milvus server, e.g. http://host:19530")]
 MilvusCollection = Annotated[str | None, _setting("milvus_collection", "Milvus collection")]
 MetricsPort = Annotated[int | None, _setting("metrics_port", "Port of /metrics, /healthz, /readyz; 0 = off")]
+SchemaRegistryUrl = Annotated[str | None, _setting(
+    "schema_registry_url", "Schema registry URL (reads registry-framed Avro)")]
+OutputFormat = Annotated[str | None, _setting("output_format", "avro|avro-registry|json: output topic values")]
+KeyField = Annotated[str | None, _setting(
+    "key_field", "Field of a structured record key (JSON or registry Avro) that holds the document id")]
 StateDir = Annotated[Path, typer.Option(
     "--state-dir", help="Where the local stack keeps its pids, ports, logs and data")]

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 
+from schemas.errors import TransientError
 from worker.assignment import Assignment
 from worker.chain import Chain
 from worker.metrics import Health
@@ -33,11 +34,53 @@ CONSUME_CHUNK = 500
 REVOKE_BUDGET_S = 20.0
 
 
+class Held:
+    """Consumed records intake could not take yet because the schema registry did not answer: kept
+    in consumption order and offered again with capped exponential backoff. Nothing after them is
+    consumed meanwhile (the loop holds, then pauses), so none is skipped and none is committed."""
+
+    def __init__(self, backoff_max: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.backoff_max = backoff_max
+        self._clock = clock
+        self.msgs: list = []
+        self._delay = 0.0
+        self._retry_at = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.msgs)
+
+    def hold(self, msgs: list, exc: TransientError) -> None:
+        self._delay = min(max(2 * self._delay, 0.5), self.backoff_max)
+        self._retry_at = self._clock() + self._delay
+        self.msgs = msgs
+        log.warning("%s: holding %d records, retrying in %.1fs", exc, len(msgs), self._delay)
+
+    def take(self, more: list) -> list:
+        """The held records (when their retry is due) followed by ``more``; [] while not due (then
+        ``more`` joins the held ones)."""
+        if not self.msgs:
+            return more
+        if self._clock() < self._retry_at:
+            self.msgs.extend(more)
+            return []
+        msgs, self.msgs = self.msgs + more, []
+        return msgs
+
+    def taken(self) -> None:
+        """Intake took them: the outage is over."""
+        if self._delay:
+            log.info("schema registry answers again")
+        self._delay = 0.0
+
+    def drop(self, tps: set) -> None:
+        self.msgs = [m for m in self.msgs if (m.topic(), m.partition()) not in tps]
+
+
 class Worker:
     """One consumer-group member. ``run()`` blocks until stopped, idle (if asked), or a bug."""
 
     def __init__(self, consumer: Consumer, topic: str, chain: Chain, assignment: Assignment, *,
-                 max_inflight: int, shutdown_grace: float, health: Health,
+                 max_inflight: int, shutdown_grace: float, health: Health, backoff_max: float = 10.0,
                  on_progress: Callable[[RunStats], None] | None = None) -> None:
         self.consumer = consumer
         self.topic = topic
@@ -49,6 +92,7 @@ class Worker:
         self.on_progress = on_progress
         self.stats = RunStats()
         self.stop = GracefulStop()
+        self.held = Held(backoff_max)
 
     def install_signal_handlers(self) -> None:
         self.stop.install()
@@ -80,6 +124,7 @@ class Worker:
         """Drop what is batching for ``partitions`` and stop owning them; returns the entries dropped."""
         tps = {(p.topic, p.partition) for p in partitions}
         dropped = self.chain.intake.drop(tps)
+        self.held.drop(tps)
         self.assignment.remove(tps, lost=lost)
         self.chain.committer.forget(tps)
         self.chain.fence.publish(self.assignment.partitions)
@@ -99,17 +144,18 @@ class Worker:
                 # A full pipeline holds off consuming for ``pause_after`` before it pauses: pausing
                 # drops what librdkafka prefetched, and after a resume the first record came back only
                 # 0.7-0.8 s later (measured on Tansu). Holding serves no callbacks meanwhile.
-                holding = self._full() and not self.assignment.paused
+                waiting = self._full() or bool(self.held)
+                holding = waiting and not self.assignment.paused
                 self._take([] if holding else self._consume())
                 # A batch past its deadline closes only when the model is free: until then it keeps
                 # growing instead of queueing as many small batches (continuous batching).
                 if chain.model_free():
                     chain.intake.poll()
                 self._collect(0.02 if holding else 0.0)
-                self.assignment.update_pause(self.consumer, self._full())
+                self.assignment.update_pause(self.consumer, waiting)
                 chain.committer.tick()
                 if stop_when_idle is not None and self.assignment.idle_for(
-                        stop_when_idle, not len(chain.intake) and not chain.pipeline.inflight,
+                        stop_when_idle, not len(chain.intake) and not chain.pipeline.inflight and not self.held,
                         self.health.last_kafka_error):
                     log.info("idle for %.1fs: stopping", stop_when_idle)
                     break
@@ -146,10 +192,16 @@ class Worker:
         return self.consumer.consume(1, 0.02 if busy else 0.2)
 
     def _take(self, msgs: list) -> None:
-        good = self.assignment.records(msgs)
-        if good:
-            self.stats.arrived()
+        good = self.held.take(self.assignment.records(msgs))
+        if not good:
+            return
+        self.stats.arrived()
+        try:
             self.chain.intake.add(good)
+        except TransientError as exc:  # the schema registry is out: intake took none of them
+            self.held.hold(good, exc)
+            return
+        self.held.taken()
 
     def _collect(self, timeout: float = 0.0) -> None:
         """Account for finished batches and store their offsets (only for partitions still ours)."""

@@ -12,9 +12,13 @@ import logging
 import sys
 from collections.abc import Callable
 
+from confluent_kafka.schema_registry import SchemaRegistryError
+
 from connectors.kafka import check_broker, make_admin, make_consumer, make_producer, topic_ids
 from connectors.milvus import MilvusStore
 from connectors.redis_cache import RedisCache
+from connectors.registry import SchemaRegistry, client_conf
+from schemas.codec import DOCUMENT_SCHEMA_TEXT
 from schemas.errors import ConfigError
 from worker import metrics
 from worker.assignment import Assignment
@@ -80,6 +84,27 @@ def open_cache(settings: Settings, embedder: Embedder) -> RedisCache | None:
     return cache
 
 
+def open_registry(settings: Settings) -> SchemaRegistry | None:
+    """The schema registry client when ``EMBEDSTREAM_SCHEMA_REGISTRY_URL`` is set. An unreachable
+    registry is a warning here: framed records wait for it (the loop holds them), they are never
+    dead-lettered for it."""
+    if settings.schema_registry_url is None:
+        return None
+    registry = SchemaRegistry(client_conf(settings.schema_registry_url, settings.schema_registry),
+                              DOCUMENT_SCHEMA_TEXT)
+    try:
+        subjects = registry.client.get_subjects()
+        log.info("schema registry %s: %d subjects", registry.url, len(subjects))
+    except SchemaRegistryError as exc:
+        if exc.http_status_code in (401, 403):
+            raise ConfigError(f"the schema registry at {registry.url} refused our credentials ({exc}): fix "
+                              "EMBEDSTREAM_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO or the bearer settings") from None
+        log.warning("schema registry %s answered %s; framed records wait until it answers", registry.url, exc)
+    except Exception as exc:
+        log.warning("schema registry %s does not answer (%r); framed records wait until it does", registry.url, exc)
+    return registry
+
+
 def serve_metrics(settings: Settings, health: metrics.Health) -> None:
     if not settings.metrics_port:
         return
@@ -122,10 +147,11 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
         "statistics.interval.ms": 5000, "stats_cb": metrics.record_lag_from_stats,
         "error_cb": health.on_kafka_error})
     chain = build_chain(s, consumer, lambda: make_producer(s.kafka_common(), delivery_timeout_s), embedder, cache,
-                        store, fence, topic_ids(s.kafka_common(), [s.input_topic]))
+                        store, fence, topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s))
     max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
     # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without
     # partitions waits two session timeouts (a rejoin) before it counts as idle.
     assignment = Assignment(pause_after=min(5.0, max_poll_s / 3), join_grace=max(10.0, 2 * session_s))
     return Worker(consumer, s.input_topic, chain, assignment, max_inflight=s.max_inflight_batches,
-                  shutdown_grace=s.shutdown_grace_seconds, health=health, on_progress=on_progress)
+                  shutdown_grace=s.shutdown_grace_seconds, health=health, backoff_max=s.retry_backoff_max_seconds,
+                  on_progress=on_progress)

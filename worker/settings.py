@@ -18,16 +18,26 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 KAFKA_PREFIX = "EMBEDSTREAM_KAFKA__"
 #: librdkafka properties whose values are never logged.
 SECRET_KAFKA_KEYS = ("sasl.password", "sasl.oauthbearer.client.secret", "ssl.key.password", "ssl.key.pem")
+#: SchemaRegistryClient properties whose values are never logged.
+SECRET_REGISTRY_KEYS = ("basic.auth.user.info", "bearer.auth.token", "bearer.auth.client.secret", "ssl.key.password")
+
+
+REGISTRY_PREFIX = "EMBEDSTREAM_SCHEMA_REGISTRY__"
+
+
+def passthrough(prefix: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Client properties given as ``<prefix>SASL_MECHANISM=...`` → ``{"sasl.mechanism": ...}``."""
+    environ = os.environ if environ is None else environ
+    return {
+        key[len(prefix) :].lower().replace("_", "."): value
+        for key, value in environ.items()
+        if key.startswith(prefix) and len(key) > len(prefix)
+    }
 
 
 def kafka_passthrough(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """librdkafka properties given as ``EMBEDSTREAM_KAFKA__SASL_MECHANISM=...`` → ``{"sasl.mechanism": ...}``."""
-    environ = os.environ if environ is None else environ
-    return {
-        key[len(KAFKA_PREFIX) :].lower().replace("_", "."): value
-        for key, value in environ.items()
-        if key.startswith(KAFKA_PREFIX) and len(key) > len(KAFKA_PREFIX)
-    }
+    return passthrough(KAFKA_PREFIX, environ)
 
 
 class Settings(BaseSettings):
@@ -45,6 +55,20 @@ class Settings(BaseSettings):
     # repr=False: the passthrough may hold secrets (sasl.password); redacted() shows it masked.
     kafka: dict[str, str] = Field(default_factory=dict, repr=False, description="librdkafka passthrough properties")
     kafka_timeout_seconds: float = Field(30.0, gt=0, description="deadline for delivery confirmation")
+
+    # Schema registry and record formats
+    # repr=False: a URL may carry user:password@; redacted() masks it.
+    schema_registry_url: str | None = Field(
+        None, repr=False, description="a Confluent-compatible schema registry: reads registry-framed Avro input "
+                          "(comma-separated URLs are tried in turn)")
+    # repr=False: credentials (basic.auth.user.info, bearer.auth.token); redacted() masks them.
+    schema_registry: dict[str, str] = Field(
+        default_factory=dict, repr=False,
+        description="SchemaRegistryClient properties, given as EMBEDSTREAM_SCHEMA_REGISTRY__<property with dots as _>")
+    output_format: Literal["avro", "avro-registry", "json"] = Field(
+        "avro", description="output topic values: schemaless Avro, registry-framed Avro, or JSON")
+    key_field: str | None = Field(
+        None, description="the field of a structured record key (JSON or registry Avro) that holds the document id")
 
     # Model
     model: str | None = Field(None, description="path or name of a sentence-transformers model")
@@ -93,7 +117,8 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
 
-    @field_validator("kafka_bootstrap_servers", "redis_url", "milvus_uri", "model", mode="before")
+    @field_validator("kafka_bootstrap_servers", "redis_url", "milvus_uri", "model", "schema_registry_url",
+                     "key_field", mode="before")
     @classmethod
     def _blank_is_unset(cls, v):
         return None if isinstance(v, str) and not v.strip() else v
@@ -105,6 +130,13 @@ class Settings(BaseSettings):
                 "EMBEDSTREAM_INPUT_TOPIC, EMBEDSTREAM_OUTPUT_TOPIC and EMBEDSTREAM_DLQ_TOPIC must be "
                 f"three different topics (got {self.input_topic!r}, {self.output_topic!r}, {self.dlq_topic!r})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _registry_for_output(self) -> Settings:
+        if self.output_format == "avro-registry" and self.schema_registry_url is None:
+            raise ValueError("EMBEDSTREAM_OUTPUT_FORMAT=avro-registry registers the output schema in a schema "
+                             "registry: set EMBEDSTREAM_SCHEMA_REGISTRY_URL too (or use avro or json)")
         return self
 
     def require(self, *names: str) -> None:
@@ -126,6 +158,12 @@ class Settings(BaseSettings):
             if out.get(key) is not None:
                 out[key] = "***"
         out["kafka"] = {k: ("***" if k in SECRET_KAFKA_KEYS else v) for k, v in self.kafka.items()}
+        out["schema_registry"] = {k: ("***" if k in SECRET_REGISTRY_KEYS else v)
+                                  for k, v in self.schema_registry.items()}
+        if self.schema_registry_url:
+            from connectors.registry import without_userinfo  # the client library loads only when asked
+
+            out["schema_registry_url"] = without_userinfo(self.schema_registry_url)
         return out
 
 
@@ -135,4 +173,5 @@ def load_settings(overrides: Mapping[str, object] | None = None) -> Settings:
     Raises ``pydantic.ValidationError`` with the offending names when a value is invalid."""
     given: dict[str, Any] = {k: v for k, v in (overrides or {}).items() if v is not None}
     given.setdefault("kafka", kafka_passthrough())
+    given.setdefault("schema_registry", passthrough(REGISTRY_PREFIX))
     return Settings(**given)

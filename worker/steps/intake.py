@@ -28,9 +28,11 @@ class Intake:
         self.batcher = batcher
         self.next_step = next_step
 
-    def add(self, messages: Iterable) -> None:
+    def add(self, messages: list) -> None:
         """Turn good Kafka messages (no error) into entries and batch them. Raises
-        ``DlqLimitExceeded`` at the record that trips the breaker (it joins no batch)."""
+        ``DlqLimitExceeded`` at the record that trips the breaker (it joins no batch), and
+        ``TransientError`` before taking any of them when the schema registry is out."""
+        self.validator.resolve_schemas(messages)
         entries: list[Entry] = [self.validator.validate(m) for m in messages]
         items = [e for e in entries if isinstance(e, Item)]
         if items:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from connectors.registry import SchemaRegistry, schema_id
 from schemas.codec import DecodeError, Tombstone, decode_document
 from worker.records import DeadLetter, Delete, Entry, Item, Source, content_hash, normalise_text
 
@@ -23,12 +24,25 @@ class Validator:
     """
 
     def __init__(self, max_bytes: int, accepts_model: Callable[[str | None], bool],
-                 keep_original: Callable[[int], bool] = lambda chars: False) -> None:
+                 keep_original: Callable[[int], bool] = lambda chars: False, *,
+                 registry: SchemaRegistry | None = None, key_field: str | None = None) -> None:
         self.max_bytes = max_bytes
         self.accepts_model = accepts_model
+        #: Reads registry-framed keys and values; None: no registry configured.
+        self.registry = registry
+        self.key_field = key_field
         #: Whether a text of so many characters might be dead-lettered later (too many chunks):
         #: its item then keeps the original record.
         self.keep_original = keep_original
+
+    def resolve_schemas(self, msgs: list) -> None:
+        """Look up the writer schemas of the framed records in ``msgs`` that the registry has not
+        answered for yet, so that ``validate`` never waits on the network. Raises
+        ``TransientError`` while the registry is out (the caller holds ``msgs`` and retries)."""
+        if self.registry is None:
+            return
+        self.registry.resolve({sid for m in msgs for data in (m.key(), m.value())
+                               if (sid := schema_id(data)) is not None})
 
     def validate(self, msg) -> Entry:
         ts_type, ts = msg.timestamp()
@@ -42,7 +56,7 @@ class Validator:
             return dead("text_too_long", f"value is {len(value):,} bytes, over the limit of {self.max_bytes:,} "
                                          "(EMBEDSTREAM_MAX_TEXT_BYTES)")
         try:
-            doc = decode_document(key, value)
+            doc = decode_document(key, value, framed=self.registry, key_field=self.key_field)
         except DecodeError as exc:
             return dead(exc.reason, exc.message)
         if len(doc.id.encode("utf-8")) > MAX_ID_BYTES:

@@ -1,0 +1,145 @@
+"""The schema registry, through confluent-kafka's own client and Avro deserializer.
+
+Records framed by a registry serializer are magic byte 0, a 4-byte big-endian schema id, then the
+Avro body written with that schema. :class:`SchemaRegistry` turns the three ways reading one can fail
+into this project's three kinds of failure:
+
+* the registry does not know the id (HTTP 404) → :class:`DecodeError` ``unknown_schema``;
+* the writer's schema cannot be resolved against ours (fastavro's schema resolution) →
+  :class:`DecodeError` ``incompatible_schema``;
+* the registry does not answer, times out, or answers 5xx/401/403 → :class:`TransientError`: the
+  record is retried, never dead-lettered.
+
+Writer schemas are cached by id (the client's cache, plus the ids known to be missing), so the
+registry is asked once per schema id, not per record. :meth:`SchemaRegistry.resolve` asks for every
+id of a consumed chunk up front: the polling thread can then hold that chunk while the registry is
+out (``worker.loop``), and decoding itself never waits on the network.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from fastavro.read import SchemaResolutionError
+
+from schemas.codec import is_framed
+from schemas.errors import ConfigError, DecodeError, TransientError
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"\x00"
+#: Seconds one registry request may take before it counts as an outage (the polling thread waits
+#: that long at most; the loop retries with backoff).
+DEFAULT_TIMEOUT_S = 5
+
+
+def schema_id(data: bytes | None) -> int | None:
+    """The schema id of a registry-framed value or key, else None (too short, or no magic byte)."""
+    if data is None or not is_framed(data):
+        return None
+    return int.from_bytes(data[1:5], "big")
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` (or comma-separated URLs) with any ``user:password@`` masked, for logs and messages."""
+    def one(u: str) -> str:
+        scheme, sep, rest = u.partition("://")
+        host, at, tail = rest.partition("@")
+        return f"{scheme}{sep}***@{tail}" if at and "/" not in host else u
+    return ",".join(one(u) for u in url.split(","))
+
+
+def frame(sid: int) -> bytes:
+    """The 5-byte prefix of a record written with schema ``sid``."""
+    return MAGIC + sid.to_bytes(4, "big")
+
+
+def client_conf(url: str, passthrough: Mapping[str, str]) -> dict[str, Any]:
+    """``SchemaRegistryClient`` properties: the URL, then ``EMBEDSTREAM_SCHEMA_REGISTRY__*`` ones
+    (credentials, TLS, timeouts) with numbers as numbers, as the client checks their types."""
+    conf: dict[str, Any] = {"url": url, "timeout": DEFAULT_TIMEOUT_S, "max.retries": 0}
+    for key, value in passthrough.items():
+        conf[key] = int(value) if value.lstrip("-").isdigit() else value
+    return conf
+
+
+class SchemaRegistry:
+    """Read registry-framed Avro against our schema, and register our output schema."""
+
+    def __init__(self, conf: Mapping[str, Any], reader_schema: str) -> None:
+        try:
+            self.client = SchemaRegistryClient(dict(conf))
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"schema registry settings: {exc} (check EMBEDSTREAM_SCHEMA_REGISTRY_URL and "
+                              "EMBEDSTREAM_SCHEMA_REGISTRY__* properties)") from None
+        self.url = without_userinfo(str(conf["url"]))
+        self._documents = AvroDeserializer(self.client, reader_schema)
+        self._generic = AvroDeserializer(self.client)
+        self._known: set[int] = set()
+        self._missing: set[int] = set()
+
+    def _fetch(self, sid: int) -> None:
+        try:
+            self.client.get_schema(sid)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == 404:
+                self._missing.add(sid)
+                return
+            raise TransientError("schema registry", f"looking up schema id {sid} at {self.url}: {exc}") from None
+        except Exception as exc:  # connection refused, timeouts: the HTTP library's own types
+            raise TransientError("schema registry", f"looking up schema id {sid} at {self.url}: {exc!r}") from None
+        self._known.add(sid)
+
+    def resolve(self, ids: Iterable[int]) -> None:
+        """Make sure every schema id in ``ids`` is known or known to be missing. Raises
+        :class:`TransientError` when the registry does not answer (nothing is cached then)."""
+        for sid in ids:
+            if sid not in self._known and sid not in self._missing:
+                self._fetch(sid)
+
+    def _read(self, deserializer: AvroDeserializer, data: bytes, what: str) -> Any:
+        sid = schema_id(data)
+        if sid is None:
+            raise DecodeError("decode_error", f"{what} is not registry-framed (magic byte 0 and a schema id)")
+        self.resolve([sid])
+        if sid in self._missing:
+            raise DecodeError("unknown_schema", f"{what} is framed with schema id {sid}, which the registry at "
+                                                f"{self.url} does not know")
+        try:
+            return deserializer(data, None)
+        except SchemaResolutionError as exc:
+            raise DecodeError("incompatible_schema", f"{what} was written with schema id {sid}, which does not "
+                                                     f"resolve against schemas/document.avsc: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise DecodeError("invalid_utf8", f"Avro string in the {what} is not valid UTF-8: {exc}") from None
+        except Exception as exc:  # fastavro raises many types on a body that does not match its schema
+            raise DecodeError("decode_error", f"{what} does not decode with its schema id {sid}: {exc!r}") from None
+
+    def read_document(self, value: bytes) -> dict[str, Any]:
+        """The value as a dict of ``document.avsc`` fields (the writer's schema resolved against ours)."""
+        rec = self._read(self._documents, value, "value")
+        if not isinstance(rec, dict):
+            raise DecodeError("incompatible_schema", "value's schema is not a record")
+        return rec
+
+    def read_key(self, key: bytes) -> Any:
+        """The key as its writer wrote it (a record is a dict; a primitive is itself)."""
+        return self._read(self._generic, key, "key")
+
+    def register(self, subject: str, schema: str) -> int:
+        """Register ``schema`` under ``subject`` (or find it there); its id. Raises
+        :class:`ConfigError` when the subject holds an incompatible schema, TransientError on an outage."""
+        try:
+            return self.client.register_schema(subject, Schema(schema, "AVRO"))
+        except SchemaRegistryError as exc:
+            if exc.http_status_code in (409, 422):
+                raise ConfigError(f"the registry at {self.url} refused our output schema under subject {subject!r}: "
+                                  f"{exc}. Its latest version there is not compatible with schemas/embedding.avsc: "
+                                  "register a compatible one, or change the subject's compatibility level.") from None
+            raise TransientError("schema registry", f"registering under {subject!r}: {exc}") from None
+        except Exception as exc:
+            raise TransientError("schema registry", f"registering under {subject!r} at {self.url}: {exc!r}") from None
