@@ -84,6 +84,20 @@ def _text(path: Path) -> Iterator[tuple[int, Document | BadLine]]:
                 yield n, Document(text_id(text), text)
 
 
+def split_formats(formats: list[str]) -> tuple[str | None, str]:
+    """``--format`` values → (the file's format or None for "from the extension", the records'
+    format, ``avro`` unless given). Raises ``ValueError`` on an unknown or twice-given kind."""
+    from worker.wire import FORMATS as WIRE
+
+    files = [f for f in formats if f in FORMATS]
+    wires = [f for f in formats if f in WIRE]
+    unknown = [f for f in formats if f not in FORMATS and f not in WIRE]
+    if unknown or len(files) > 1 or len(wires) > 1:
+        raise ValueError(f"--format {' '.join(formats)}: give at most one file format ({', '.join(FORMATS)}) "
+                         f"and one record format ({', '.join(WIRE)})")
+    return (files[0] if files else None), (wires[0] if wires else "avro")
+
+
 def read_documents(path: Path, fmt: str | None = None) -> Iterator[tuple[int, Document | BadLine]]:
     """Yield ``(line number, Document or BadLine)`` for each document-bearing line of ``path``."""
     fmt = fmt or detect_format(path)
@@ -103,12 +117,14 @@ class ProduceResult:
 Record = tuple[str, bytes | None]
 
 
-def document_record(doc: Document, stamp: bool = True) -> Record:
-    """The input-topic record of ``doc``: keyed by id, Avro value; ``stamp`` fills a missing
-    ``event_time`` with now (end-to-end latency is measured from it)."""
+def document_record(doc: Document, stamp: bool = True,
+                    encode: Callable[[Document], bytes] = encode_document) -> Record:
+    """The input-topic record of ``doc``: keyed by id, its value by ``encode`` (schemaless Avro
+    unless given; ``worker.wire`` has the others); ``stamp`` fills a missing ``event_time`` with now
+    (end-to-end latency is measured from it)."""
     if stamp and doc.event_time is None:
         doc = Document(doc.id, doc.text, doc.model, doc.metadata, int(time.time() * 1000))
-    return doc.id, encode_document(doc)
+    return doc.id, encode(doc)
 
 
 def produce_records(common: Mapping[str, object], topic: str, records: Iterable[Record], *,

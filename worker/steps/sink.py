@@ -38,10 +38,10 @@ from connectors.kafka import DeliveryBatch
 from connectors.milvus import MilvusStore
 from connectors.milvus_schema import EXCERPT_CHARS, ChunkRows, chunk_id
 from connectors.redis_cache import RedisCache
-from schemas.codec import encode_embedding
 from schemas.errors import TransientError
 from worker import metrics
 from worker.fence import Fence
+from worker.output import OutputFormat
 from worker.records import Batch, DeadLetter, Delete, Entry, Item
 from worker.steps.versions import VersionGuard, final_operations
 
@@ -72,8 +72,10 @@ class SinkStep:
 
     def __init__(self, store: MilvusStore, new_producer: Callable[[], Producer], model_id: str, dim: int,
                  cache: RedisCache | None, *, fence: Fence, guard: VersionGuard, output_topic: str, dlq_topic: str,
-                 delivery_timeout_s: float, dlq_value_limit: int = 900_000) -> None:
+                 delivery_timeout_s: float, dlq_value_limit: int = 900_000, output: OutputFormat | None = None) -> None:
         self.fence = fence
+        #: How output values are encoded (EMBEDSTREAM_OUTPUT_FORMAT).
+        self.output = output or OutputFormat()
         self.guard = guard
         self.output_topic = output_topic
         self.dlq_topic = dlq_topic
@@ -141,6 +143,7 @@ class SinkStep:
     def _produce(self, entries: list[Entry], now: int) -> DeliveryBatch:
         """Hand every output and dead-letter record of ``entries`` to the producer (not yet confirmed);
         the lease is checked before each document. A document's chunks go out in order, under its id."""
+        self.output.ready()  # before any record: an outage of the registry then repeats none
         delivery = DeliveryBatch(self.producer, self.delivery_timeout_s)
         for e in entries:
             self.fence.check()
@@ -152,7 +155,7 @@ class SinkStep:
                            "source_partition": e.source.partition, "source_offset": e.source.offset,
                            "metadata": e.metadata, "embedded_at": now, "chunk_index": ch.index,
                            "chunk_count": count, "span_start": ch.start, "span_end": ch.end}
-                    delivery.produce(self.output_topic, key, encode_embedding(rec),
+                    delivery.produce(self.output_topic, key, self.output.encode(rec),
                                      [("embedstream.model", self._model_header),
                                       ("embedstream.cached", b"true" if ch.cached else b"false")])
             elif isinstance(e, Delete):
