@@ -50,4 +50,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if and .Values.redis.enabled (not (or .Values.redis.url .Values.redis.existingSecret)) -}}
 {{- fail "redis.enabled needs redis.url or redis.existingSecret" -}}
 {{- end -}}
+{{- $sr := .Values.schemaRegistry -}}
+{{- if and (eq .Values.records.outputFormat "avro-registry") (not $sr.url) -}}
+{{- fail "records.outputFormat avro-registry needs schemaRegistry.url" -}}
+{{- end -}}
+{{- if and (or $sr.basicAuthKey $sr.bearerTokenKey) (not $sr.existingSecret) -}}
+{{- fail "schemaRegistry.basicAuthKey / bearerTokenKey name keys of schemaRegistry.existingSecret: set it" -}}
+{{- end -}}
+{{- if and $sr.basicAuthKey $sr.bearerTokenKey -}}
+{{- fail "schemaRegistry: use basic auth or a bearer token, not both" -}}
+{{- end -}}
 {{- end -}}
