@@ -57,13 +57,15 @@ def settings_env(s: Settings) -> dict[str, str]:
     """The environment that makes a subprocess `embedstream` see the same settings as ``s``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDSTREAM_")}
     for name, value in s.model_dump().items():
-        if value is None or name == "kafka":
+        if value is None or name in ("kafka", "schema_registry"):
             continue
         if hasattr(value, "get_secret_value"):
             value = value.get_secret_value()
         env[f"EMBEDSTREAM_{name.upper()}"] = str(value)
     for prop, value in s.kafka.items():
         env["EMBEDSTREAM_KAFKA__" + prop.replace(".", "_").upper()] = str(value)
+    for prop, value in s.schema_registry.items():
+        env["EMBEDSTREAM_SCHEMA_REGISTRY__" + prop.replace(".", "_").upper()] = str(value)
     env["HF_HUB_OFFLINE"] = "1"
     return env
 
@@ -143,3 +145,26 @@ def min_cosine_to_direct_encode(model, docs: dict[str, list[dict]], texts: dict[
     ref = encode_reference(model, [clean[r["doc_id"]][r["span_start"]:r["span_end"]] for r in rows])
     cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
     return float(cos.min())
+
+
+def document_schema_with(**field) -> str:
+    """``document.avsc`` evolved by one added field (e.g. an optional one: a BACKWARD-compatible v2)."""
+    import json
+
+    from schemas.codec import DOCUMENT_SCHEMA_TEXT
+
+    schema = json.loads(DOCUMENT_SCHEMA_TEXT)
+    schema["fields"].append(field)
+    return json.dumps(schema)
+
+
+def registry_serializer(client, schema: str, topic: str, key: bool = False):
+    """confluent-kafka's own ``AvroSerializer`` for ``topic`` (topic-name subject strategy), as a
+    function of one record."""
+    from confluent_kafka.schema_registry import topic_subject_name_strategy
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    ser = AvroSerializer(client, schema, conf={"subject.name.strategy": topic_subject_name_strategy})
+    ctx = SerializationContext(topic, MessageField.KEY if key else MessageField.VALUE)
+    return lambda obj: ser(obj, ctx)

@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from schemas.codec import Document, decode_embedding
+from schemas.codec import Document, decode_embedding, encode_document
 from tests.helpers import CLI, REPO, documents_in_milvus, min_cosine_to_direct_encode, read_topic, settings_env
 from worker.produce import document_record, produce_records
 from worker.settings import Settings
@@ -59,9 +60,11 @@ class Expected:
         return set(self.good) - self.deleted
 
 
-def produce_docs(s: Settings, docs: list[Document], expected: Expected) -> None:
-    """Produce ``docs`` (acknowledged before it returns) and note them as expected in Milvus."""
-    produce_records(s.kafka_common(), s.input_topic, (document_record(d, stamp=False) for d in docs))
+def produce_docs(s: Settings, docs: list[Document], expected: Expected,
+                 encode: Callable[[Document], bytes] = encode_document) -> None:
+    """Produce ``docs`` (acknowledged before it returns), their values by ``encode``, and note them
+    as expected in Milvus."""
+    produce_records(s.kafka_common(), s.input_topic, (document_record(d, stamp=False, encode=encode) for d in docs))
     for d in docs:
         expected.good[d.id] = d.text
     expected.records += len(docs)

@@ -19,7 +19,8 @@ from tests.faults.harness import (
     short_docs,
     wait_until,
 )
-from tests.helpers import read_topic
+from tests.helpers import document_schema_with, read_topic, registry_serializer
+from worker.produce import produce_records
 from worker.tools.dev import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -96,3 +97,38 @@ def test_redis_frozen_then_back(fs, model, parts, tmp_path):
     assert len(cached) >= 200 and sum(cached) >= 190, f"{sum(cached)} of {len(cached)} repeats were cache hits"
     assert cache_errors > 0, "no cache lookup failed while Redis was frozen: was it frozen at all?"
     record_row("4 Redis frozen", "SIGSTOP Redis while 1,200 docs stream", report, None)
+
+
+def test_registry_frozen_holds_framed_records_and_dead_letters_none(fs, model, parts, fault_stack, tmp_path):
+    """Framed records of a schema id the worker has not seen yet arrive while the registry is frozen:
+    the worker holds them (never a DLQ), and takes them once it answers."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from worker.wire import document_encoder
+
+    _, env = fault_stack
+    s = fs.model_copy(update={"schema_registry_url": env["EMBEDSTREAM_SCHEMA_REGISTRY_URL"]})
+    expected = Expected()
+    docs = short_docs(1000, "reg")
+    produce_docs(s, docs[:500], expected, encode=document_encoder("avro-registry", s, s.input_topic))
+    # Version 2 of the schema: registered (and its frames built) now, first seen by the worker mid-freeze.
+    v2 = registry_serializer(SchemaRegistryClient({"url": s.schema_registry_url}),
+                     document_schema_with(name="lang", type=["null", "string"], default=None), s.input_topic)
+    late = {d.id: v2({"id": d.id, "text": d.text, "metadata": d.metadata, "lang": "en"}) for d in docs[500:]}
+    w = WorkerProcess(s, tmp_path, "w", ("--stop-when-idle", "4"))
+    wait_until(lambda: committed_total(s, PARTITIONS) >= 250, 180, what="250 committed")
+    with frozen(parts["registry"]):
+        produce_records(s.kafka_common(), s.input_topic, late.items())
+        for d in docs[500:]:
+            expected.good[d.id] = d.text
+        expected.records += len(late)
+        time.sleep(8)  # past one request timeout (5 s): the worker has held the records at least once
+        held = committed_total(s, PARTITIONS)
+    assert held < expected.records, "everything was committed while the registry was frozen"
+    recovery = wait_until(lambda: committed_total(s, PARTITIONS) >= expected.records, 120,
+                          what="the held records taken after the registry came back")
+    assert w.wait(300) == 0, w.log()[-3000:]
+    assert "holding" in w.log(), "the worker never waited for the registry: was it frozen at all?"
+    report = check_nothing_lost(s, model, expected, PARTITIONS)
+    assert report.dead_lettered == 0
+    record_row("13 registry frozen", "SIGSTOP registry while 500 framed v2 docs arrive", report, recovery)

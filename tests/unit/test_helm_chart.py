@@ -52,6 +52,10 @@ VALUE_SETS = {
                    "redis": {"enabled": True, "existingSecret": "redis-url"}},
     "GPU": {"gpu": {"enabled": True}, "nodeSelector": {"nvidia.com/gpu.present": "true"},
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    "schema registry, basic auth over TLS": {
+        "schemaRegistry": {"url": "https://sr.kafka:8081", "existingSecret": "sr-creds", "basicAuthKey": "userinfo",
+                           "tls": {"existingSecret": "sr-ca"}, "extraProperties": {"timeout": 10}},
+        "records": {"outputFormat": "avro-registry", "keyField": "id"}},
     "fixed replicas": {"keda": {"enabled": False}, "hpa": {"enabled": False}, "replicaCount": 3,
                        "metrics": {"serviceMonitor": {"enabled": True}}},
 }
@@ -124,6 +128,28 @@ def test_chunking_settings_reach_the_worker():
     assert env["EMBEDSTREAM_CHUNKING"]["value"] == "off" and env["EMBEDSTREAM_CHUNK_TOKENS"]["value"] == "128"
 
 
+def test_schema_registry_settings_and_secrets_reach_the_worker():
+    objs = render(merge(BASE, VALUE_SETS["schema registry, basic auth over TLS"]))
+    env = env_of(objs)
+    assert env["EMBEDSTREAM_SCHEMA_REGISTRY_URL"]["value"] == "https://sr.kafka:8081"
+    ref = env["EMBEDSTREAM_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "sr-creds", "key": "userinfo"}
+    assert env["EMBEDSTREAM_SCHEMA_REGISTRY__SSL_CA_LOCATION"]["value"] == "/etc/embedstream/registry-tls/ca.crt"
+    assert env["EMBEDSTREAM_SCHEMA_REGISTRY__TIMEOUT"]["value"] == "10"
+    assert env["EMBEDSTREAM_OUTPUT_FORMAT"]["value"] == "avro-registry"
+    assert env["EMBEDSTREAM_KEY_FIELD"]["value"] == "id"
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    assert {"name": "registry-tls", "secret": {"secretName": "sr-ca"}} in pod["volumes"]
+    # the settings these names become are the worker's own
+    from worker.settings import passthrough
+
+    props = passthrough("EMBEDSTREAM_SCHEMA_REGISTRY__", {k: "x" for k in env})
+    assert "basic.auth.user.info" in props and "ssl.ca.location" in props
+    defaults = env_of(render(BASE))
+    assert "EMBEDSTREAM_SCHEMA_REGISTRY_URL" not in defaults
+    assert defaults["EMBEDSTREAM_OUTPUT_FORMAT"]["value"] == "avro"
+
+
 def test_dashboard_is_valid_json_with_the_contract_metrics():
     import json
 
@@ -142,6 +168,8 @@ BAD = {
     "negative min replicas": {"keda": {"minReplicaCount": -1}},
     "lag threshold as text": {"keda": {"lagThreshold": "lots"}},
     "bad offset reset policy": {"keda": {"offsetResetPolicy": "newest"}},
+    "unknown output format": {"records": {"outputFormat": "protobuf"}},
+    "registry url without a scheme": {"schemaRegistry": {"url": "sr:8081"}},
 }
 
 
@@ -155,7 +183,10 @@ def test_schema_rejects_bad_values(extra):
     {"keda": {"maxReplicaCount": 12}},  # more replicas than partitions
     {"terminationGracePeriodSeconds": 30, "shutdownGraceSeconds": 60},
     {"redis": {"enabled": True}},
-], ids=["replicas over partitions", "grace shorter than drain", "redis without url"])
+    {"records": {"outputFormat": "avro-registry"}},
+    {"schemaRegistry": {"url": "http://sr:8081", "basicAuthKey": "userinfo"}},
+], ids=["replicas over partitions", "grace shorter than drain", "redis without url", "avro-registry without a registry",
+        "credentials without a secret"])
 def test_template_rejects_inconsistent_values(extra):
     with pytest.raises(helm_python.HelmError):
         render(merge(BASE, extra))

@@ -30,6 +30,26 @@ def test_secrets_are_masked():
     assert "s3cr3t" not in repr(s) and "s3cr3t" not in str(shown)
 
 
+def test_registry_credentials_pass_through_and_are_masked(monkeypatch):
+    monkeypatch.setenv("EMBEDSTREAM_SCHEMA_REGISTRY_URL", "https://bob:s3cr3t-u@sr:8081")
+    monkeypatch.setenv("EMBEDSTREAM_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO", "bob:s3cr3t-p")
+    monkeypatch.setenv("EMBEDSTREAM_SCHEMA_REGISTRY__SSL_CA_LOCATION", "/ca.crt")
+    s = load_settings()
+    assert s.schema_registry == {"basic.auth.user.info": "bob:s3cr3t-p", "ssl.ca.location": "/ca.crt"}
+    shown = s.redacted()
+    assert "s3cr3t" not in str(shown) and "s3cr3t" not in repr(s)
+    assert shown["schema_registry"]["ssl.ca.location"] == "/ca.crt"
+
+
+def test_registry_output_needs_a_registry():
+    with pytest.raises(ValidationError, match="EMBEDSTREAM_SCHEMA_REGISTRY_URL"):
+        Settings(output_format="avro-registry")
+    s = Settings(output_format="avro-registry", schema_registry_url="http://sr:8081")
+    assert s.output_format == "avro-registry"
+    with pytest.raises(ValidationError):
+        Settings(output_format="protobuf")
+
+
 def test_topics_must_differ_and_blank_is_unset():
     with pytest.raises(ValidationError, match="three different topics"):
         Settings(input_topic="a", output_topic="a")

@@ -17,7 +17,8 @@ from .fakes import FakeMessage
     (b"a", b"x" * 2000, "text_too_long"),
     (b"a", b'{"id": "a", "text": "\xc3\x28"}', "invalid_utf8"),
     (b"a", b"\x02\x04", "decode_error"),
-    (b"a", encode_document(Document("a" * 600, "hi")), "id_too_long"),
+    (b"a" * 600, encode_document(Document("a" * 600, "hi")), "id_too_long"),
+    (b"k1", encode_document(Document("v1", "hi")), "id_mismatch"),
 ])
 def test_validator_reasons(key, value, reason):
     v = Validator(1000, lambda m: m in (None, "m"))
