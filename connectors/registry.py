@@ -18,6 +18,7 @@ out (``worker.loop``), and decoding itself never waits on the network.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -53,6 +54,25 @@ def without_userinfo(url: str) -> str:
     return ",".join(one(u) for u in url.split(","))
 
 
+def with_writer_aliases(reader: dict[str, Any], writer_text: str) -> dict[str, Any] | None:
+    """``reader`` with aliases added for the fields ``writer_text`` renamed (a writer field that lists
+    one of our names in its ``aliases`` and no field of that name); None when it renames nothing."""
+    try:
+        writer = json.loads(writer_text)
+    except ValueError:
+        return None
+    if not isinstance(writer, dict) or writer.get("type") != "record":
+        return None
+    names = {f["name"] for f in writer.get("fields", [])}
+    renamed = {alias: f["name"] for f in writer.get("fields", []) for alias in f.get("aliases", [])
+               if alias not in names}
+    if not any(f["name"] in renamed for f in reader["fields"]):
+        return None
+    fields = [{**f, "aliases": [*f.get("aliases", []), renamed[f["name"]]]} if f["name"] in renamed else f
+              for f in reader["fields"]]
+    return {**reader, "fields": fields}
+
+
 def frame(sid: int) -> bytes:
     """The 5-byte prefix of a record written with schema ``sid``."""
     return MAGIC + sid.to_bytes(4, "big")
@@ -77,14 +97,18 @@ class SchemaRegistry:
             raise ConfigError(f"schema registry settings: {exc} (check EMBEDSTREAM_SCHEMA_REGISTRY_URL and "
                               "EMBEDSTREAM_SCHEMA_REGISTRY__* properties)") from None
         self.url = without_userinfo(str(conf["url"]))
+        self._reader = json.loads(reader_schema)
         self._documents = AvroDeserializer(self.client, reader_schema)
+        #: Writer schemas that rename one of our fields (their field lists our name in ``aliases``)
+        #: are read with our schema plus the new names as aliases (Avro resolves aliases of the reader).
+        self._renamed: dict[int, AvroDeserializer] = {}
         self._generic = AvroDeserializer(self.client)
         self._known: set[int] = set()
         self._missing: set[int] = set()
 
     def _fetch(self, sid: int) -> None:
         try:
-            self.client.get_schema(sid)
+            schema = self.client.get_schema(sid)
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
                 self._missing.add(sid)
@@ -92,6 +116,9 @@ class SchemaRegistry:
             raise TransientError("schema registry", f"looking up schema id {sid} at {self.url}: {exc}") from None
         except Exception as exc:  # connection refused, timeouts: the HTTP library's own types
             raise TransientError("schema registry", f"looking up schema id {sid} at {self.url}: {exc!r}") from None
+        reader = with_writer_aliases(self._reader, schema.schema_str or "")
+        if reader is not None:
+            self._renamed[sid] = AvroDeserializer(self.client, json.dumps(reader))
         self._known.add(sid)
 
     def resolve(self, ids: Iterable[int]) -> None:
@@ -121,7 +148,7 @@ class SchemaRegistry:
 
     def read_document(self, value: bytes) -> dict[str, Any]:
         """The value as a dict of ``document.avsc`` fields (the writer's schema resolved against ours)."""
-        rec = self._read(self._documents, value, "value")
+        rec = self._read(self._renamed.get(schema_id(value) or 0, self._documents), value, "value")
         if not isinstance(rec, dict):
             raise DecodeError("incompatible_schema", "value's schema is not a record")
         return rec

@@ -3,8 +3,9 @@ and client (so the same test passes against a real registry: point ``EMBEDSTREAM
 at one).
 
 One worker run (``--stop-when-idle``) over one input topic that mixes everything a registry user
-sends: framed Avro of two schema versions interleaved (v1 through ``embedstream produce --format
-avro-registry``, v2 an evolved schema with an added optional field), schemaless Avro and JSON, a frame
+sends: framed Avro of three schema versions interleaved (v1 through ``embedstream produce --format
+avro-registry``, v2 with an added optional field, v3 renaming ``text`` with an alias), schemaless Avro
+and JSON, a frame
 with an unknown schema id, a frame whose schema does not resolve against ours, a key/value id
 disagreement, and a change-data-capture stream with structured keys (registry Avro and JSON, ``{"id":
 n}``) — inserts, updates and deletes as tombstones. The output is ``avro-registry``, read back with
@@ -61,12 +62,16 @@ def run(stack, tmp_path_factory):
     v2_schema = document_schema_with(name="lang", type=["null", "string"], default=None)
     v2 = registry_serializer(client, v2_schema, s.input_topic)
     v1_ser = registry_serializer(client, DOCUMENT_SCHEMA_TEXT, s.input_topic)
+    renamed_schema = json.loads(v2_schema)
+    renamed_schema["fields"][1] = {"name": "body", "type": "string", "aliases": ["text"]}  # v3: text → body
+    v3 = registry_serializer(client, json.dumps(renamed_schema), s.input_topic)
     records: list[tuple[bytes | None, bytes | None]] = []
     for i in range(20):  # v1 and v2 interleaved, with schemaless Avro and JSON on the same topic
         for kind, value in (
             ("v2", lambda d: v2({"id": d, "text": texts[d], "lang": "en"})),
             ("v1b", lambda d: v1_ser({"id": d, "text": texts[d], "model": None, "metadata": {"kind": "v1b"},
                                       "event_time": None})),
+            ("v3", lambda d: v3({"id": d, "body": texts[d], "lang": "de"})),
             ("plain", lambda d: encode_document(Document(d, texts[d]))),
             ("json", lambda d: json.dumps({"id": d, "text": texts[d]}).encode()),
         ):

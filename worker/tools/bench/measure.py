@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from prometheus_client import REGISTRY
 from connectors.kafka import create_topics, make_admin
 from connectors.milvus import MilvusStore
 from connectors.milvus_schema import ChunkRows
-from schemas.codec import Document
+from schemas.codec import Document, encode_document
 from worker.embedding.base import Embedder
 from worker.produce import document_record, produce_records
 from worker.records import normalise_text
@@ -70,10 +71,11 @@ def fresh_topics(base: Settings, partitions: int = 6, **overrides) -> Settings:
     return s
 
 
-def produce_texts(s: Settings, texts: list[str], prefix: str) -> None:
+def produce_texts(s: Settings, texts: list[str], prefix: str,
+                  encode: Callable[[Document], bytes] = encode_document) -> None:
     """Produce ``texts`` as documents ``<prefix>-<i>``, stamped with the time they were produced."""
     docs = (Document(f"{prefix}-{i}", t) for i, t in enumerate(texts))
-    produce_records(s.kafka_common(), s.input_topic, (document_record(d) for d in docs))
+    produce_records(s.kafka_common(), s.input_topic, (document_record(d, encode=encode) for d in docs))
 
 
 def model_tokens() -> tuple[float, float]:
@@ -99,15 +101,18 @@ def drop_collection(s: Settings) -> None:
 
 
 def worker_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: str,
-                  cold: bool = True) -> StreamResult:
+                  cold: bool = True, registry_url: str | None = None) -> StreamResult:
     """Backlog ``texts`` on a fresh topic, then run the worker until drained: docs/s end to end.
-    ``cold``: empty the cache first."""
+    ``cold``: empty the cache first. ``registry_url``: the input framed by confluent-kafka's
+    ``AvroSerializer`` and the output ``avro-registry`` (the registry user's path)."""
     from worker.runner import build_worker
+    from worker.wire import document_encoder
 
-    s = fresh_topics(base)
+    registry = {"schema_registry_url": registry_url, "output_format": "avro-registry"} if registry_url else {}
+    s = fresh_topics(base, **registry)
     if cold:
         flush_cache(s)
-    produce_texts(s, texts, prefix)
+    produce_texts(s, texts, prefix, document_encoder("avro-registry" if registry_url else "avro", s, s.input_topic))
     real0, pad0 = model_tokens()
     worker = build_worker(s, embedder=embedder)
     cpu0 = time.process_time()

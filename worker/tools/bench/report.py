@@ -35,6 +35,9 @@ def ratio_table(out: dict) -> Table:
         row("R1 (S2, same chunks)", r["R1_S2_chunks"], "", f"worker ÷ raw encode of the {d['raw_S2_chunks']['chunks']} "
             f"chunks the worker embeds ({_fmt(d['raw_S2_chunks']['docs_per_s'], 1)} docs/s): raw encode truncates "
             "long texts", None)
+    if r.get("R1_S2_registry"):
+        row("R1 (S2, registry)", r["R1_S2_registry"], "≈ R1", f"worker {_fmt(w['S2_registry']['docs_per_s'], 1)} "
+            "docs/s with registry-framed Avro in and avro-registry out ÷ the same raw encode", None)
     row("R1 (S1 short)", r["R1_S1"], "", f"worker {_fmt(w['S1']['docs_per_s'], 1)} ÷ raw "
         f"{_fmt(d['raw_S1']['docs_per_s'], 1)} docs/s", None)
     row("Rpeer", r["Rpeer"], "≥ 1.3", "worker ÷ infinity-emb engine (S2)" if r["Rpeer"] else
@@ -49,6 +52,9 @@ def ratio_table(out: dict) -> Table:
     if w["io"].get("cpu_us_per_doc"):
         t.add_row("CPU/doc (io)", _fmt(w["io"]["cpu_us_per_doc"], 0) + " µs", "", "worker-process CPU seconds ÷ "
                   "documents, instant model, S2 texts (the stack runs in other processes)")
+    if w.get("io_registry", {}).get("cpu_us_per_doc"):
+        t.add_row("CPU/doc (io, registry)", _fmt(w["io_registry"]["cpu_us_per_doc"], 0) + " µs", "",
+                  "the same with registry-framed Avro in and avro-registry out")
     row("Rpad", r["Rpad"], "≥ 0.85", "real ÷ padded tokens in the model (S2)", met("Rpad"))
     if "long" in w:
         lw = w["long"]

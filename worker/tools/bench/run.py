@@ -54,6 +54,7 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         out["quality"] = quality_gate(emb, texts["S2"][:sizes["quality_texts"]])
         _throughput(out, base, emb, texts, sizes, say)
         _io_path(out, base, emb.dim, sizes, say)
+        _registry(out, base, emb, texts["S2"], sizes, env["EMBEDSTREAM_SCHEMA_REGISTRY_URL"], say)
         _repeats(out, base, emb, sizes, say)
         _long(out, base, emb, sizes, say)
         out["denominators"]["peer_docs_per_s"] = _peer(peer_python, emb, texts["S2"], say)
@@ -109,6 +110,20 @@ def _io_path(out: dict, base: Settings, dim: int, sizes: dict, say: Callable[[st
     rows, columnar = measure.milvus_bulk_upsert(base.milvus_uri or "", rows=sizes["upsert_rows"], dim=dim)
     out["denominators"]["milvus_upsert_rows_per_s"] = rows
     out["denominators"]["milvus_upsert_columnar_rows_per_s"] = columnar
+
+
+def _registry(out: dict, base: Settings, emb, texts: list[str], sizes: dict, url: str,
+              say: Callable[[str], None]) -> None:
+    """S2 and io again, the input framed by a schema registry and the output ``avro-registry``: what
+    reading by schema id and framing the output cost (the R1 and CPU/doc of the plain runs beside)."""
+    say("S2 with registry-framed Avro in and out")
+    res = measure.worker_stream(base, emb, texts, f"s2r-{int(time.time())}", registry_url=url)
+    out["workloads"]["S2_registry"] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds}
+    say("io with registry-framed Avro in and out (instant model)")
+    fake = FakeEmbedder(dim=emb.dim, model_id=f"instant-r-{int(time.time())}")
+    io = measure.worker_stream(base, fake, workloads.mixed_texts(sizes["io"]), "io-r", registry_url=url)
+    out["workloads"]["io_registry"] = {"docs": io.docs, "docs_per_s": io.docs_per_s, "seconds": io.seconds,
+                                       "cpu_us_per_doc": 1e6 * io.cpu_seconds / io.docs if io.docs else 0.0}
 
 
 def _repeats(out: dict, base: Settings, emb, sizes: dict, say: Callable[[str], None]) -> None:
@@ -197,6 +212,8 @@ def ratios(out: dict) -> dict:
                          if d.get("milvus_upsert_columnar_rows_per_s") else None),
         "Rpad": s2["tokens_real"] / s2["tokens_padded"] if s2["tokens_padded"] else None,
     }
+    if "S2_registry" in w:
+        r["R1_S2_registry"] = w["S2_registry"]["docs_per_s"] / d["raw_S2"]["docs_per_s"]
     if "raw_S2_chunks" in d:
         r["R1_S2_chunks"] = s2["docs_per_s"] / d["raw_S2_chunks"]["docs_per_s"]
     if "long" in w:
