@@ -137,8 +137,9 @@ def check_shape(collection: str, info: dict, dim: int) -> None:
     have = int(fields["vector"]["params"]["dim"])
     if have != dim:
         raise ConfigError(
-            f"Milvus collection {collection!r} holds {have}-dim vectors but the model makes {dim}-dim ones: set "
-            "EMBEDSTREAM_MILVUS_COLLECTION to a new collection, or use the model the collection was built with.")
+            f"Milvus collection {collection!r} holds {have}-dim vectors but the model makes {dim}-dim ones (after "
+            "EMBEDSTREAM_TRUNCATE_DIM, if set): set EMBEDSTREAM_MILVUS_COLLECTION to a new collection, or use the "
+            "model and dimension the collection was built with.")
     missing = [f for f in (*CHUNK_FIELDS, *VERSION_FIELDS) if f not in fields]
     if missing:
         raise ConfigError(

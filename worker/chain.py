@@ -53,12 +53,13 @@ class Chain:
 
 def chunker_for(s: Settings, embedder: Embedder) -> Chunker:
     """The chunk step for the model; raises :class:`ConfigError` on chunk settings it cannot serve."""
-    room = embedder.max_seq_length - embedder.special_tokens
+    room = embedder.chunk_room
     tokens = s.chunk_tokens or room
     if tokens > room:
+        prompt = f" and {embedder.prompt_tokens} of the document prompt" if embedder.prompt_tokens else ""
         raise ConfigError(f"EMBEDSTREAM_CHUNK_TOKENS={tokens} is more than the model takes: {room} tokens "
-                          f"({embedder.max_seq_length} less {embedder.special_tokens} special ones). Lower it, "
-                          "or unset it for the model's own length.")
+                          f"({embedder.max_seq_length} less {embedder.special_tokens} special ones{prompt}). Lower "
+                          "it, or unset it for the model's own length.")
     if 2 * s.chunk_overlap > tokens:
         raise ConfigError(f"EMBEDSTREAM_CHUNK_OVERLAP={s.chunk_overlap} is more than half a chunk ({tokens} tokens): "
                           "lower it (the default is 32).")

@@ -260,6 +260,9 @@ def run(
     schema_registry_url: opt.SchemaRegistryUrl = None,
     output_format: opt.OutputFormat = None,
     key_field: opt.KeyField = None,
+    document_prompt: opt.DocumentPrompt = None,
+    query_prompt: opt.QueryPrompt = None,
+    truncate_dim: opt.TruncateDim = None,
 ) -> None:
     """The worker: consume documents, batch, cache, embed, upsert into Milvus, publish, commit.
 
@@ -278,7 +281,8 @@ def run(
         precision=precision, device=device, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
         max_batch_wait_ms=max_batch_wait_ms, redis_url=redis_url, cache_ttl_seconds=cache_ttl_seconds,
         milvus_uri=milvus_uri, milvus_collection=milvus_collection, metrics_port=metrics_port,
-        schema_registry_url=schema_registry_url, output_format=output_format, key_field=key_field)
+        schema_registry_url=schema_registry_url, output_format=output_format, key_field=key_field,
+        document_prompt=document_prompt, query_prompt=query_prompt, truncate_dim=truncate_dim)
     setup_logging(s)
     try:
         worker = build_worker(s)
@@ -313,12 +317,15 @@ def search(
     device: opt.Device = None,
     milvus_uri: opt.MilvusUri = None,
     milvus_collection: opt.MilvusCollection = None,
+    query_prompt: opt.QueryPrompt = None,
+    truncate_dim: opt.TruncateDim = None,
 ) -> None:
-    """Embed TEXT with the worker's model and precision; show the nearest documents in Milvus."""
+    """Embed TEXT with the worker's model and precision (and its query prompt); show the nearest
+    documents in Milvus."""
     from worker.search import search_documents
 
     s = settings_or_exit(model=model, precision=precision, device=device, milvus_uri=milvus_uri,
-                         milvus_collection=milvus_collection)
+                         milvus_collection=milvus_collection, query_prompt=query_prompt, truncate_dim=truncate_dim)
     try:
         hits = search_documents(s, [text], top_k)[0]
     except (ConfigError, ValueError, TransientError) as exc:

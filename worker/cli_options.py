@@ -46,5 +46,11 @@ SchemaRegistryUrl = Annotated[str | None, _setting(
 OutputFormat = Annotated[str | None, _setting("output_format", "avro|avro-registry|json: output topic values")]
 KeyField = Annotated[str | None, _setting(
     "key_field", "Field of a structured record key (JSON or registry Avro) that holds the document id")]
+DocumentPrompt = Annotated[str | None, _setting(
+    "document_prompt", "Text put before each document (\"\" = none)", "the model's document prompt")]
+QueryPrompt = Annotated[str | None, _setting(
+    "query_prompt", "Text put before each search query (\"\" = none)", "the model's query prompt")]
+TruncateDim = Annotated[int | None, _setting(
+    "truncate_dim", "Keep the first N dimensions of each vector (Matryoshka models), renormalised", "all")]
 StateDir = Annotated[Path, typer.Option(
     "--state-dir", help="Where the local stack keeps its pids, ports, logs and data")]

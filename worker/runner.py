@@ -64,7 +64,9 @@ def check_topics(settings: Settings) -> None:
 def load_embedder(settings: Settings) -> Embedder:
     from worker.embedding.sentence import SentenceTransformerEmbedder
 
-    return SentenceTransformerEmbedder(settings.model, settings.precision, settings.device)
+    return SentenceTransformerEmbedder(settings.model, settings.precision, settings.device,
+                                       document_prompt=settings.document_prompt, query_prompt=settings.query_prompt,
+                                       truncate_dim=settings.truncate_dim)
 
 
 def open_store(settings: Settings) -> MilvusStore:
@@ -77,7 +79,7 @@ def open_cache(settings: Settings, embedder: Embedder) -> RedisCache | None:
     if settings.redis_url is None:
         log.info("EMBEDSTREAM_REDIS_URL unset: running without the cache")
         return None
-    cache = RedisCache(settings.redis_url.get_secret_value(), embedder.model_id, embedder.dim,
+    cache = RedisCache(settings.redis_url.get_secret_value(), embedder.cache_id, embedder.dim,
                        settings.cache_ttl_seconds, settings.redis_timeout_ms)
     if cache.get_many(["startup-probe"]) == [None] and cache.errors:
         log.warning("Redis did not answer at start-up; running without hits until it does")

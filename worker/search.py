@@ -1,4 +1,5 @@
-"""Semantic search over the collection, with the worker's own model and precision."""
+"""Semantic search over the collection, with the worker's own model and precision (queries embedded
+with the model's query prompt, documents were with its document prompt)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5,
         if store.dim() != embedder.dim:
             raise ConfigError(f"collection {settings.milvus_collection!r} holds {store.dim()}-dim vectors, the "
                               f"model makes {embedder.dim}: use the model the collection was built with")
-        vectors = embedder.embed([normalise_text(q) for q in queries])
+        vectors = embedder.embed_query([normalise_text(q) for q in queries])
         return [best_chunk_per_document(store.search(v, top_k * ROWS_PER_DOCUMENT), top_k) for v in vectors]
     finally:
         store.close()

@@ -74,6 +74,10 @@ class Settings(BaseSettings):
     model: str | None = Field(None, description="path or name of a sentence-transformers model")
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # None: the model's own prompts (sentence-transformers' encode_document / encode_query); "": none.
+    document_prompt: str | None = Field(None, description="text put before each document (default: the model's)")
+    query_prompt: str | None = Field(None, description="text put before each search query (default: the model's)")
+    truncate_dim: int | None = Field(None, ge=1, description="keep the first N dimensions (Matryoshka), renormalised")
 
     # Chunking
     chunking: Literal["tokens", "off"] = Field(

@@ -28,3 +28,19 @@ def test_forward_passes_are_cut_by_count_budget_and_padding():
     assert [3] in groups  # the long one alone: it would pad the short ones to 200
     for g in groups:  # sorted by length inside a pass
         assert [lengths[i] for i in g] == sorted(lengths[i] for i in g)
+
+
+def test_a_document_prompt_costs_tokens_and_chunk_room_and_names_its_cache():
+    from worker.embedding.sentence import model_prompts
+
+    model, prompted = FakeEmbedder(), FakeEmbedder()
+    prompted.document_prompt, prompted.prompt_tokens = "passage: ", 3
+    assert prompted.estimate_tokens(["abcd" * 10]) == [15] and model.estimate_tokens(["abcd" * 10]) == [12]
+    assert prompted.chunk_room == model.chunk_room - 3
+    assert model.cache_id == "fake-model" and prompted.cache_id.startswith("fake-model+prompt-")
+
+    class St:  # what sentence-transformers 6 reports for an e5-style configuration
+        prompts = {"query": "query: ", "document": "", "passage": "passage: "}
+
+    assert model_prompts(St, None, None) == ("passage: ", "query: ")
+    assert model_prompts(St, "", "find: ") == ("", "find: ")  # overrides win, "" is none

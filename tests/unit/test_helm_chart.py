@@ -150,6 +150,14 @@ def test_schema_registry_settings_and_secrets_reach_the_worker():
     assert defaults["EMBEDSTREAM_OUTPUT_FORMAT"]["value"] == "avro"
 
 
+def test_prompts_and_truncation_reach_the_worker():
+    env = env_of(render(BASE))
+    assert not {"EMBEDSTREAM_DOCUMENT_PROMPT", "EMBEDSTREAM_QUERY_PROMPT", "EMBEDSTREAM_TRUNCATE_DIM"} & set(env)
+    env = env_of(render(merge(BASE, {"model": {"documentPrompt": "", "queryPrompt": "query: ", "truncateDim": 256}})))
+    assert env["EMBEDSTREAM_DOCUMENT_PROMPT"]["value"] == ""  # "" = no prompt, unlike null (the model's)
+    assert env["EMBEDSTREAM_QUERY_PROMPT"]["value"] == "query: " and env["EMBEDSTREAM_TRUNCATE_DIM"]["value"] == "256"
+
+
 def test_dashboard_is_valid_json_with_the_contract_metrics():
     import json
 

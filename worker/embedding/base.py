@@ -9,6 +9,7 @@ another thread once turned padding off under the model's call ("Unable to create
 from __future__ import annotations
 
 import abc
+import hashlib
 import re
 from pathlib import Path
 
@@ -33,6 +34,13 @@ class Embedder(abc.ABC):
     #: ``max_seq_length - special_tokens`` tokens of text.
     special_tokens: int = 2
 
+    #: What ``embed`` puts before each document text and ``embed_query`` before each query (the
+    #: model's own prompts unless overridden; "" = none), and the document prompt's length in tokens
+    #: (special tokens excluded): a chunk leaves room for it.
+    document_prompt: str = ""
+    query_prompt: str = ""
+    prompt_tokens: int = 0
+
     #: Characters per token of the estimate (WordPiece on English prose and docstrings; measured on
     #: the bench's texts: the sum is within 1 % on docstrings and 5 % on one-sentence texts).
     chars_per_token: float = 4.0
@@ -42,7 +50,7 @@ class Embedder(abc.ABC):
         tokenizing: the batcher's token budget. Truncated to the model's max length, or, with
         ``chunked``, the whole text plus the special tokens of each chunk. The model itself sorts and
         cuts its forward passes by exact counts. Pure: safe from any thread."""
-        cap, per, special = self.max_seq_length, self.chars_per_token, self.special_tokens
+        cap, per, special = self.max_seq_length, self.chars_per_token, self.special_tokens + self.prompt_tokens
         if chunked:
             room = max(1, cap - special)
             return [n + special * (1 + n // room) for n in (int(len(t) / per) for t in texts)]
@@ -54,9 +62,32 @@ class Embedder(abc.ABC):
         own); a real model answers with its tokenizer. Call it from the embed thread only."""
         return [[m.span() for m in _WORD.finditer(t)] for t in texts]
 
+    @property
+    def chunk_room(self) -> int:
+        """Tokens of document text one forward pass takes: the max length less the special tokens
+        and the document prompt."""
+        return self.max_seq_length - self.special_tokens - self.prompt_tokens
+
+    @property
+    def cache_id(self) -> str:
+        """The cache namespace of this model's document vectors: the model id, plus what else makes
+        its vectors differ from the bare model's (a document prompt, a truncated dimension), so a
+        vector is never served for another configuration."""
+        out = self.model_id
+        if self.document_prompt:
+            out += "+prompt-" + hashlib.sha256(self.document_prompt.encode("utf-8")).hexdigest()[:12]
+        if getattr(self, "truncate_dim", None):
+            out += f"+dim-{self.dim}"
+        return out
+
     @abc.abstractmethod
     def embed(self, texts: list[str]) -> np.ndarray:
-        """Embed ``texts`` → array of shape ``(len(texts), dim)``, float32, unit L2 norm. Blocks."""
+        """Embed document ``texts`` (the document prompt before each) → array of shape
+        ``(len(texts), dim)``, float32, unit L2 norm. Blocks."""
+
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        """Embed search queries (the query prompt before each); same shape and contract as ``embed``."""
+        return self.embed(texts)
 
     def warmup(self) -> None:
         """Run the model once so the first real batch does not pay for lazy initialisation."""

@@ -7,6 +7,13 @@ leaves norms off by up to ~0.4 %.
 
 Texts are run in sub-batches cut from the length-sorted list by a token budget, so short texts are
 not padded to the longest one of the batch.
+
+Prompts and truncation follow sentence-transformers' own ``encode_document`` / ``encode_query``: the
+document prompt is the model's ``document`` (else ``passage``, else ``corpus``) prompt; the query
+prompt its ``query`` prompt (an empty prompt counts as none; the model's default prompt is not
+used). A prompt is put before the text, and its length goes to the pooling (a model that pools
+without the prompt, ``include_prompt: false``, leaves it out). ``truncate_dim`` keeps the first
+dimensions (Matryoshka models), normalised again.
 """
 
 from __future__ import annotations
@@ -53,6 +60,21 @@ def pick_precision(precision: str, device: str) -> str:
     return "bf16" if cpu_has_bf16() else "fp32"
 
 
+def model_prompts(st, document_prompt: str | None, query_prompt: str | None) -> tuple[str, str]:
+    """``(document prompt, query prompt)``: each override when given (``""`` = none), else what
+    ``encode_document`` / ``encode_query`` of the model ``st`` would use."""
+    prompts = dict(getattr(st, "prompts", None) or {})
+    # sentence-transformers 6 adds empty "query" and "document" prompts to every model, so its
+    # encode_document picks "document" ("") over a configured "passage" (e5's name): skip empty ones.
+    # Like encode_document / encode_query, never the model's default prompt (those method-specific
+    # prompts override it, "even an empty prompt").
+    if document_prompt is None:
+        document_prompt = next((prompts[n] for n in ("document", "passage", "corpus") if prompts.get(n)), "")
+    if query_prompt is None:
+        query_prompt = prompts.get("query") or ""
+    return document_prompt, query_prompt
+
+
 def split_by_budget(lengths: list[int], max_texts: int, max_tokens: int, min_fill: float = 0.8) -> list[list[int]]:
     """Indices of ``lengths`` sorted by length, cut into groups for the model.
 
@@ -81,7 +103,9 @@ class SentenceTransformerEmbedder(Embedder):
     """A sentence-transformers model on CPU or CUDA at the chosen precision."""
 
     def __init__(self, model: str | None = None, precision: str = "auto", device: str = "auto",
-                 sub_batch_size: int | None = None, sub_batch_tokens: int | None = None) -> None:
+                 sub_batch_size: int | None = None, sub_batch_tokens: int | None = None, *,
+                 document_prompt: str | None = None, query_prompt: str | None = None,
+                 truncate_dim: int | None = None) -> None:
         import torch
         import transformers
         from sentence_transformers import SentenceTransformer
@@ -116,7 +140,16 @@ class SentenceTransformerEmbedder(Embedder):
         if dim is None:
             raise ConfigError(f"model {self.model_id!r} does not say its embedding dimension: not a sentence-"
                               "transformers embedding model? Check EMBEDSTREAM_MODEL.")
-        self.dim = int(dim)
+        if truncate_dim is not None and not 1 <= truncate_dim <= int(dim):
+            raise ConfigError(f"EMBEDSTREAM_TRUNCATE_DIM={truncate_dim}, but model {self.model_id!r} makes {dim}-dim "
+                              "vectors: use a value from 1 to that (a Matryoshka model keeps its leading dimensions)")
+        #: Keep the first ``truncate_dim`` dimensions (renormalised); None: all.
+        self.truncate_dim = truncate_dim
+        self.dim = truncate_dim or int(dim)
+        self.document_prompt, self.query_prompt = model_prompts(st, document_prompt, query_prompt)
+        self.prompt_tokens = len(self._tokenizer(self.document_prompt, add_special_tokens=False)["input_ids"]) \
+            if self.document_prompt else 0
+        self._prompt_lengths: dict[str, int] = {}
         from sentence_transformers.models import Normalize
 
         # Run the modules ourselves, minus Normalize: we normalise in float32 (see module doc).
@@ -129,8 +162,9 @@ class SentenceTransformerEmbedder(Embedder):
         self.sub_batch_tokens = sub_batch_tokens or (65_536 if gpu else 4096)
         self._real_tokens = metrics.MODEL_TOKENS.labels("real")
         self._padded_tokens = metrics.MODEL_TOKENS.labels("padded")
-        log.info("model %s loaded: dim=%d precision=%s device=%s", self.model_id, self.dim, self.precision,
-                 self.device)
+        log.info("model %s loaded: dim=%d precision=%s device=%s%s", self.model_id, self.dim, self.precision,
+                 self.device, "".join(f", {what} prompt {p!r}" for what, p in (("document", self.document_prompt),
+                                                                             ("query", self.query_prompt)) if p))
 
     # -- the phases ---------------------------------------------------------------------------
     def tokenize(self, texts: list[str]) -> list[list[int]]:
@@ -148,6 +182,15 @@ class SentenceTransformerEmbedder(Embedder):
         backend.no_truncation()
         backend.no_padding()
         return [list(enc.offsets) for enc in backend.encode_batch(texts, add_special_tokens=False)]
+
+    def prompt_length(self, prompt: str) -> int:
+        """The prompt's tokens as the pooling counts them: with the leading special token, without a
+        trailing one (what sentence-transformers hands a pooling that leaves the prompt out)."""
+        if prompt not in self._prompt_lengths:
+            ids = self._tokenizer([prompt], add_special_tokens=True)["input_ids"][0]
+            trailing = ids and ids[-1] in set(self._tokenizer.all_special_ids)
+            self._prompt_lengths[prompt] = len(ids) - (1 if trailing else 0)
+        return self._prompt_lengths[prompt]
 
     def pad(self, ids: list[list[int]]) -> dict:
         """The model inputs of one forward pass: ``ids`` padded to the longest, with the attention
@@ -175,19 +218,30 @@ class SentenceTransformerEmbedder(Embedder):
             return features["sentence_embedding"]
 
     def normalise(self, pooled):
-        """Cast to float32, then L2-normalise (in that order: see the module doc); stays on the device."""
-        return self._torch.nn.functional.normalize(pooled.float(), p=2, dim=1)
+        """Cast to float32, keep ``truncate_dim`` dimensions, then L2-normalise (in that order: see the
+        module doc); stays on the device."""
+        pooled = pooled.float()
+        if self.truncate_dim:
+            pooled = pooled[:, : self.truncate_dim]
+        return self._torch.nn.functional.normalize(pooled, p=2, dim=1)
 
     # -- the whole ---------------------------------------------------------------------------
     def embed(self, texts: list[str]) -> np.ndarray:
+        return self._embed(texts, self.document_prompt)
+
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        return self._embed(texts, self.query_prompt)
+
+    def _embed(self, texts: list[str], prompt: str) -> np.ndarray:
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
         # Tokenized once; each forward pass pads its own length-sorted slice. Results are copied off
         # the device only at the end: on a GPU the passes queue up and the CPU pads the next slice
         # while the GPU computes this one (a copy per pass would wait for each).
-        ids = self.tokenize(texts)
-        done = [(group, self.normalise(self.run(self.pad([ids[i] for i in group]))))
+        ids = self.tokenize([prompt + t for t in texts] if prompt else texts)
+        extra = {"prompt_length": self.prompt_length(prompt)} if prompt else {}
+        done = [(group, self.normalise(self.run({**self.pad([ids[i] for i in group]), **extra})))
                 for group in split_by_budget([len(seq) for seq in ids], self.sub_batch_size, self.sub_batch_tokens)]
         for group, vectors in done:
             out[group] = vectors.cpu().numpy()

