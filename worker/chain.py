@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 from confluent_kafka import Consumer, Producer
 
@@ -23,17 +22,19 @@ from connectors.redis_cache import RedisCache
 from connectors.registry import SchemaRegistry
 from schemas.errors import ConfigError
 from worker.embedding.base import Embedder
+from worker.embedding.models import ModelSet
 from worker.fence import Fence
 from worker.offsets import OffsetCommitter
 from worker.output import output_format
 from worker.pipeline import Pipeline, Stage, in_turn
+from worker.records import Batch
 from worker.settings import Settings
 from worker.steps.batcher import Batcher
 from worker.steps.chunk import Chunker
 from worker.steps.dlq_limit import DlqLimit
 from worker.steps.embed import EmbedStep
 from worker.steps.intake import Intake
-from worker.steps.sink import SinkStep
+from worker.steps.sink import ModelTarget, SinkStep
 from worker.steps.validate import Validator
 from worker.steps.versions import VersionGuard
 
@@ -51,7 +52,7 @@ class Chain:
     model_free: Callable[[], bool]
 
 
-def chunker_for(s: Settings, embedder: Embedder) -> Chunker:
+def chunker_for(s: Settings, embedder: Embedder, model: str = "") -> Chunker:
     """The chunk step for the model; raises :class:`ConfigError` on chunk settings it cannot serve."""
     room = embedder.chunk_room
     tokens = s.chunk_tokens or room
@@ -63,30 +64,50 @@ def chunker_for(s: Settings, embedder: Embedder) -> Chunker:
     if 2 * s.chunk_overlap > tokens:
         raise ConfigError(f"EMBEDSTREAM_CHUNK_OVERLAP={s.chunk_overlap} is more than half a chunk ({tokens} tokens): "
                           "lower it (the default is 32).")
-    return Chunker(embedder, s.chunking, tokens, s.chunk_overlap, s.max_chunks)
+    return Chunker(embedder, s.chunking, tokens, s.chunk_overlap, s.max_chunks, model=model)
 
 
-def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Producer], embedder: Embedder,
-                cache: RedisCache | None, store: MilvusStore, fence: Fence, topic_ids: dict[str, str],
-                registry: SchemaRegistry | None = None) -> Chain:
+def embed_by_model(steps: dict[str, Callable[[list[Batch]], None]],
+                   loaded: Callable[[str], bool]) -> Callable[[list[Batch]], None]:
+    """One step that runs each model's chunk + embed steps on the items of that model: the models a
+    group needs, those already loaded first (under a memory cap that holds one model, a group of two
+    models swaps once, not twice). A forward pass never mixes models."""
+    if len(steps) == 1:
+        return next(iter(steps.values()))
+
+    def run(group: list[Batch]) -> None:
+        needed = {it.model for batch in group for it in batch.items}
+        for name in sorted(needed, key=lambda n: not loaded(n)):
+            steps[name](group)
+    return run
+
+
+def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Producer], models: ModelSet,
+                caches: dict[str, RedisCache | None], stores: dict[str, MilvusStore], fence: Fence,
+                topic_ids: dict[str, str], registry: SchemaRegistry | None = None) -> Chain:
     """Every step, in the order a record meets it (the pipeline is built first only because intake
-    hands its batches to it)."""
-    sink = SinkStep(store, new_producer, embedder.model_id, embedder.dim, cache, fence=fence,
+    hands its batches to it). ``models``, ``caches`` and ``stores`` are by model name."""
+    handles = models.handles
+    sink = SinkStep({n: ModelTarget(stores[n], m.model_id, m.dim, caches[n]) for n, m in handles.items()},
+                    new_producer, fence=fence,
                     guard=VersionGuard(topic_ids), output_topic=s.output_topic, dlq_topic=s.dlq_topic,
                     delivery_timeout_s=s.kafka_timeout_seconds,
                     output=output_format(s.output_format, s.output_topic, registry))
-    chunker = chunker_for(s, embedder)
-    embed = Stage("embed", in_turn(chunker.process,                                  # 5 chunk (tokenizer:
-                                   EmbedStep(embedder, cache).process))              #   embed thread only)
-                                                                                     #   + cache + model
+    chunkers = {n: chunker_for(s, m, model=n) for n, m in handles.items()}
+    embed = Stage("embed", embed_by_model({                                          # 5 per model:
+        n: in_turn(chunkers[n].process,                                              #   chunk (tokenizer:
+                   EmbedStep(m, caches[n], model=n).process)                         #   embed thread only)
+        for n, m in handles.items()}, models.loaded))                                #   + cache + model
     pipeline = Pipeline([
         embed,
         Stage("sink", sink.process),                                                 # 6 Milvus + topics
     ], backoff_max=s.retry_backoff_max_seconds, release=sink.close)
     intake = Intake(
-        Validator(s.max_text_bytes, embedder.accepts, chunker.may_exceed,            # 1 Item | Delete | DeadLetter
-                  registry=registry, key_field=s.key_field),                         #   (key = identity)
-        partial(embedder.estimate_tokens, chunked=s.chunking == "tokens"),           # 2 token estimate
+        Validator(s.max_text_bytes, models.resolve,                                  # 1 Item | Delete | DeadLetter
+                  lambda chars: any(c.may_exceed(chars) for c in chunkers.values()), #   (key = identity,
+                  registry=registry, key_field=s.key_field),                         #   model by name)
+        lambda texts, model: handles[model].estimate_tokens(                         # 2 token estimate
+            texts, chunked=s.chunking == "tokens"),
         DlqLimit(s.dlq_max_consecutive, s.dlq_max_ratio, s.dlq_ratio_window),        # 3 halt a bad deploy
         Batcher(s.max_batch_size, s.max_batch_tokens, s.max_batch_wait_ms / 1000,    # 4 count, tokens,
                 max_bytes=s.max_batch_bytes),                                        #   deadline, bytes

@@ -263,6 +263,8 @@ def run(
     document_prompt: opt.DocumentPrompt = None,
     query_prompt: opt.QueryPrompt = None,
     truncate_dim: opt.TruncateDim = None,
+    models: opt.Models = None,
+    model_memory_mb: opt.ModelMemoryMb = None,
 ) -> None:
     """The worker: consume documents, batch, cache, embed, upsert into Milvus, publish, commit.
 
@@ -282,7 +284,8 @@ def run(
         max_batch_wait_ms=max_batch_wait_ms, redis_url=redis_url, cache_ttl_seconds=cache_ttl_seconds,
         milvus_uri=milvus_uri, milvus_collection=milvus_collection, metrics_port=metrics_port,
         schema_registry_url=schema_registry_url, output_format=output_format, key_field=key_field,
-        document_prompt=document_prompt, query_prompt=query_prompt, truncate_dim=truncate_dim)
+        document_prompt=document_prompt, query_prompt=query_prompt, truncate_dim=truncate_dim, models=models,
+        model_memory_mb=model_memory_mb)
     setup_logging(s)
     try:
         worker = build_worker(s)

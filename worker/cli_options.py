@@ -52,5 +52,10 @@ QueryPrompt = Annotated[str | None, _setting(
     "query_prompt", "Text put before each search query (\"\" = none)", "the model's query prompt")]
 TruncateDim = Annotated[int | None, _setting(
     "truncate_dim", "Keep the first N dimensions of each vector (Matryoshka models), renormalised", "all")]
+Models = Annotated[str | None, _setting(
+    "models", "A set of models by name: JSON, or the path of a YAML/JSON file; a record's model field picks one",
+    "one model, EMBEDSTREAM_MODEL")]
+ModelMemoryMb = Annotated[int | None, _setting(
+    "model_memory_mb", "MB of model weights held at once; the least recently used model is unloaded", "no limit")]
 StateDir = Annotated[Path, typer.Option(
     "--state-dir", help="Where the local stack keeps its pids, ports, logs and data")]

@@ -41,6 +41,13 @@ PAUSED_PARTITIONS = Gauge("embedstream_paused_partitions", "Partitions paused by
 # Tokens the model ran: real (the texts') | padded (including padding); real ÷ padded = padding efficiency.
 MODEL_TOKENS = Counter("embedstream_model_tokens_total", "Tokens through the model, real and padded", ["kind"])
 # Constant 1, labelled with the model in use.
+MODEL_LOADS = Counter("embedstream_model_loads_total", "Models loaded (at start-up and after an eviction)", ["model"])
+
+MODEL_EVICTIONS = Counter("embedstream_model_evictions_total",
+                          "Models unloaded to make room under EMBEDSTREAM_MODEL_MEMORY_MB", ["model"])
+
+MODEL_DOCUMENTS = Counter("embedstream_model_documents_total", "Documents embedded and written, by model", ["model"])
+
 MODEL_INFO = Gauge("embedstream_model_info", "The model in use", ["model", "precision", "device"])
 # Transient failures of outside systems, retried: kafka | milvus.
 RETRIES = Counter("embedstream_retries_total", "Transient failures retried", ["system"])

@@ -73,6 +73,8 @@ class Item:
     #: The original key, value and headers, kept only for a text long enough that it might yield
     #: too many chunks (the chunk step then dead-letters it whole).
     original: tuple[bytes | None, bytes | None, list | None] | None = None
+    #: The name of the model that embeds it (``worker.embedding.models``; "" when the worker runs one).
+    model: str = ""
 
 
 @dataclass(slots=True)
@@ -119,8 +121,9 @@ class Batch:
     #: Bytes of the record values in the batch (bounds the memory a batch holds).
     size: int = 0
     opened_at: float = field(default_factory=time.monotonic)
-    #: Vectors computed by the model for this batch, by chunk hash (written back to the cache).
-    fresh: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Vectors computed by the models for this batch, by model name, then chunk hash (written back
+    #: to each model's cache).
+    fresh: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     #: Its output and dead-letter records were acknowledged (a retry for Milvus skips them).
     delivered: bool = False
     #: Partitions whose entries the sink left unwritten: this member no longer owns them.

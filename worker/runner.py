@@ -24,6 +24,7 @@ from worker import metrics
 from worker.assignment import Assignment
 from worker.chain import build_chain
 from worker.embedding.base import Embedder
+from worker.embedding.models import ModelSet, ModelSpec, collection_name, describe, parse_models
 from worker.fence import Fence, lease_seconds
 from worker.loop import Worker
 from worker.settings import Settings
@@ -61,16 +62,37 @@ def check_topics(settings: Settings) -> None:
                           "create them, or fix EMBEDSTREAM_INPUT_TOPIC / _OUTPUT_TOPIC / _DLQ_TOPIC")
 
 
-def load_embedder(settings: Settings) -> Embedder:
+def load_embedder(settings: Settings, spec: ModelSpec | None = None) -> Embedder:
+    """The model of ``spec`` (one of EMBEDSTREAM_MODELS), else of EMBEDSTREAM_MODEL and its neighbours."""
     from worker.embedding.sentence import SentenceTransformerEmbedder
 
+    if spec is not None:
+        return SentenceTransformerEmbedder(spec.path, spec.precision or settings.precision,
+                                           spec.device or settings.device, document_prompt=spec.document_prompt,
+                                           query_prompt=spec.query_prompt, truncate_dim=spec.truncate_dim)
     return SentenceTransformerEmbedder(settings.model, settings.precision, settings.device,
                                        document_prompt=settings.document_prompt, query_prompt=settings.query_prompt,
                                        truncate_dim=settings.truncate_dim)
 
 
-def open_store(settings: Settings) -> MilvusStore:
-    return MilvusStore(settings.milvus_uri or "", settings.milvus_collection,
+def load_models(settings: Settings, embedder: Embedder | None = None) -> ModelSet:
+    """The worker's models: ``embedder`` alone when given (tests, the bench), the set of
+    EMBEDSTREAM_MODELS, else the one model of EMBEDSTREAM_MODEL. Raises ConfigError."""
+    if embedder is None and settings.models is not None:
+        return ModelSet(parse_models(settings.models), lambda spec: load_embedder(settings, spec),
+                        settings.model_memory_mb)
+    embedder = embedder or load_embedder(settings)
+    embedder.warmup()
+    return ModelSet.single(embedder)
+
+
+def collection_of(settings: Settings, models: ModelSet, name: str) -> str:
+    """The Milvus collection model ``name`` writes (EMBEDSTREAM_MILVUS_COLLECTION as a template)."""
+    return collection_name(settings.milvus_collection, name, several=settings.models is not None)
+
+
+def open_store(settings: Settings, collection: str | None = None) -> MilvusStore:
+    return MilvusStore(settings.milvus_uri or "", collection or settings.milvus_collection,
                        settings.milvus_token.get_secret_value() if settings.milvus_token else None,
                        settings.milvus_timeout_seconds)
 
@@ -128,14 +150,13 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
         raise ConfigError(str(exc)) from None
     check_broker(s.kafka_common())
     check_topics(s)
-    embedder = embedder or load_embedder(s)
-    metrics.MODEL_INFO.labels(embedder.model_id, embedder.precision, embedder.device).set(1)
-    log.info("model %s: dim %d, precision %s, device %s", embedder.model_id, embedder.dim, embedder.precision,
-             embedder.device)
-    store = open_store(s)
-    store.ensure_collection(embedder.dim)
-    cache = open_cache(s, embedder)
-    embedder.warmup()
+    models = load_models(s, embedder)
+    log.info("models: %s", describe(models))
+    stores, caches = {}, {}
+    for name, model in models.handles.items():
+        stores[name] = open_store(s, collection_of(s, models, name))
+        stores[name].ensure_collection(model.dim)
+        caches[name] = open_cache(s, model)
     health = metrics.Health(s.healthz_max_tick_age_seconds)
     health.model_loaded = True
     serve_metrics(s, health)
@@ -148,8 +169,8 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     consumer = make_consumer(s.kafka_common(), s.group_id, s.group_instance_id, **{
         "statistics.interval.ms": 5000, "stats_cb": metrics.record_lag_from_stats,
         "error_cb": health.on_kafka_error})
-    chain = build_chain(s, consumer, lambda: make_producer(s.kafka_common(), delivery_timeout_s), embedder, cache,
-                        store, fence, topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s))
+    chain = build_chain(s, consumer, lambda: make_producer(s.kafka_common(), delivery_timeout_s), models, caches,
+                        stores, fence, topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s))
     max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
     # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without
     # partitions waits two session timeouts (a rejoin) before it counts as idle.

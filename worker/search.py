@@ -34,14 +34,22 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5,
         raise ConfigError("EMBEDSTREAM_MILVUS_URI (or --milvus-uri) is not set")
     from worker.runner import load_embedder, open_store
 
+    collection = settings.milvus_collection
+    if embedder is None and settings.models is not None:
+        # A model set: EMBEDSTREAM_MODEL (--model) names the model to ask, else the default one.
+        from worker.embedding.models import collection_name, default_model, parse_models
+
+        specs = parse_models(settings.models)
+        name = settings.model if settings.model in specs else default_model(specs)
+        embedder, collection = load_embedder(settings, specs[name]), collection_name(collection, name, several=True)
     embedder = embedder or load_embedder(settings)
-    store = open_store(settings)
+    store = open_store(settings, collection)
     try:
         if not store.exists():
-            raise ConfigError(f"no collection {settings.milvus_collection!r} in Milvus at {settings.milvus_uri}: "
+            raise ConfigError(f"no collection {collection!r} in Milvus at {settings.milvus_uri}: "
                               "run the worker first, or fix EMBEDSTREAM_MILVUS_COLLECTION")
         if store.dim() != embedder.dim:
-            raise ConfigError(f"collection {settings.milvus_collection!r} holds {store.dim()}-dim vectors, the "
+            raise ConfigError(f"collection {collection!r} holds {store.dim()}-dim vectors, the "
                               f"model makes {embedder.dim}: use the model the collection was built with")
         vectors = embedder.embed_query([normalise_text(q) for q in queries])
         return [best_chunk_per_document(store.search(v, top_k * ROWS_PER_DOCUMENT), top_k) for v in vectors]

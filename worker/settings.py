@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     document_prompt: str | None = Field(None, description="text put before each document (default: the model's)")
     query_prompt: str | None = Field(None, description="text put before each search query (default: the model's)")
     truncate_dim: int | None = Field(None, ge=1, description="keep the first N dimensions (Matryoshka), renormalised")
+    models: str | None = Field(
+        None, description="a set of models by name, as JSON or the path of a YAML/JSON file "
+                          "(worker.embedding.models); a record's model field picks one")
+    model_memory_mb: int | None = Field(
+        None, ge=1, description="weights of the models held at once; the least recently used is unloaded")
 
     # Chunking
     chunking: Literal["tokens", "off"] = Field(
@@ -122,7 +127,7 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
 
     @field_validator("kafka_bootstrap_servers", "redis_url", "milvus_uri", "model", "schema_registry_url",
-                     "key_field", mode="before")
+                     "key_field", "models", mode="before")
     @classmethod
     def _blank_is_unset(cls, v):
         return None if isinstance(v, str) and not v.strip() else v

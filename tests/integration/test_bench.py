@@ -38,6 +38,10 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     assert r["Rdup90"] == pytest.approx(w["S4_90"]["docs_per_s"] / w["S4_0"]["docs_per_s"])
     assert r["Rio"] == pytest.approx(w["io"]["docs_per_s"] / d["milvus_upsert_rows_per_s"])
     assert 0 < w["io"]["cpu_us_per_doc"] < 1e6  # some CPU per document, less than a second of it
+    # two models interleaved, against the harmonic mix of each alone
+    tm = w["two_models"]
+    assert tm["docs"] == 60 and min(tm["docs_per_s"], tm["minilm_docs_per_s"], tm["proj_docs_per_s"]) > 0
+    assert r["Rmix"] == pytest.approx(tm["docs_per_s"] / tm["harmonic_docs_per_s"])
     # the registry user's path: framed in, avro-registry out, every document through
     assert w["S2_registry"]["docs"] == 60 and 0 < w["io_registry"]["cpu_us_per_doc"] < 1e6
     assert r["R1_S2_registry"] == pytest.approx(w["S2_registry"]["docs_per_s"] / d["raw_S2"]["docs_per_s"])
@@ -58,4 +62,4 @@ def test_bench_quick_writes_json_and_chart(tmp_path):
     assert 0.5 < lw["edit_cache_hit_rate"] < 1
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "R1" in res.stdout and "Rdup90" in res.stdout and "CPU/doc" in res.stdout and "long docs" in res.stdout
-    assert "registry" in res.stdout
+    assert "registry" in res.stdout and "Rmix" in res.stdout

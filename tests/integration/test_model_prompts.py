@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from schemas.errors import ConfigError
-from tests.models import packaged_model_path, prompted_model
 from worker.chain import chunker_for
 from worker.embedding.sentence import SentenceTransformerEmbedder
 from worker.settings import Settings
+from worker.tools.derived_models import packaged_model_path, prompted_model
 
 pytestmark = pytest.mark.integration
 

@@ -48,11 +48,11 @@ def test_a_group_is_one_model_call_over_its_distinct_misses():
     assert [ch.cached for ch in every] == [False, False, True, False, False, False]
     assert np.allclose(every[2].vector, cached_vec)
     assert np.allclose(every[0].vector, every[5].vector)  # same text, same vector
-    assert set(first.fresh) == {"h-alpha", "h-beta"} and set(second.fresh) == {"h-beta", "h-gamma", "h-alpha"}
+    assert set(first.fresh[""]) == {"h-alpha", "h-beta"} and set(second.fresh[""]) == {"h-beta", "h-gamma", "h-alpha"}
     # a later group finds the same texts in the memo without the model
     third = _batch(6, "gamma")
     step.process([third])
-    assert model.calls == 1 and third.items[0].chunks[0].cached and third.fresh == {}
+    assert model.calls == 1 and third.items[0].chunks[0].cached and third.fresh == {"": {}}
 
 
 def test_a_long_document_edited_in_one_place_re_embeds_only_the_chunk_that_changed():
@@ -66,7 +66,7 @@ def test_a_long_document_edited_in_one_place_re_embeds_only_the_chunk_that_chang
     [doc] = first.items
     assert len(doc.chunks) > 3 and all(not ch.cached for ch in doc.chunks)
     assert all(doc.text[ch.start:ch.end] == ch.text for ch in doc.chunks)
-    cache.stored.update(first.fresh)  # the sink fills Redis with the fresh vectors
+    cache.stored.update(first.fresh[""])  # the sink fills Redis with the fresh vectors
     words[-1] = "edited"
     model.calls = model.texts_embedded = 0
     second = _batch(1, " ".join(words))

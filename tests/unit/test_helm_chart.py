@@ -158,6 +158,28 @@ def test_prompts_and_truncation_reach_the_worker():
     assert env["EMBEDSTREAM_QUERY_PROMPT"]["value"] == "query: " and env["EMBEDSTREAM_TRUNCATE_DIM"]["value"] == "256"
 
 
+def test_a_model_set_is_a_configmap_the_worker_reads():
+    import yaml
+
+    from worker.embedding.models import parse_models
+
+    values = merge(BASE, {"dashboard": {"enabled": False}, "gpu": {"enabled": True}, "models": {
+        "set": {"small": {"path": "/models/minilm", "device": "cpu", "default": True},
+                "e5": {"path": "/models/e5", "precision": "fp16", "document_prompt": "passage: "}},
+        "memoryMb": 2048}})
+    objs = render(values)
+    env = env_of(objs)
+    assert env["EMBEDSTREAM_MODELS"]["value"] == "/etc/embedstream/models/models.yaml"
+    assert env["EMBEDSTREAM_MODEL_MEMORY_MB"]["value"] == "2048" and env["EMBEDSTREAM_DEVICE"]["value"] == "cuda"
+    text = objs["ConfigMap"]["data"]["models.yaml"]
+    specs = parse_models(yaml.safe_dump(yaml.safe_load(text), default_flow_style=True))
+    assert specs["small"].device == "cpu" and specs["e5"].document_prompt == "passage: " and specs["small"].default
+    pod = objs["Deployment"]["spec"]["template"]
+    assert {"name": "models", "configMap": {"name": objs["ConfigMap"]["metadata"]["name"]}} in pod["spec"]["volumes"]
+    assert "checksum/models" in pod["metadata"]["annotations"]  # a changed set rolls the pods
+    assert "EMBEDSTREAM_MODELS" not in env_of(render(BASE))
+
+
 def test_dashboard_is_valid_json_with_the_contract_metrics():
     import json
 
@@ -178,6 +200,7 @@ BAD = {
     "bad offset reset policy": {"keda": {"offsetResetPolicy": "newest"}},
     "unknown output format": {"records": {"outputFormat": "protobuf"}},
     "registry url without a scheme": {"schemaRegistry": {"url": "sr:8081"}},
+    "unknown model setting": {"models": {"set": {"m": {"colour": "red"}}}},
 }
 
 

@@ -38,7 +38,7 @@ def _worker(consumer, embed=lambda g: None, sink=lambda g: None, *, batch=10, in
     fence = fence or Fence(lease_s=5)
     embed_stage = Stage("embed", embed)
     pipeline = Pipeline([embed_stage, Stage("sink", sink)], backoff_max=0.05)
-    intake = Intake(Validator(10_000, lambda m: m is None), lambda texts: [5] * len(texts),
+    intake = Intake(Validator(10_000, lambda m: "" if m is None else None), lambda texts, _model: [5] * len(texts),
                     DlqLimit(dlq_run, 1.0, 1000), Batcher(batch, 10_000, 0.01, max_bytes=1 << 24), pipeline.submit)
     chain = Chain(intake, pipeline, OffsetCommitter(consumer, 0), fence,
                   model_free=lambda: embed_stage.backlog == 0)

@@ -11,7 +11,7 @@ from connectors.milvus import MilvusStore
 from schemas.errors import TransientError
 from worker.fence import Fence, FenceClosed
 from worker.records import Batch, Chunk, DeadLetter, Delete, Item, Source
-from worker.steps.sink import SinkStep
+from worker.steps.sink import ModelTarget, SinkStep
 from worker.steps.versions import VersionGuard, final_operations
 
 from .fakes import RecordingMilvusClient, RecordingProducer
@@ -35,7 +35,7 @@ def _sink(client, producer, fence: Fence | None = None) -> SinkStep:
     if fence is None:
         fence = Fence(lease_s=60)
         fence.publish({("docs", p) for p in range(4)})
-    return SinkStep(_store(client), lambda: producer, "m", 4, cache=None, fence=fence,
+    return SinkStep({"": ModelTarget(_store(client), "m", 4)}, lambda: producer, fence=fence,
                     guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
                     delivery_timeout_s=5)
 
@@ -201,7 +201,7 @@ def test_a_producer_that_was_fenced_is_replaced_and_the_group_retried_whole():
     fenced = RecordingProducer(fail=KafkaError(KafkaError.PRODUCER_FENCED))
     fresh = RecordingProducer()
     made = iter([fenced, fresh])
-    sink = SinkStep(_store(RecordingMilvusClient()), lambda: next(made), "m", 4, cache=None, fence=_owned(0),
+    sink = SinkStep({"": ModelTarget(_store(RecordingMilvusClient()), "m", 4)}, lambda: next(made), fence=_owned(0),
                     guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
                     delivery_timeout_s=5)
     batch = Batch()
@@ -243,3 +243,40 @@ def test_a_replay_across_a_delete_neither_brings_the_row_back_nor_shows_the_old_
     newer.add(_item("a", 12, 0.3))
     sink.process([newer])
     assert client.rows["a#0"]["source_offset"] == 12 and [k for _, k, _, _ in producer.records] == [b"a"]
+
+
+def test_each_model_writes_its_collection_and_a_tombstone_deletes_from_all():
+    """Two models: an item goes to its model's collection, with its model's id and dim on the output
+    topic; a tombstone deletes the id from both; versions are guarded per collection."""
+    small, big, producer = RecordingMilvusClient(), RecordingMilvusClient(), RecordingProducer()
+    fence = Fence(lease_s=60)
+    fence.publish({("docs", 0)})
+    targets = {"small": ModelTarget(_store(small), "org/small", 4), "big": ModelTarget(_store(big), "org/big", 6)}
+    sink = SinkStep(targets, lambda: producer, fence=fence, guard=VersionGuard({"docs": "T1"}),
+                    output_topic="embeddings", dlq_topic="documents.dlq", delivery_timeout_s=5)
+    batch = Batch()
+    a, b, both = _item("a", 0, 0.1), _item("b", 1, 0.2), _item("x", 2, 0.3)
+    b.model = "big"
+    a.model = both.model = "small"
+    x_big = _item("x", 3, 0.4)
+    x_big.model = "big"  # the same id embedded by both models
+    for e in (a, b, both, x_big, Delete(Source("docs", 0, 4), "a")):
+        batch.add(e)
+    sink.process([batch])
+    assert set(small.rows) == {"x#0"} and set(big.rows) == {"b#0", "x#0"}  # a: deleted from every collection
+    assert set(small.deleted) == set(big.deleted) == {"a"}
+    models = [(k, dict(h)["embedstream.model"]) for _, k, _, h in producer.records]
+    assert models[:4] == [(b"a", b"org/small"), (b"b", b"org/big"), (b"x", b"org/small"), (b"x", b"org/big")]
+    # a replay of x for the big model only: superseded there, and nowhere written
+    again = Batch()
+    old = _item("x", 3, 0.9)
+    old.model = "big"
+    again.add(old)
+    sink.process([again])
+    assert old.superseded is False  # the same offset is a replay: rewritten, as for one model
+    older = Batch()
+    stale = _item("x", 1, 0.9)
+    stale.model = "big"
+    older.add(stale)
+    sink.process([older])
+    assert stale.superseded and big.rows["x#0"]["source_offset"] == 3

@@ -21,13 +21,13 @@ from .fakes import FakeMessage
     (b"k1", encode_document(Document("v1", "hi")), "id_mismatch"),
 ])
 def test_validator_reasons(key, value, reason):
-    v = Validator(1000, lambda m: m in (None, "m"))
+    v = Validator(1000, lambda m: "" if m in (None, "m") else None)
     entry = v.validate(FakeMessage(key, value))
     assert isinstance(entry, DeadLetter) and entry.reason == reason and entry.value == value
 
 
 def test_validator_good_record_and_tombstone():
-    v = Validator(1000, lambda m: m in (None, "m"))
+    v = Validator(1000, lambda m: "" if m in (None, "m") else None)
     it = v.validate(FakeMessage(b"a", encode_document(Document("a", "  Cafe\u0301  ", "m")), 3, 41))
     assert isinstance(it, Item) and it.text == "Caf\u00e9" and it.source.offset == 41 and it.source.partition == 3
     assert isinstance(v.validate(FakeMessage(b"gone", None)), Delete)

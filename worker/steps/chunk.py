@@ -79,8 +79,11 @@ class Chunker:
     dead letter (``too_many_chunks``) in its batch, written whole to the DLQ instead of half to
     Milvus."""
 
-    def __init__(self, embedder: Embedder, mode: str, max_tokens: int, overlap: int, max_chunks: int) -> None:
+    def __init__(self, embedder: Embedder, mode: str, max_tokens: int, overlap: int, max_chunks: int,
+                 model: str = "") -> None:
         self.embedder = embedder
+        #: The items this step splits: those of this model (``Item.model``).
+        self.model = model
         self.mode = mode
         self.max_tokens = max_tokens
         self.overlap = overlap
@@ -104,7 +107,8 @@ class Chunker:
         return out
 
     def process(self, group: list[Batch]) -> None:
-        items = [(batch, pos, e) for batch in group for pos, e in enumerate(batch.entries) if isinstance(e, Item)]
+        items = [(batch, pos, e) for batch in group for pos, e in enumerate(batch.entries)
+                 if isinstance(e, Item) and e.model == self.model]
         if self.mode == "off":
             self._truncate([it for _, _, it in items])
             return

@@ -28,9 +28,11 @@ class EmbedStep:
 
     Raises only what the model raises (a bug: crash); the cache never raises."""
 
-    def __init__(self, embedder: Embedder, cache: RedisCache | None, memo_size: int = 20_000) -> None:
+    def __init__(self, embedder: Embedder, cache: RedisCache | None, memo_size: int = 20_000, model: str = "") -> None:
         self.embedder = embedder
         self.cache = cache
+        #: The items this step embeds: those of this model (``Item.model``).
+        self.model = model
         # ~1.5 KB a 384-dim vector: 20,000 entries ≈ 30 MB. Only used with a cache configured:
         # without Redis the operator asked for no caching.
         self.memo_size = memo_size if cache is not None else 0
@@ -38,8 +40,8 @@ class EmbedStep:
 
     def process(self, group: list[Batch]) -> None:
         for batch in group:
-            batch.fresh = {}
-        chunks = [ch for batch in group for it in batch.items for ch in it.chunks]
+            batch.fresh[self.model] = {}
+        chunks = [ch for batch in group for it in batch.items if it.model == self.model for ch in it.chunks]
         if not chunks:
             return
         first_text: dict[str, str] = {}
@@ -79,9 +81,12 @@ class EmbedStep:
             while len(self._memo) > self.memo_size:
                 self._memo.popitem(last=False)
         for batch in group:
+            fresh = batch.fresh[self.model]
             for it in batch.items:
+                if it.model != self.model:
+                    continue
                 for ch in it.chunks:
                     ch.vector = vectors[ch.hash]
                     ch.cached = ch.hash in hit
                     if not ch.cached:
-                        batch.fresh[ch.hash] = ch.vector
+                        fresh[ch.hash] = ch.vector

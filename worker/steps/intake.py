@@ -20,7 +20,7 @@ class Intake:
     """``add``, ``poll`` and ``flush`` hand each batch that closes to ``next_step`` at once (so a
     breaker that trips mid-chunk loses none of the batches closed before it)."""
 
-    def __init__(self, validator: Validator, estimate_tokens: Callable[[list[str]], list[int]],
+    def __init__(self, validator: Validator, estimate_tokens: Callable[[list[str], str], list[int]],
                  dlq_limit: DlqLimit, batcher: Batcher, next_step: Callable[[Batch], None]) -> None:
         self.validator = validator
         self.estimate_tokens = estimate_tokens
@@ -34,9 +34,12 @@ class Intake:
         ``TransientError`` before taking any of them when the schema registry is out."""
         self.validator.resolve_schemas(messages)
         entries: list[Entry] = [self.validator.validate(m) for m in messages]
-        items = [e for e in entries if isinstance(e, Item)]
-        if items:
-            for it, n in zip(items, self.estimate_tokens([it.text for it in items])):
+        by_model: dict[str, list[Item]] = {}
+        for e in entries:
+            if isinstance(e, Item):
+                by_model.setdefault(e.model, []).append(e)
+        for model, items in by_model.items():  # one call per model (the worker's set: usually one)
+            for it, n in zip(items, self.estimate_tokens([it.text for it in items], model)):
                 it.tokens = n
         for e in entries:
             if isinstance(e, DeadLetter):

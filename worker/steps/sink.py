@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 
 import numpy as np
 from confluent_kafka import Producer
@@ -67,12 +68,43 @@ def dlq_headers(d: DeadLetter, max_value: int) -> tuple[bytes | None, list[tuple
     return value, headers
 
 
-class SinkStep:
-    """``process(group)`` makes the batches durable; raises :class:`TransientError` to be retried."""
+@dataclass
+class ModelTarget:
+    """Where a model's documents go: its collection, the model id and dim its records carry, its cache."""
 
-    def __init__(self, store: MilvusStore, new_producer: Callable[[], Producer], model_id: str, dim: int,
-                 cache: RedisCache | None, *, fence: Fence, guard: VersionGuard, output_topic: str, dlq_topic: str,
-                 delivery_timeout_s: float, dlq_value_limit: int = 900_000, output: OutputFormat | None = None) -> None:
+    store: MilvusStore
+    model_id: str
+    dim: int
+    cache: RedisCache | None = None
+
+    @property
+    def header(self) -> bytes:
+        return self.model_id.encode()
+
+
+@dataclass
+class Plan:
+    """One model's share of a group: the final operations for its collection and what it holds."""
+
+    target: ModelTarget
+    upserts: dict[str, Item]
+    deletes: dict[str, Delete]
+    counts: dict[str, int]
+    stored: dict = field(default_factory=dict)
+
+
+class SinkStep:
+    """``process(group)`` makes the batches durable; raises :class:`TransientError` to be retried.
+
+    ``targets`` holds each model's collection and cache by model name (``Item.model``; one entry
+    named "" without a model set). An item goes to its model's collection; a tombstone deletes its
+    id from every collection (a document may be embedded by several models, each collection holding
+    the newest record of the id that asked for its model)."""
+
+    def __init__(self, targets: dict[str, ModelTarget], new_producer: Callable[[], Producer], *, fence: Fence,
+                 guard: VersionGuard, output_topic: str, dlq_topic: str, delivery_timeout_s: float,
+                 dlq_value_limit: int = 900_000, output: OutputFormat | None = None) -> None:
+        self.targets = targets
         self.fence = fence
         #: How output values are encoded (EMBEDSTREAM_OUTPUT_FORMAT).
         self.output = output or OutputFormat()
@@ -80,14 +112,9 @@ class SinkStep:
         self.output_topic = output_topic
         self.dlq_topic = dlq_topic
         self.delivery_timeout_s = delivery_timeout_s
-        self.store = store
         self._new_producer = new_producer
         self.producer = new_producer()
-        self.model_id = model_id
-        self.dim = dim
-        self.cache = cache
         self.dlq_value_limit = dlq_value_limit
-        self._model_header = model_id.encode()
         self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
 
     def close(self) -> None:
@@ -119,26 +146,31 @@ class SinkStep:
             metadata=[it.metadata for it, _ in chunks], sources=[self.guard.source(it.source) for it, _ in chunks],
             offsets=[it.source.offset for it, _ in chunks])
 
-    def _write_milvus(self, upserts: dict[str, Item], deletes: dict[str, Delete], counts: dict[str, int],
-                      now: int) -> float:
-        """Make Milvus hold exactly the chunks of each document's final operation; returns the seconds.
+    def _write_milvus(self, plans: list[Plan], now: int) -> float:
+        """Each model's collection, in turn (``_write_collection``); returns the seconds."""
+        t0 = time.perf_counter()
+        for plan in plans:
+            self._write_collection(plan, now)
+        return time.perf_counter() - t0
+
+    def _write_collection(self, plan: Plan, now: int) -> None:
+        """Make a collection hold exactly the chunks of each document's final operation.
 
         ``counts`` (how many chunks each document's rows say it has, read with the versions) names the
         rows to remove: a deleted document's, and the chunks past the end of one that shrank. The
         order keeps a crash at any point redoable by the replay: deletes are recorded first; a
         document's chunk 0, which carries the count that names its other rows, goes last (deleted
         after its other chunks, rewritten after its stale chunks are gone)."""
-        t0 = time.perf_counter()
+        store, upserts, deletes, counts = plan.target.store, plan.upserts, plan.deletes, plan.counts
         if deletes:
-            self.store.record_deletes(list(deletes), ([self.guard.source(d.source) for d in deletes.values()],
-                                                      [d.source.offset for d in deletes.values()]), now)
+            store.record_deletes(list(deletes), ([self.guard.source(d.source) for d in deletes.values()],
+                                                 [d.source.offset for d in deletes.values()]), now)
         stale = [chunk_id(doc, k) for doc, it in upserts.items() for k in range(len(it.chunks), counts.get(doc, 0))]
         stale += [chunk_id(doc, k) for doc in deletes for k in range(1, counts.get(doc, 1))]
-        self.store.delete(stale)
-        self.store.delete([chunk_id(doc, 0) for doc in deletes])
+        store.delete(stale)
+        store.delete([chunk_id(doc, 0) for doc in deletes])
         if upserts:
-            self.store.upsert_chunks(self._rows(list(upserts.values())), self.model_id, now)
-        return time.perf_counter() - t0
+            store.upsert_chunks(self._rows(list(upserts.values())), plan.target.model_id, now)
 
     def _produce(self, entries: list[Entry], now: int) -> DeliveryBatch:
         """Hand every output and dead-letter record of ``entries`` to the producer (not yet confirmed);
@@ -148,49 +180,63 @@ class SinkStep:
         for e in entries:
             self.fence.check()
             if isinstance(e, Item):
-                key, count = e.id.encode(), len(e.chunks)
+                key, count, target = e.id.encode(), len(e.chunks), self.targets[e.model]
                 for ch in e.chunks:
-                    rec = {"id": e.id, "model": self.model_id, "dim": self.dim, "vector": ch.vector,
+                    rec = {"id": e.id, "model": target.model_id, "dim": target.dim, "vector": ch.vector,
                            "content_hash": ch.hash, "cached": ch.cached, "source_topic": e.source.topic,
                            "source_partition": e.source.partition, "source_offset": e.source.offset,
                            "metadata": e.metadata, "embedded_at": now, "chunk_index": ch.index,
                            "chunk_count": count, "span_start": ch.start, "span_end": ch.end}
                     delivery.produce(self.output_topic, key, self.output.encode(rec),
-                                     [("embedstream.model", self._model_header),
+                                     [("embedstream.model", target.header),
                                       ("embedstream.cached", b"true" if ch.cached else b"false")])
             elif isinstance(e, Delete):
-                delivery.produce(self.output_topic, e.id.encode(), None, [("embedstream.model", self._model_header)])
+                delivery.produce(self.output_topic, e.id.encode(), None, [("embedstream.model", self._delete_header)])
             else:
                 value, headers = dlq_headers(e, self.dlq_value_limit)
                 delivery.produce(self.dlq_topic, e.key, value, headers)
         return delivery
 
-    def _news(self, group: list[Batch]) -> tuple[list[Entry], dict[str, Item], dict[str, Delete], dict[str, int]]:
-        """The entries to write (owned partitions, not superseded), the final Milvus operations, and
-        the chunk counts Milvus holds for their documents. Marks each batch's ``fenced`` partitions
-        and each superseded entry."""
+    @property
+    def _delete_header(self) -> bytes:
+        """A tombstone's ``embedstream.model`` header: the model when there is one, else every one."""
+        return b",".join(t.header for t in self.targets.values())
+
+    def _news(self, group: list[Batch]) -> tuple[list[Entry], list[Plan]]:
+        """The entries to write (owned partitions, not superseded) and, per model's collection, the
+        final operations and the chunk counts it holds for their documents. Marks each batch's
+        ``fenced`` partitions and each superseded entry (a tombstone: superseded in every collection)."""
         owned = self.fence.owned_now()
         mine: list[Entry] = []
         for batch in group:
             batch.fenced = {tp for tp in batch.offsets if tp not in owned}
             mine += [e for e in batch.entries if e.source.tp in owned] if batch.fenced else batch.entries
-        upserts, deletes = final_operations(mine)
-        stored, counts = self.store.versions([*upserts, *deletes])
+        plans: dict[str, Plan] = {}
+        for name, target in self.targets.items():
+            ops = [e for e in mine if isinstance(e, Delete) or (isinstance(e, Item) and e.model == name)]
+            if not ops:
+                continue
+            upserts, deletes = final_operations(ops)
+            stored, counts = target.store.versions([*upserts, *deletes])
+            plans[name] = Plan(target, upserts, deletes, counts, dict(stored))
         for e in mine:
-            if isinstance(e, (Item, Delete)):
-                e.superseded = self.guard.superseded(e, stored)
-        return ([e for e in mine if not getattr(e, "superseded", False)],
-                {i: e for i, e in upserts.items() if not e.superseded},
-                {i: e for i, e in deletes.items() if not e.superseded}, counts)
+            if isinstance(e, Item):
+                e.superseded = self.guard.superseded(e, plans[e.model].stored)
+            elif isinstance(e, Delete):
+                e.superseded = all(self.guard.superseded(e, p.stored) for p in plans.values())
+        for p in plans.values():
+            p.upserts = {i: e for i, e in p.upserts.items() if not e.superseded}
+            p.deletes = {i: e for i, e in p.deletes.items() if not self.guard.superseded(e, p.stored)}
+        return [e for e in mine if not getattr(e, "superseded", False)], list(plans.values())
 
     def process(self, group: list[Batch]) -> None:
         now = int(time.time() * 1000)
-        entries, upserts, deletes, counts = self._news(group)
-        self.fence.check()  # the Strong read above may have taken a while
+        entries, plans = self._news(group)
+        self.fence.check()  # the Strong reads above may have taken a while
         # Milvus writes on a helper thread while this one encodes and hands the records to the
         # producer (librdkafka sends them meanwhile): the server works while Python does. Both
         # must be confirmed before the batches count as done; the order between them does not matter.
-        write = self._milvus.submit(self._write_milvus, upserts, deletes, counts, now)
+        write = self._milvus.submit(self._write_milvus, plans, now)
         t0 = time.perf_counter()
         try:
             # Records acknowledged by an earlier attempt (which then failed on Milvus) are not
@@ -198,9 +244,10 @@ class SinkStep:
             delivery = None if all(b.delivered for b in group) else self._produce(entries, now)
             # A vector depends only on the text and the model, so the cache may be filled before the
             # batches are durable: do it while Milvus is still writing.
-            fresh = {h: v for batch in group for h, v in batch.fresh.items()}
-            if self.cache is not None and fresh:
-                self.cache.set_many(fresh)
+            for name, target in self.targets.items():
+                fresh = {h: v for batch in group for h, v in batch.fresh.get(name, {}).items()}
+                if target.cache is not None and fresh:
+                    target.cache.set_many(fresh)
         except BaseException:
             wait([write])  # never leave a write running behind a retry: one writer at a time
             raise

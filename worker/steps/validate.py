@@ -19,15 +19,16 @@ MAX_ID_BYTES = 512
 class Validator:
     """``validate(msg)`` → an :class:`Entry`; never raises for any message content.
 
-    ``accepts_model(name)`` says whether the worker's model can serve a record's ``model`` field.
+    ``resolve_model(name)`` names the model of the worker's set that serves a record's ``model`` field
+    (None: none does).
     Token counts are filled later, per consumed chunk, by the caller (one tokenizer call).
     """
 
-    def __init__(self, max_bytes: int, accepts_model: Callable[[str | None], bool],
+    def __init__(self, max_bytes: int, resolve_model: Callable[[str | None], str | None],
                  keep_original: Callable[[int], bool] = lambda chars: False, *,
                  registry: SchemaRegistry | None = None, key_field: str | None = None) -> None:
         self.max_bytes = max_bytes
-        self.accepts_model = accepts_model
+        self.resolve_model = resolve_model
         #: Reads registry-framed keys and values; None: no registry configured.
         self.registry = registry
         self.key_field = key_field
@@ -63,12 +64,13 @@ class Validator:
             return dead("id_too_long", f"document id is over {MAX_ID_BYTES} bytes")
         if isinstance(doc, Tombstone):
             return Delete(source, doc.id)
-        if not self.accepts_model(doc.model):
+        model = self.resolve_model(doc.model)
+        if model is None:
             return dead("unknown_model", f"record asks for model {doc.model!r}, which this worker does not serve")
         text = normalise_text(doc.text)
         if not text:
             return dead("empty_text", "text is empty (or only whitespace)")
-        item = Item(source, doc.id, text, content_hash(text), 0, doc.metadata)
+        item = Item(source, doc.id, text, content_hash(text), 0, doc.metadata, model=model)
         if self.keep_original(len(text)):
             item.original = (key, value, msg.headers())
         return item

@@ -72,9 +72,10 @@ def fresh_topics(base: Settings, partitions: int = 6, **overrides) -> Settings:
 
 
 def produce_texts(s: Settings, texts: list[str], prefix: str,
-                  encode: Callable[[Document], bytes] = encode_document) -> None:
-    """Produce ``texts`` as documents ``<prefix>-<i>``, stamped with the time they were produced."""
-    docs = (Document(f"{prefix}-{i}", t) for i, t in enumerate(texts))
+                  encode: Callable[[Document], bytes] = encode_document, models: list[str] | None = None) -> None:
+    """Produce ``texts`` as documents ``<prefix>-<i>``, stamped with the time they were produced
+    (asking for ``models`` in turn, when given)."""
+    docs = (Document(f"{prefix}-{i}", t, models[i % len(models)] if models else None) for i, t in enumerate(texts))
     produce_records(s.kafka_common(), s.input_topic, (document_record(d, encode=encode) for d in docs))
 
 
@@ -100,11 +101,12 @@ def drop_collection(s: Settings) -> None:
     store.close()
 
 
-def worker_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: str,
-                  cold: bool = True, registry_url: str | None = None) -> StreamResult:
+def worker_stream(base: Settings, embedder: Embedder | None, texts: list[str], prefix: str,
+                  cold: bool = True, registry_url: str | None = None, models: list[str] | None = None) -> StreamResult:
     """Backlog ``texts`` on a fresh topic, then run the worker until drained: docs/s end to end.
     ``cold``: empty the cache first. ``registry_url``: the input framed by confluent-kafka's
-    ``AvroSerializer`` and the output ``avro-registry`` (the registry user's path)."""
+    ``AvroSerializer`` and the output ``avro-registry`` (the registry user's path). ``embedder``
+    None: the models of ``base.models``, the texts asking for ``models`` in turn."""
     from worker.runner import build_worker
     from worker.wire import document_encoder
 
@@ -112,7 +114,8 @@ def worker_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: 
     s = fresh_topics(base, **registry)
     if cold:
         flush_cache(s)
-    produce_texts(s, texts, prefix, document_encoder("avro-registry" if registry_url else "avro", s, s.input_topic))
+    produce_texts(s, texts, prefix, document_encoder("avro-registry" if registry_url else "avro", s, s.input_topic),
+                  models)
     real0, pad0 = model_tokens()
     worker = build_worker(s, embedder=embedder)
     cpu0 = time.process_time()

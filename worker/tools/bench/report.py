@@ -38,6 +38,11 @@ def ratio_table(out: dict) -> Table:
     if r.get("R1_S2_registry"):
         row("R1 (S2, registry)", r["R1_S2_registry"], "≈ R1", f"worker {_fmt(w['S2_registry']['docs_per_s'], 1)} "
             "docs/s with registry-framed Avro in and avro-registry out ÷ the same raw encode", None)
+    if r.get("Rmix"):
+        tm = w["two_models"]
+        row("Rmix (two models)", r["Rmix"], "≥ 0.90", f"50/50 interleaved {_fmt(tm['docs_per_s'], 1)} docs/s ÷ "
+            f"harmonic mix {_fmt(tm['harmonic_docs_per_s'], 1)} of MiniLM {_fmt(tm['minilm_docs_per_s'], 1)} and "
+            f"MiniLM+projection {_fmt(tm['proj_docs_per_s'], 1)} alone", met("Rmix"))
     row("R1 (S1 short)", r["R1_S1"], "", f"worker {_fmt(w['S1']['docs_per_s'], 1)} ÷ raw "
         f"{_fmt(d['raw_S1']['docs_per_s'], 1)} docs/s", None)
     row("Rpeer", r["Rpeer"], "≥ 1.3", "worker ÷ infinity-emb engine (S2)" if r["Rpeer"] else

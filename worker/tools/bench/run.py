@@ -14,7 +14,7 @@ from worker.settings import Settings
 from worker.tools.bench import measure, workloads
 from worker.tools.dev import LocalStack
 
-GOALS = {"R1": 0.90, "Rpeer": 1.3, "Rdup90": 6.0, "Rio": 0.7, "Rpad": 0.85, "R1_long": 0.90}
+GOALS = {"R1": 0.90, "Rpeer": 1.3, "Rdup90": 6.0, "Rio": 0.7, "Rpad": 0.85, "R1_long": 0.90, "Rmix": 0.90}
 
 
 def _flops_per_token(embedder) -> float:
@@ -55,6 +55,7 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         _throughput(out, base, emb, texts, sizes, say)
         _io_path(out, base, emb.dim, sizes, say)
         _registry(out, base, emb, texts["S2"], sizes, env["EMBEDSTREAM_SCHEMA_REGISTRY_URL"], say)
+        _two_models(out, base, texts["S2"], state_dir, say)
         _repeats(out, base, emb, sizes, say)
         _long(out, base, emb, sizes, say)
         out["denominators"]["peer_docs_per_s"] = _peer(peer_python, emb, texts["S2"], say)
@@ -124,6 +125,33 @@ def _registry(out: dict, base: Settings, emb, texts: list[str], sizes: dict, url
     io = measure.worker_stream(base, fake, workloads.mixed_texts(sizes["io"]), "io-r", registry_url=url)
     out["workloads"]["io_registry"] = {"docs": io.docs, "docs_per_s": io.docs_per_s, "seconds": io.seconds,
                                        "cpu_us_per_doc": 1e6 * io.cpu_seconds / io.docs if io.docs else 0.0}
+
+
+def _two_models(out: dict, base: Settings, texts: list[str], state_dir: Path, say: Callable[[str], None]) -> None:
+    """Two models in one worker: the packaged MiniLM and one derived from it with a projection layer
+    (256 dimensions), each alone on the S2 texts, then both on them interleaved 50/50. The ratio is
+    the mixed docs/s over the harmonic mix of the two single rates (what two workers, one per model,
+    would do on the same stream); both models stay loaded, so what it shows is switching per group."""
+    import json
+
+    from worker.tools.derived_models import projected_model
+
+    proj = state_dir / "bench-projected-model"
+    if not (proj / "modules.json").exists():
+        say("two models: deriving a second model (MiniLM + a 256-dim projection)")
+        projected_model(proj)
+    models = {"minilm": {"precision": base.precision, "device": base.device, "default": True},
+              "proj": {"path": str(proj), "precision": base.precision, "device": base.device}}
+    rates = {}
+    for name, use in (("minilm", ["minilm"]), ("proj", ["proj"]), ("mixed", ["minilm", "proj"])):
+        say(f"two models: {name} on {len(texts)} S2 texts")
+        s = base.model_copy(update={"models": json.dumps({n: models[n] for n in use})})
+        res = measure.worker_stream(s, None, texts, f"m-{name}-{int(time.time())}", models=use)
+        rates[name] = res.docs_per_s
+    harmonic = 2 / (1 / rates["minilm"] + 1 / rates["proj"])
+    out["workloads"]["two_models"] = {"docs": len(texts), "docs_per_s": rates["mixed"],
+                                      "minilm_docs_per_s": rates["minilm"], "proj_docs_per_s": rates["proj"],
+                                      "harmonic_docs_per_s": harmonic}
 
 
 def _repeats(out: dict, base: Settings, emb, sizes: dict, say: Callable[[str], None]) -> None:
@@ -212,6 +240,8 @@ def ratios(out: dict) -> dict:
                          if d.get("milvus_upsert_columnar_rows_per_s") else None),
         "Rpad": s2["tokens_real"] / s2["tokens_padded"] if s2["tokens_padded"] else None,
     }
+    if "two_models" in w:
+        r["Rmix"] = w["two_models"]["docs_per_s"] / w["two_models"]["harmonic_docs_per_s"]
     if "S2_registry" in w:
         r["R1_S2_registry"] = w["S2_registry"]["docs_per_s"] / d["raw_S2"]["docs_per_s"]
     if "raw_S2_chunks" in d:

@@ -1,5 +1,5 @@
-"""Models the tests derive from the packaged all-MiniLM-L6-v2 (nothing downloaded): the same weights
-under an edited configuration."""
+"""Models derived from the packaged all-MiniLM-L6-v2 (nothing downloaded): the same weights under an
+edited configuration, or with a layer added. The tests and the bench use them as "another model"."""
 
 from __future__ import annotations
 
@@ -27,4 +27,18 @@ def prompted_model(dest: Path, prompts: dict[str, str], include_prompt: bool = T
     pool = json.loads(pooling.read_text())
     pool["include_prompt"] = include_prompt
     pooling.write_text(json.dumps(pool))
+    return dest
+
+
+def projected_model(dest: Path, dim: int = 256, seed: int = 7) -> Path:
+    """The packaged model with a projection layer added after its pooling (a ``Dense`` to ``dim``
+    dimensions, fixed random weights): another model, of another dimension."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Dense, Normalize
+
+    base = SentenceTransformer(str(packaged_model_path()), device="cpu")
+    torch.manual_seed(seed)
+    dense = Dense(base.get_embedding_dimension(), dim, activation_function=torch.nn.Identity())
+    SentenceTransformer(modules=[base[0], base[1], dense, Normalize()], device="cpu").save(str(dest))
     return dest

@@ -1,0 +1,113 @@
+"""A set of models in one worker, on fake models: names and defaults, loading within a memory budget
+(least recently used unloaded), and the chain's steps keeping each model's items to themselves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from schemas.errors import ConfigError
+from worker.chain import embed_by_model
+from worker.embedding.fake import FakeEmbedder
+from worker.embedding.models import ModelSet, ModelSpec, collection_name, parse_models
+from worker.records import Batch, Chunk, Item, Source
+
+
+class Sized(FakeEmbedder):
+    """A fake model that says how big its weights are (what the budget counts)."""
+
+    def __init__(self, name: str, dim: int, mb: int) -> None:
+        super().__init__(dim=dim, model_id=f"org/{name}")
+        self.mb = mb
+
+
+def _set(memory_mb=None, **sizes) -> tuple[ModelSet, list[str]]:
+    loads: list[str] = []
+    specs = {n: ModelSpec(path=n) for n in sizes}
+
+    def load(spec: ModelSpec) -> Sized:
+        loads.append(spec.path or "")
+        name = spec.path or ""
+        return Sized(name, 8 * (1 + list(sizes).index(name)), sizes[name])
+
+    import worker.embedding.models as m
+
+    real = m.weight_bytes
+    m.weight_bytes = lambda e: e.mb * 2**20  # type: ignore[assignment]
+    try:
+        return ModelSet(specs, load, memory_mb), loads
+    finally:
+        m.weight_bytes = real
+
+
+def test_parse_json_or_yaml_and_say_what_is_wrong(tmp_path):
+    specs = parse_models('{"small": {"path": "/m/small", "default": true}, "big": {"precision": "bf16"}}')
+    assert list(specs) == ["small", "big"] and specs["small"].default and specs["big"].precision == "bf16"
+    f = tmp_path / "models.yaml"
+    f.write_text("e5:\n  path: /m/e5\n  document_prompt: 'passage: '\n  truncate_dim: 256\n")
+    assert parse_models(str(f))["e5"].document_prompt == "passage: "
+    for bad, fragment in (('{"a": {"precision": "fp8"}}', "precision"), ('{"a": {"colour": 1}}', "colour"),
+                          ("/no/such/file.yaml", "neither a JSON object nor a file"),
+                          ('{"a": {"default": true}, "b": {"default": true}}', "more than one")):
+        with pytest.raises(ConfigError, match=fragment):
+            parse_models(bad)
+
+
+def test_names_ids_and_the_default_resolve():
+    models, loads = _set(a=10, b=10)
+    assert loads == ["a", "b"]  # each loaded once at start-up: a wrong one fails then
+    assert models.resolve(None) == models.resolve("") == "a"  # the first, with no default marked
+    assert models.resolve("b") == models.resolve("org/b") == "b" and models.resolve("c") is None
+    assert collection_name("embeddings", "e5-small", several=True) == "embeddings_e5_small"
+    assert collection_name("emb_{model}_v2", "big", several=True) == "emb_big_v2"
+    assert collection_name("embeddings", "", several=False) == "embeddings"
+
+
+def test_a_model_that_does_not_fit_unloads_the_least_recently_used():
+    models, loads = _set(memory_mb=25, a=10, b=10, c=10)
+    assert [models.loaded(n) for n in "abc"] == [False, True, True]  # a gave way at start-up
+    models.acquire("b")  # b is now the most recently used: c goes next
+    models.acquire("a")
+    assert [models.loaded(n) for n in "abc"] == [True, True, False] and loads[-1] == "a"
+    assert models.evictions == 2 and models.loads == 4
+    # a handle loads its model on use, and keeps the profile's figures meanwhile
+    handle = models.handles["c"]
+    assert handle.dim == models.profiles["c"].dim and not models.loaded("c")
+    assert handle.embed(["x"]).shape == (1, handle.dim) and models.loaded("c")
+
+
+def test_a_model_over_the_budget_alone_fails_at_start_up():
+    with pytest.raises(ConfigError, match="EMBEDSTREAM_MODEL_MEMORY_MB=5"):
+        _set(memory_mb=5, a=10)
+
+
+def _item(i: int, model: str) -> Item:
+    it = Item(Source("docs", 0, i), f"d{i}", f"text {i}", f"h{i}", 3, {}, model=model)
+    it.chunks = [Chunk(0, 0, len(it.text), it.text, it.hash)]
+    return it
+
+
+def test_each_models_step_sees_only_its_items_loaded_models_first():
+    seen: list[tuple[str, list[str]]] = []
+
+    def step(name):
+        return lambda group: seen.append((name, [it.id for b in group for it in b.items if it.model == name]))
+
+    batch = Batch()
+    for i, m in enumerate("abab"):
+        batch.add(_item(i, m))
+    embed_by_model({"a": step("a"), "b": step("b")}, loaded=lambda n: n == "b")([batch])
+    assert seen == [("b", ["d1", "d3"]), ("a", ["d0", "d2"])]
+
+
+def test_the_embed_step_fills_only_its_models_vectors():
+    from worker.steps.embed import EmbedStep
+
+    a, b = FakeEmbedder(dim=4, model_id="a"), FakeEmbedder(dim=6, model_id="b")
+    batch = Batch()
+    for i, m in enumerate("abab"):
+        batch.add(_item(i, m))
+    EmbedStep(a, None, model="a").process([batch])
+    EmbedStep(b, None, model="b").process([batch])
+    assert [np.asarray(it.chunks[0].vector).shape[0] for it in batch.items] == [4, 6, 4, 6]
+    assert set(batch.fresh) == {"a", "b"} and set(batch.fresh["a"]) == {"h0", "h2"}

@@ -1,0 +1,280 @@
+"""Several models in one worker: a configured set, loaded on first use within a memory budget.
+
+``EMBEDSTREAM_MODELS`` names the set, as JSON or as the path of a YAML/JSON file (a mounted
+ConfigMap)::
+
+    {"minilm": {"path": "/models/minilm", "default": true},
+     "e5": {"path": "/models/e5-small", "precision": "bf16", "document_prompt": "passage: "}}
+
+A record's ``model`` field picks one by its name (or the model's id); an empty field picks the
+default (the one marked ``default``, else the first). Without the setting the set is the one model
+of ``EMBEDSTREAM_MODEL`` and its neighbours.
+
+Every model is loaded once at start-up, so that a wrong path, precision or dimension stops the worker
+then, and what the rest of the chain needs is known without the weights: its dimension, its token
+budget, its prompts (a :class:`ModelProfile`). The worker then holds the models that fit
+``EMBEDSTREAM_MODEL_MEMORY_MB`` (their weights' bytes); a model that is asked for when it does not fit
+is loaded after the least recently used ones are unloaded. Loads and evictions are logged and
+counted (``embedstream_model_loads_total``, ``embedstream_model_evictions_total``). The chain holds a
+:class:`LazyModel` per model: an :class:`Embedder` with the profile's attributes whose calls load the
+model first, so the chunk and embed steps work unchanged. Loading runs on the embed thread, the only
+one that calls a model.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from schemas.errors import ConfigError, TransientError
+from worker import metrics
+from worker.embedding.base import Embedder
+
+log = logging.getLogger(__name__)
+
+
+class ModelSpec(BaseModel):
+    """One model of the set, as configured."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = Field(None, description="model path or name; None = the packaged default")
+    #: None: EMBEDSTREAM_PRECISION / EMBEDSTREAM_DEVICE
+    precision: Literal["auto", "fp32", "fp16", "bf16"] | None = None
+    device: Literal["auto", "cpu", "cuda"] | None = None
+    document_prompt: str | None = None
+    query_prompt: str | None = None
+    truncate_dim: int | None = Field(None, ge=1)
+    default: bool = False
+
+
+def parse_models(value: str) -> dict[str, ModelSpec]:
+    """``EMBEDSTREAM_MODELS`` (JSON, or a path to a YAML or JSON file) → ``{name: spec}``, in order.
+    Raises :class:`ConfigError` saying what is wrong."""
+    text, where = value, "EMBEDSTREAM_MODELS"
+    if not value.lstrip().startswith("{"):
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"EMBEDSTREAM_MODELS={value!r} is neither a JSON object nor a file: give the model "
+                              'set as JSON ({"name": {"path": ...}}) or the path of a YAML/JSON file')
+        text, where = path.read_text(), str(path)
+    try:
+        import yaml  # a superset of JSON
+
+        raw = yaml.safe_load(text)
+    except Exception as exc:
+        raise ConfigError(f"{where}: not valid YAML/JSON: {exc}") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{where}: the model set must be a non-empty object of name → settings")
+    specs: dict[str, ModelSpec] = {}
+    for name, spec in raw.items():
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"{where}: model names must be non-empty strings, got {name!r}")
+        try:
+            specs[name] = ModelSpec.model_validate(spec or {})
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"{where}: model {name!r}: {problems}") from None
+    if sum(s.default for s in specs.values()) > 1:
+        raise ConfigError(f"{where}: more than one model is marked default")
+    return specs
+
+
+def default_model(specs: dict[str, ModelSpec]) -> str:
+    """The model of a record with no ``model``: the one marked default, else the first."""
+    return next((n for n, s in specs.items() if s.default), next(iter(specs)))
+
+
+def collection_name(template: str, model: str, several: bool) -> str:
+    """The Milvus collection of ``model``: ``template`` with ``{model}`` replaced; with several models
+    and no placeholder, ``<template>_<model>``. Characters Milvus refuses become ``_``."""
+    if "{model}" not in template and not several:
+        return template
+    safe = "".join(c if c.isalnum() or c == "_" else "_" for c in model)
+    return template.replace("{model}", safe) if "{model}" in template else f"{template}_{safe}"
+
+
+def weight_bytes(embedder: Embedder) -> int:
+    """Bytes of a loaded model's parameters and buffers (what it holds on its device)."""
+    st = getattr(embedder, "sentence_transformer", None)
+    if st is None:
+        return 0
+    tensors = [*st.parameters(), *st.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class ModelProfile:
+    """What the chain needs of a model without its weights: copied from it once loaded."""
+
+    FIELDS = ("model_id", "dim", "precision", "device", "max_seq_length", "special_tokens", "prompt_tokens",
+              "document_prompt", "query_prompt", "chars_per_token", "truncate_dim")
+
+    def __init__(self, embedder: Embedder, size: int) -> None:
+        self.model_id: str = embedder.model_id
+        self.dim: int = embedder.dim
+        self.precision: str = embedder.precision
+        self.device: str = embedder.device
+        self.max_seq_length: int = embedder.max_seq_length
+        self.special_tokens: int = embedder.special_tokens
+        self.prompt_tokens: int = embedder.prompt_tokens
+        self.document_prompt: str = embedder.document_prompt
+        self.query_prompt: str = embedder.query_prompt
+        self.chars_per_token: float = embedder.chars_per_token
+        self.truncate_dim: int | None = getattr(embedder, "truncate_dim", None)
+        self.cache_id = embedder.cache_id
+        #: Bytes of its weights.
+        self.size = size
+
+
+class LazyModel(Embedder):
+    """A model of the set by name: the profile's attributes, and calls that load it first."""
+
+    def __init__(self, models: ModelSet, name: str) -> None:
+        self._models = models
+        self.name = name
+        profile = models.profiles[name]
+        for f in ModelProfile.FIELDS:
+            setattr(self, f, getattr(profile, f))
+        self._cache_id = profile.cache_id
+
+    @property
+    def cache_id(self) -> str:
+        return self._cache_id
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        return self._models.acquire(self.name).embed(texts)
+
+    def embed_query(self, texts: list[str]) -> np.ndarray:
+        return self._models.acquire(self.name).embed_query(texts)
+
+    def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
+        return self._models.acquire(self.name).token_offsets(texts)
+
+    def warmup(self) -> None:
+        self._models.acquire(self.name).warmup()
+
+
+class ModelSet:
+    """The models of one worker by name; ``acquire(name)`` hands a loaded one (loading it, and
+    unloading the least recently used ones when it does not fit ``memory_mb``)."""
+
+    def __init__(self, specs: dict[str, ModelSpec], load: Callable[[ModelSpec], Embedder],
+                 memory_mb: int | None = None, preloaded: dict[str, Embedder] | None = None) -> None:
+        self.specs = specs
+        self.default = default_model(specs)
+        self._load = load
+        self.budget = memory_mb * 1024 * 1024 if memory_mb else None
+        self._lock = threading.Lock()
+        self._resident: OrderedDict[str, Embedder] = OrderedDict()  # least recently used first
+        self.profiles: dict[str, ModelProfile] = {}
+        self.loads = self.evictions = 0
+        for name, spec in specs.items():  # every model once: a wrong setting fails now, not mid-stream
+            model = (preloaded or {}).get(name) or self._timed_load(name, spec)
+            self.profiles[name] = ModelProfile(model, weight_bytes(model))
+            if self.budget is not None and self.profiles[name].size > self.budget:
+                raise ConfigError(f"model {name!r} needs {self.profiles[name].size / 2**20:,.0f} MB of weights, more "
+                                  f"than EMBEDSTREAM_MODEL_MEMORY_MB={memory_mb}: raise it")
+            self._resident[name] = model
+            self._fit(keep=name)
+        self._ids = {p.model_id: n for n, p in self.profiles.items()}
+        self._ids.update({str(p.model_id).rsplit("/", 1)[-1]: n for n, p in self.profiles.items()})
+        self.handles = {name: LazyModel(self, name) for name in specs}
+        for p in self.profiles.values():
+            metrics.MODEL_INFO.labels(p.model_id, p.precision, p.device).set(1)
+
+    @classmethod
+    def single(cls, embedder: Embedder, name: str | None = None) -> ModelSet:
+        """A set of one model already loaded (no EMBEDSTREAM_MODELS)."""
+        name = name or str(embedder.model_id).rsplit("/", 1)[-1]
+        return cls({name: ModelSpec()}, load=lambda spec: embedder, preloaded={name: embedder})
+
+    def resolve(self, requested: str | None) -> str | None:
+        """The name of the model a record asks for (empty: the default); None when none serves it."""
+        if not requested:
+            return self.default
+        if requested in self.specs:
+            return requested
+        return self._ids.get(requested)
+
+    def loaded(self, name: str) -> bool:
+        return name in self._resident
+
+    def acquire(self, name: str) -> Embedder:
+        """The loaded model ``name`` (marked most recently used). Loads it if needed, unloading the
+        least recently used others until it fits; a load that fails for memory is retried after
+        unloading every other model, then raised as TransientError (the batch waits and retries)."""
+        with self._lock:
+            model = self._resident.get(name)
+            if model is not None:
+                self._resident.move_to_end(name)
+                return model
+            self._fit(keep=None, room=self.profiles[name].size)
+            try:
+                model = self._timed_load(name, self.specs[name])
+            except (MemoryError, RuntimeError) as exc:
+                if not _out_of_memory(exc) or not self._resident:
+                    raise TransientError("model", f"loading {name!r}: {exc}") from None
+                self._unload_all()
+                try:
+                    model = self._timed_load(name, self.specs[name])
+                except (MemoryError, RuntimeError) as again:
+                    raise TransientError("model", f"loading {name!r}: {again}") from None
+            self._resident[name] = model
+            return model
+
+    def _timed_load(self, name: str, spec: ModelSpec) -> Embedder:
+        t0 = time.monotonic()
+        model = self._load(spec)
+        model.warmup()
+        self.loads += 1
+        metrics.MODEL_LOADS.labels(name).inc()
+        log.info("model %s loaded in %.1fs (%s)", name, time.monotonic() - t0, model.model_id)
+        return model
+
+    def _fit(self, keep: str | None, room: int = 0) -> None:
+        """Unload least recently used models (never ``keep``) until ``room`` more bytes fit the budget."""
+        if self.budget is None:
+            return
+        while self._resident and sum(self.profiles[n].size for n in self._resident) + room > self.budget:
+            victim = next((n for n in self._resident if n != keep), None)
+            if victim is None:
+                return
+            self._unload(victim)
+
+    def _unload(self, name: str) -> None:
+        self._resident.pop(name)
+        self.evictions += 1
+        metrics.MODEL_EVICTIONS.labels(name).inc()
+        log.info("model %s unloaded (EMBEDSTREAM_MODEL_MEMORY_MB: %s resident)", name,
+                 ", ".join(self._resident) or "none")
+        gc.collect()
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+
+    def _unload_all(self) -> None:
+        for name in list(self._resident):
+            self._unload(name)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+
+
+def describe(models: ModelSet) -> str:
+    """One line per model for the start-up log."""
+    return "; ".join(f"{n}{' (default)' if n == models.default else ''}: {p.model_id}, dim {p.dim}, "
+                     f"{p.precision} on {p.device}, {p.size / 2**20:,.0f} MB" for n, p in models.profiles.items())
