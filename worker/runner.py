@@ -86,7 +86,7 @@ def load_models(settings: Settings, embedder: Embedder | None = None) -> ModelSe
     return ModelSet.single(embedder)
 
 
-def collection_of(settings: Settings, models: ModelSet, name: str) -> str:
+def collection_of(settings: Settings, name: str) -> str:
     """The Milvus collection model ``name`` writes (EMBEDSTREAM_MILVUS_COLLECTION as a template)."""
     return collection_name(settings.milvus_collection, name, several=settings.models is not None)
 
@@ -154,7 +154,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     log.info("models: %s", describe(models))
     stores, caches = {}, {}
     for name, model in models.handles.items():
-        stores[name] = open_store(s, collection_of(s, models, name))
+        stores[name] = open_store(s, collection_of(s, name))
         stores[name].ensure_collection(model.dim)
         caches[name] = open_cache(s, model)
     health = metrics.Health(s.healthz_max_tick_age_seconds)

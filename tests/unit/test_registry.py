@@ -95,16 +95,20 @@ def test_framed_values_resolve_against_our_schema_and_fail_with_precise_reasons(
     renamed_schema = json.loads(V2)
     renamed_schema["fields"][1] = {"name": "body", "type": "string", "aliases": ["text"]}  # text → body
     renamed = _framed(producer_side, json.dumps(renamed_schema), {"id": "r", "body": "renamed", "lang": "de"})
+    v0_schema = {"type": "record", "name": "Document", "namespace": "io.embedstream",
+                 "fields": [{"name": "id", "type": "string"}, {"name": "text", "type": "string"}]}
+    v0 = _framed(producer_side, json.dumps(v0_schema), {"id": "o", "text": "older"}, topic="legacy")
     wrong = json.loads(DOCUMENT_SCHEMA_TEXT)
     wrong["fields"][1]["type"] = "int"  # text as a number: registered elsewhere, produced to our topic
     incompatible = _framed(producer_side, json.dumps(wrong), {"id": "c", "text": 3}, topic="elsewhere")
     unknown = frame(4242) + v1[5:]
 
     reg = SchemaRegistry(client_conf(registry_url, {}), DOCUMENT_SCHEMA_TEXT)
-    reg.resolve({schema_id(v) for v in (v1, v2, renamed, incompatible, unknown)})  # type: ignore[misc]
+    reg.resolve({schema_id(v) for v in (v1, v2, renamed, v0, incompatible, unknown)})  # type: ignore[misc]
     assert decode_document(b"a", v1, framed=reg) == Document("a", "one", None, {}, 1000)
     assert decode_document(None, v2, framed=reg) == Document("b", "two")
     assert decode_document(b"r", renamed, framed=reg) == Document("r", "renamed")
+    assert decode_document(b"o", v0, framed=reg) == Document("o", "older")  # optional fields missing: defaults
     for value, reason in ((incompatible, "incompatible_schema"), (unknown, "unknown_schema")):
         with pytest.raises(DecodeError) as info:
             decode_document(b"c", value, framed=reg)

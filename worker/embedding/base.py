@@ -93,13 +93,6 @@ class Embedder(abc.ABC):
         """Run the model once so the first real batch does not pay for lazy initialisation."""
         self.embed(["warmup"])
 
-    def accepts(self, model_name: str | None) -> bool:
-        """Whether a record asking for ``model_name`` can be embedded by this model."""
-        if model_name is None or model_name == "":
-            return True
-        short = self.model_id.rsplit("/", 1)[-1]
-        return model_name in (self.model_id, short)
-
 
 def resolve_model_path(model: str | None) -> tuple[str, str]:
     """Map the ``EMBEDSTREAM_MODEL`` setting to ``(model id, loadable path)``.

@@ -264,3 +264,5 @@ class SinkStep:
                 metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
         finally:
             metrics.SINK_SECONDS.labels("milvus").observe(write.result())  # raises the write's error
+        for plan in plans:
+            metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
