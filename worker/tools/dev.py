@@ -122,13 +122,20 @@ def _registry_cmd(port: int, state: Path) -> list[str]:
 
 
 def _registry_ready(port: int) -> bool:
-    import urllib.request
+    import http.client
 
+    # http.client, not urllib: urllib asks the server to close the connection, which would leave a
+    # TIME_WAIT on the registry's port; here the probe closes first.
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/subjects", timeout=1) as resp:
-            return resp.status == 200
+        conn.request("GET", "/subjects")
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status == 200
     except OSError:
         return False
+    finally:
+        conn.close()
 
 
 def _broker_ready(port: int) -> bool:

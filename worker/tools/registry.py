@@ -207,6 +207,10 @@ def make_server(port: int, data: Path | None, host: str = "127.0.0.1") -> Thread
     store = Store(data)
 
     class Handler(BaseHTTPRequestHandler):
+        # Keep-alive: the client closes first, so no TIME_WAIT is left on the registry's own port
+        # after it stops (a port that `dev down` must leave free at once).
+        protocol_version = "HTTP/1.1"
+
         def _answer(self, method: str) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             try:
