@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 CONSUME_CHUNK = 500
 #: Longest a revoke waits for in-flight batches (the rebalance waits for it).
 REVOKE_BUDGET_S = 20.0
+#: Longest a stop waits, after giving up on unfinished batches, for a stage to leave its step.
+ABORT_WAIT_S = 30.0
 
 
 class Held:
@@ -164,7 +166,7 @@ class Worker:
             # Finish and commit the batches already in flight (all before the bad run), then halt.
             self._wait_inflight(self.shutdown_grace)
             chain.committer.commit(sync=True, attempts=5)
-            chain.pipeline.abort()
+            chain.pipeline.abort(wait=ABORT_WAIT_S)
             raise
         except BaseException:
             chain.pipeline.abort()
@@ -236,7 +238,8 @@ class Worker:
         else:
             log.warning("%d batches unfinished after %.0fs grace: not committing them", chain.pipeline.inflight,
                         self.shutdown_grace)
-            chain.pipeline.abort()
+            if not chain.pipeline.abort(wait=ABORT_WAIT_S):
+                log.warning("a stage is still inside a step after %.0fs", ABORT_WAIT_S)
         if chain.committer.commit(sync=True, attempts=10) and len(self.assignment):
             committed = self.consumer.committed(self.consumer.assignment(), timeout=10)
             log.info("shutdown: committed %s", {tp.partition: tp.offset for tp in committed})

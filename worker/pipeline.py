@@ -205,10 +205,17 @@ class Pipeline:
             raise self.failure
         return out
 
-    def abort(self) -> None:
-        """Stop the stages as soon as they can; unfinished batches are dropped (never committed)."""
+    def abort(self, wait: float = 0.0) -> bool:
+        """Stop the stages as soon as they can; unfinished batches are dropped (never committed).
+
+        Waits up to ``wait`` seconds for the stage threads to end; True when they have. A thread
+        inside a step (the model's forward pass) ends when that call returns: a process that exits
+        while one still runs native code can die in the C++ runtime instead of exiting cleanly."""
         self._abort.set()
-        self.stages[0].put(None)
+        for stage in self.stages:  # wake a stage that waits for input, too
+            stage.put(None)
+        deadline = time.monotonic() + wait
+        return all([stage.join(max(0.0, deadline - time.monotonic())) for stage in self.stages])
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish what was submitted, then stop the stage threads."""

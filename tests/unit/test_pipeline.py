@@ -122,3 +122,19 @@ def test_close_releases_once_every_stage_stopped():
 def test_a_pipeline_needs_a_stage():
     with pytest.raises(ValueError):
         Pipeline([])
+
+
+def test_abort_waits_for_a_stage_inside_its_step_and_wakes_idle_ones():
+    inside, release = threading.Event(), threading.Event()
+
+    def slow(group):
+        inside.set()
+        release.wait(5)
+
+    pipeline = Pipeline([Stage("model", slow), Stage("sink", lambda g: None)])
+    pipeline.submit(Batch())
+    assert inside.wait(5)
+    assert not pipeline.abort(wait=0.1)  # the model's call is still running
+    release.set()
+    assert pipeline.abort(wait=5)  # it returned: every thread ended, the idle sink's too
+    assert pipeline.completed() == []
