@@ -27,8 +27,6 @@ class OutputFormat:
     """``encode(record)`` → the value bytes; ``ready()`` before the first record of a group (it may
     raise ``TransientError``)."""
 
-    name = "avro"
-
     def ready(self) -> None:
         pass
 
@@ -37,15 +35,11 @@ class OutputFormat:
 
 
 class JsonOutput(OutputFormat):
-    name = "json"
-
     def encode(self, record: dict[str, Any]) -> bytes:
         return embedding_json(record)
 
 
 class RegistryOutput(OutputFormat):
-    name = "avro-registry"
-
     def __init__(self, registry: SchemaRegistry, topic: str) -> None:
         self.registry = registry
         self.subject = f"{topic}-value"

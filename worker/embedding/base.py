@@ -40,6 +40,8 @@ class Embedder(abc.ABC):
     document_prompt: str = ""
     query_prompt: str = ""
     prompt_tokens: int = 0
+    #: Keep the first so many dimensions of each vector (renormalised); None: all.
+    truncate_dim: int | None = None
 
     #: Characters per token of the estimate (WordPiece on English prose and docstrings; measured on
     #: the bench's texts: the sum is within 1 % on docstrings and 5 % on one-sentence texts).
@@ -76,7 +78,7 @@ class Embedder(abc.ABC):
         out = self.model_id
         if self.document_prompt:
             out += "+prompt-" + hashlib.sha256(self.document_prompt.encode("utf-8")).hexdigest()[:12]
-        if getattr(self, "truncate_dim", None):
+        if self.truncate_dim:
             out += f"+dim-{self.dim}"
         return out
 

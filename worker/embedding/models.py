@@ -129,7 +129,7 @@ class ModelProfile:
         self.document_prompt: str = embedder.document_prompt
         self.query_prompt: str = embedder.query_prompt
         self.chars_per_token: float = embedder.chars_per_token
-        self.truncate_dim: int | None = getattr(embedder, "truncate_dim", None)
+        self.truncate_dim: int | None = embedder.truncate_dim
         self.cache_id = embedder.cache_id
         #: Bytes of its weights.
         self.size = size

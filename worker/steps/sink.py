@@ -105,6 +105,8 @@ class SinkStep:
                  guard: VersionGuard, output_topic: str, dlq_topic: str, delivery_timeout_s: float,
                  dlq_value_limit: int = 900_000, output: OutputFormat | None = None) -> None:
         self.targets = targets
+        #: A tombstone's ``embedstream.model`` header: the model when there is one, else every one.
+        self._delete_header = b",".join(t.header for t in targets.values())
         self.fence = fence
         #: How output values are encoded (EMBEDSTREAM_OUTPUT_FORMAT).
         self.output = output or OutputFormat()
@@ -196,11 +198,6 @@ class SinkStep:
                 value, headers = dlq_headers(e, self.dlq_value_limit)
                 delivery.produce(self.dlq_topic, e.key, value, headers)
         return delivery
-
-    @property
-    def _delete_header(self) -> bytes:
-        """A tombstone's ``embedstream.model`` header: the model when there is one, else every one."""
-        return b",".join(t.header for t in self.targets.values())
 
     def _news(self, group: list[Batch]) -> tuple[list[Entry], list[Plan]]:
         """The entries to write (owned partitions, not superseded) and, per model's collection, the
