@@ -65,9 +65,13 @@ def dev_up(
     input_topic: opt.InputTopic = None,
     output_topic: opt.OutputTopic = None,
     dlq_topic: opt.DlqTopic = None,
+    broker: opt.Broker = "tansu",
 ) -> None:
     """Start the broker (Tansu), Redis, Milvus Lite and a development schema registry, create the
     topics, print KEY=VALUE lines.
+
+    --broker mock runs librdkafka's mock cluster instead of Tansu (in memory, topics of 4 partitions,
+    no transactions; it picks its own port): for machines Tansu's binary cannot reach.
 
     The registry is a stand-in for a Confluent-compatible one (the REST calls confluent-kafka's client
     makes, BACKWARD compatibility checks); it is never part of the Helm chart.
@@ -80,8 +84,10 @@ def dev_up(
     s = settings_or_exit(input_topic=input_topic, output_topic=output_topic, dlq_topic=dlq_topic)
     topics = {"EMBEDSTREAM_INPUT_TOPIC": s.input_topic, "EMBEDSTREAM_OUTPUT_TOPIC": s.output_topic,
               "EMBEDSTREAM_DLQ_TOPIC": s.dlq_topic}
-    stack = LocalStack(state_dir)
+    if broker == "mock" and broker_port:
+        raise fail("--broker-port cannot be chosen with --broker mock: librdkafka picks the mock broker's port")
     try:
+        stack = LocalStack(state_dir, broker=broker)
         env, started = stack.up({"broker": broker_port, "redis": redis_port, "milvus": milvus_port,
                                  "registry": registry_port},
                                 partitions=partitions, topics=topics,
@@ -417,6 +423,7 @@ def bench(
                                                           min=1)] = None,
     output: Annotated[Path, typer.Option(help="Where to write bench.json and bench.png")] = Path("."),
     state_dir: opt.StateDir = Path(".embedstream/bench"),
+    broker: opt.Broker = "tansu",
 ) -> None:
     """Measure the workloads of benchmarks.md on a local stack of its own and print the ratio table.
 
@@ -428,13 +435,16 @@ def bench(
     from worker.tools.bench.run import run_bench
 
     s = settings_or_exit(device=device, precision=precision)
+    if s.models is not None:
+        raise fail("bench measures one model (EMBEDSTREAM_MODEL); unset EMBEDSTREAM_MODELS")
     with console.status("benchmarking…") as status:
         def say(message: str) -> None:
             status.update(message)
             err.print(f"[dim]{message}[/]")
 
         out = run_bench(quick=quick, device=s.device, precision=s.precision, peer_python=peer_python, docs=docs,
-                        latency_seconds=latency_seconds, state_dir=state_dir, say=say)
+                        latency_seconds=latency_seconds, state_dir=state_dir, say=say, model=s.model,
+                        broker=broker)
     output.mkdir(parents=True, exist_ok=True)
     write_json(out, output / "bench.json")
     write_chart(out, output / "bench.png")

@@ -59,3 +59,14 @@ ModelMemoryMb = Annotated[int | None, _setting(
     "model_memory_mb", "MB of model weights held at once; the least recently used model is unloaded", "no limit")]
 StateDir = Annotated[Path, typer.Option(
     "--state-dir", help="Where the local stack keeps its pids, ports, logs and data")]
+def _one_of(*values: str):
+    def check(value: str) -> str:
+        if value not in values:
+            raise typer.BadParameter(f"{value!r} is not one of {', '.join(values)}")
+        return value
+    return check
+
+
+Broker = Annotated[str, typer.Option(
+    "--broker", callback=_one_of("tansu", "mock"),
+    help="The local stack's broker: tansu, or librdkafka's mock cluster (in memory; where Tansu cannot run)")]

@@ -12,9 +12,9 @@ from prometheus_client import REGISTRY
 
 from tests.faults.harness import committed_total, short_docs, wait_until
 from tests.helpers import read_topic
-from tests.mock_cluster import MockCluster
 from worker.produce import document_record, produce_records
 from worker.settings import Settings
+from worker.tools.mock_broker import MockCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from connectors.lag import PartitionLag, desired_replicas, partition_lag
 from tests.helpers import run_cli
-from tests.mock_cluster import MockCluster
+from worker.tools.mock_broker import MockCluster
 
 pytestmark = pytest.mark.integration
 

@@ -23,6 +23,10 @@ from pathlib import Path
 
 STATE_FILE = "stack.json"
 PART_NAMES = ("broker", "redis", "milvus", "registry")
+#: ``tansu`` (the default) or ``mock``: librdkafka's mock cluster, in memory, no CreateTopics (topics
+#: are auto-created with 4 partitions) and no transactions; for machines Tansu cannot travel to.
+BROKERS = ("tansu", "mock")
+MOCK_ADDR_FILE = "mock-broker.addr"
 #: Tansu holds a JoinGroup for a good part of session.timeout.ms; 6 s keeps joins at ~3 s.
 LOCAL_SESSION_TIMEOUT_MS = 6000
 
@@ -105,6 +109,20 @@ def _broker_cmd(port: int, state: Path) -> list[str]:
     url = f"tcp://127.0.0.1:{port}"
     return [broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url,
             "--storage-engine", "memory://tansu/"]
+
+
+def _mock_broker_cmd(port: int, state: Path) -> list[str]:
+    """librdkafka's mock cluster in a process of its own: it picks its port (``port`` is unused) and
+    writes its address to ``mock-broker.addr``."""
+    return [sys.executable, "-m", "worker.tools.mock_broker", "--addr-file", str(state / MOCK_ADDR_FILE)]
+
+
+def mock_broker_port(state: Path) -> int | None:
+    """The port the mock broker of ``state`` listens on, once it has written it."""
+    try:
+        return int((state / MOCK_ADDR_FILE).read_text().rsplit(":", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _redis_cmd(port: int, state: Path) -> list[str]:
@@ -191,9 +209,12 @@ def env_lines(ports: dict[str, int]) -> dict[str, str]:
 class LocalStack:
     """Start, find and stop the local stack recorded in ``state_dir``."""
 
-    def __init__(self, state_dir: str | os.PathLike = ".embedstream/dev") -> None:
+    def __init__(self, state_dir: str | os.PathLike = ".embedstream/dev", broker: str = "tansu") -> None:
+        if broker not in BROKERS:
+            raise StackError(f"unknown broker {broker!r}: use one of {', '.join(BROKERS)}")
         self.state_dir = Path(state_dir).resolve()
         self.state_path = self.state_dir / STATE_FILE
+        self.broker = broker
 
     # -- state -------------------------------------------------------------------------------
     def _load(self) -> dict:
@@ -260,6 +281,9 @@ class LocalStack:
                 self._save(started, {"partitions": partitions, "topics": topics})
             for name, part in started.items():
                 self._wait_ready(part, timeout)
+                if name == "broker" and self.broker == "mock":  # its port is known once it listens
+                    part.port = mock_broker_port(self.state_dir) or part.port
+                    self._save(started, {"partitions": partitions, "topics": topics})
                 on_progress(f"{name} is answering on 127.0.0.1:{part.port}")
             self._create_topics(started["broker"].port, list(topics.values()), partitions)
         except BaseException:
@@ -269,7 +293,11 @@ class LocalStack:
         return self.env(), True
 
     def _spawn(self, name: str, port: int) -> Part:
-        cmd = _COMMANDS[name](port, self.state_dir)
+        if name == "broker" and self.broker == "mock":
+            (self.state_dir / MOCK_ADDR_FILE).unlink(missing_ok=True)
+            cmd = _mock_broker_cmd(port, self.state_dir)
+        else:
+            cmd = _COMMANDS[name](port, self.state_dir)
         log_path = self.state_dir / f"{name}.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -279,6 +307,10 @@ class LocalStack:
     def _wait_ready(self, part: Part, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         probe = _PROBES[part.name]
+        if part.name == "broker" and self.broker == "mock":
+            def probe(_port: int) -> bool:
+                found = mock_broker_port(self.state_dir)
+                return found is not None and _broker_ready(found)
         while time.monotonic() < deadline:
             if not part.alive():
                 raise StackError(f"{part.name} exited during start-up; see its log {part.log}:\n{_tail(part.log)}")

@@ -1,14 +1,21 @@
 """librdkafka's mock cluster (inside the confluent-kafka wheel), driven through ctypes.
 
 A Kafka-protocol cluster with correct ListOffsets and with fault injection (brokers down,
-request errors): used where the local Tansu broker is wrong (ListOffsets) or cannot be faulted.
+request errors): the tests use it where the local Tansu broker is wrong (ListOffsets) or cannot be
+faulted. ``python -m worker.tools.mock_broker --addr-file F`` runs one as a process of its own
+(``embedstream dev up --broker mock``): the broker of the local stack where Tansu cannot go, such
+as the GPU machine of ``make bench-gpu``. It keeps everything in memory and dies with its process.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import glob
 import os
+import signal
+import threading
+from pathlib import Path
 
 import confluent_kafka
 
@@ -37,6 +44,7 @@ def _lib() -> ctypes.CDLL:
                                                              ctypes.POINTER(ctypes.c_int)]
     lib.rd_kafka_mock_broker_set_down.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     lib.rd_kafka_mock_broker_set_up.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+    lib.rd_kafka_mock_set_controller_id.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     return lib
 
 
@@ -52,6 +60,9 @@ class MockCluster:
         if not self._rk:
             raise RuntimeError(f"rd_kafka_new: {err.value.decode()}")
         self._mc = self._lib.rd_kafka_mock_cluster_new(self._rk, brokers)
+        # It reports controller 0 while its brokers are numbered from 1, so an admin client's
+        # CreateTopics waits for a controller forever ("Failed while waiting for controller").
+        self._lib.rd_kafka_mock_set_controller_id(self._mc, 1)
         self.bootstraps = self._lib.rd_kafka_mock_cluster_bootstraps(self._mc).decode()
 
     def create_topic(self, name: str, partitions: int) -> None:
@@ -83,3 +94,25 @@ class MockCluster:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run a mock cluster until SIGTERM/SIGINT; its bootstrap address is written to ``--addr-file``
+    (atomically, once it listens), since librdkafka picks the brokers' ports itself."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--addr-file", required=True, type=Path)
+    ap.add_argument("--brokers", type=int, default=1)
+    args = ap.parse_args(argv)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with MockCluster(args.brokers) as mc:
+        tmp = args.addr_file.with_suffix(".tmp")
+        tmp.write_text(mc.bootstraps)
+        tmp.replace(args.addr_file)
+        print(f"mock cluster on {mc.bootstraps}", flush=True)
+        stop.wait()
+
+
+if __name__ == "__main__":
+    main()
