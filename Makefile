@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch on this machine's disk; an unpinned torch pulls a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-fast demo bench bench-quick bench-peer-env dev-up dev-down lint clean
+.PHONY: setup test test-fast test-gpu demo bench bench-quick bench-gpu bench-peer-env dev-up dev-down lint clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,15 @@ test: lint
 # No model and no stack: the unit tests and the connector contracts on their fakes (under a minute).
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not integration" tests/unit tests/connectors
+
+# The GPU path: the model in fp16 on CUDA, alone and in the worker on a local stack (skipped without a
+# CUDA device), then the bench on the device. BROKER=mock where Tansu's binary cannot go.
+BROKER ?= tansu
+test-gpu: setup
+	$(BIN)/python -m pytest -q -m gpu tests/gpu
+
+bench-gpu: setup
+	$(BIN)/embedstream bench --device cuda --quick --docs 4000 --broker $(BROKER) --output bench-gpu
 
 demo: setup
 	$(BIN)/embedstream demo

@@ -140,9 +140,11 @@ def serve_metrics(settings: Settings, health: metrics.Health) -> None:
 
 
 def build_worker(settings: Settings, embedder: Embedder | None = None,
-                 on_progress: Callable[[RunStats], None] | None = None) -> Worker:
+                 on_progress: Callable[[RunStats], None] | None = None,
+                 store_factory: Callable[[Settings, str], MilvusStore] | None = None) -> Worker:
     """Check the settings against the real systems, open them, and assemble the worker around the
-    chain of ``worker.chain.build_chain``. Raises ConfigError."""
+    chain of ``worker.chain.build_chain``. ``store_factory(settings, collection)`` stands in for
+    Milvus (the bench's instant sink). Raises ConfigError."""
     s = settings
     try:
         s.require("kafka_bootstrap_servers", "milvus_uri")
@@ -154,7 +156,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     log.info("models: %s", describe(models))
     stores, caches = {}, {}
     for name, model in models.handles.items():
-        stores[name] = open_store(s, collection_of(s, name))
+        stores[name] = (store_factory or open_store)(s, collection_of(s, name))
         stores[name].ensure_collection(model.dim)
         caches[name] = open_cache(s, model)
     health = metrics.Health(s.healthz_max_tick_age_seconds)

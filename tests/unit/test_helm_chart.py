@@ -116,6 +116,13 @@ def test_gpu_request_and_keda_off_hpa():
     c = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert env_of(objs)["EMBEDSTREAM_DEVICE"]["value"] == "cuda"
+    # A GPU release batches larger (gpu.maxBatch*), unless those are null; a CPU release keeps batching.*
+    assert env_of(objs)["EMBEDSTREAM_MAX_BATCH_SIZE"]["value"] == "1024"
+    assert env_of(objs)["EMBEDSTREAM_MAX_BATCH_TOKENS"]["value"] == "131072"
+    kept = env_of(render(merge(BASE, {"gpu": {"enabled": True, "maxBatchSize": None, "maxBatchTokens": None}})))
+    assert (kept["EMBEDSTREAM_MAX_BATCH_SIZE"]["value"], kept["EMBEDSTREAM_MAX_BATCH_TOKENS"]["value"]) == \
+        ("256", "32768")
+    assert env_of(render(BASE))["EMBEDSTREAM_MAX_BATCH_SIZE"]["value"] == "256"
     hpa = render(merge(BASE, VALUE_SETS["KEDA off → HPA"]))
     assert "ScaledObject" not in hpa and hpa["HorizontalPodAutoscaler"]["spec"]["maxReplicas"] == 6
 

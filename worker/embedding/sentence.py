@@ -156,10 +156,12 @@ class SentenceTransformerEmbedder(Embedder):
         self._modules = [m for m in self.sentence_transformer if not isinstance(m, Normalize)]
         # Measured on a 2-core CPU (bf16): 4,096 padded tokens per forward pass beat 8,192 by ~25 % on
         # stdlib docstrings; up to 128 texts a pass (not 32) is ~20 % faster on one-sentence texts,
-        # where the per-pass overhead weighs. A GPU wants far larger passes.
+        # where the per-pass overhead weighs. A GPU wants far larger passes: on an H100 (fp16, one
+        # run each), 262,144 tokens a pass embedded 1.9x the docstrings/s of 65,536 (5,500 vs 2,900).
+        # The worker's batches (EMBEDSTREAM_MAX_BATCH_TOKENS) bound the passes too.
         gpu = self.device == "cuda"
         self.sub_batch_size = sub_batch_size or (256 if gpu else 128)
-        self.sub_batch_tokens = sub_batch_tokens or (65_536 if gpu else 4096)
+        self.sub_batch_tokens = sub_batch_tokens or (262_144 if gpu else 4096)
         self._real_tokens = metrics.MODEL_TOKENS.labels("real")
         self._padded_tokens = metrics.MODEL_TOKENS.labels("padded")
         log.info("model %s loaded: dim=%d precision=%s device=%s%s", self.model_id, self.dim, self.precision,

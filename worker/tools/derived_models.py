@@ -30,14 +30,15 @@ def prompted_model(dest: Path, prompts: dict[str, str], include_prompt: bool = T
     return dest
 
 
-def projected_model(dest: Path, dim: int = 256, seed: int = 7) -> Path:
-    """The packaged model with a projection layer added after its pooling (a ``Dense`` to ``dim``
-    dimensions, fixed random weights): another model, of another dimension."""
+def projected_model(dest: Path, dim: int = 256, seed: int = 7, source: str | Path | None = None) -> Path:
+    """The packaged model (or the model at ``source``) with a projection layer added after its
+    pooling (a ``Dense`` to ``dim`` dimensions, fixed random weights): another model, of another
+    dimension."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.models import Dense, Normalize
 
-    base = SentenceTransformer(str(packaged_model_path()), device="cpu")
+    base = SentenceTransformer(str(source or packaged_model_path()), device="cpu")
     torch.manual_seed(seed)
     dense = Dense(base.get_embedding_dimension(), dim, activation_function=torch.nn.Identity())
     SentenceTransformer(modules=[base[0], base[1], dense, Normalize()], device="cpu").save(str(dest))

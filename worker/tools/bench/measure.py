@@ -101,27 +101,62 @@ def drop_collection(s: Settings) -> None:
     store.close()
 
 
+class InstantStore(MilvusStore):
+    """A Milvus store that keeps nothing and answers at once (``worker_stream(instant_sink=True)``):
+    what the worker does without Milvus' cost. Every id reads as new."""
+
+    def __init__(self, *_args, **_kwargs) -> None:
+        self.collection = "instant"
+
+    def ensure_collection(self, dim: int) -> None:
+        pass
+
+    def upsert_chunks(self, rows: ChunkRows, model: str, updated_at: int) -> None:
+        pass
+
+    def versions(self, doc_ids: list[str]):
+        return {}, {}
+
+    def record_deletes(self, doc_ids, versions, updated_at: int) -> None:
+        pass
+
+    def delete(self, ids: list[str]) -> None:
+        pass
+
+    def drop(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def worker_stream(base: Settings, embedder: Embedder | None, texts: list[str], prefix: str,
-                  cold: bool = True, registry_url: str | None = None, models: list[str] | None = None) -> StreamResult:
+                  cold: bool = True, registry_url: str | None = None, models: list[str] | None = None,
+                  instant_sink: bool = False) -> StreamResult:
     """Backlog ``texts`` on a fresh topic, then run the worker until drained: docs/s end to end.
     ``cold``: empty the cache first. ``registry_url``: the input framed by confluent-kafka's
     ``AvroSerializer`` and the output ``avro-registry`` (the registry user's path). ``embedder``
-    None: the models of ``base.models``, the texts asking for ``models`` in turn."""
+    None: the models of ``base.models``, the texts asking for ``models`` in turn. ``instant_sink``:
+    no Redis and a Milvus that keeps nothing (the worker's own ceiling: broker in, model, output
+    topic out)."""
     from worker.runner import build_worker
     from worker.wire import document_encoder
 
     registry = {"schema_registry_url": registry_url, "output_format": "avro-registry"} if registry_url else {}
+    if instant_sink:
+        registry["redis_url"] = None
     s = fresh_topics(base, **registry)
     if cold:
         flush_cache(s)
     produce_texts(s, texts, prefix, document_encoder("avro-registry" if registry_url else "avro", s, s.input_topic),
                   models)
     real0, pad0 = model_tokens()
-    worker = build_worker(s, embedder=embedder)
+    worker = build_worker(s, embedder=embedder, store_factory=InstantStore if instant_sink else None)
     cpu0 = time.process_time()
     stats = worker.run(stop_when_idle=1.5)
     cpu = time.process_time() - cpu0
-    drop_collection(s)
+    if not instant_sink:
+        drop_collection(s)
     real1, pad1 = model_tokens()
     return StreamResult(stats.done, stats.busy_seconds, stats.cached, int(real1 - real0), int(pad1 - pad0), cpu)
 

@@ -77,8 +77,19 @@ def ratio_table(out: dict) -> Table:
             f"at {_fmt(lat['rate'], 0)} docs/s ({lat['n']} docs)", None)
     t.add_row("p99 @ 50%", _fmt(r["p99_at_50pct_s"], 3) + (" [green]✓[/]" if r["p99_goal_met"] else " [red]✗[/]"),
               f"≤ {_fmt(out['latency_bound_s'], 3)} s", "max wait + 3 × one batch's compute")
-    if "achieved_tflops" in out:
-        t.add_row("TFLOP/s", _fmt(out["achieved_tflops"]), "", "tokens/s × 2 × parameters (S2)")
+    for name in ("S1", "S2"):
+        if f"{name}_instant_sink" in w:
+            fast, raw = w[f"{name}_instant_sink"], d[f"raw_{name}"]["docs_per_s"]
+            t.add_row(f"instant sink ({name})", _fmt(fast["docs_per_s"], 0) + " docs/s", "",
+                      f"the worker without Redis and Milvus (R1 {_fmt(fast['docs_per_s'] / raw)}"
+                      f"; raw encode {_fmt(raw, 0)} docs/s; "
+                      f"{_fmt(fast.get('cpu_us_per_doc', 0), 0)} µs CPU/doc)")
+    tflops = out.get("achieved_tflops")
+    if isinstance(tflops, dict):
+        t.add_row("TFLOP/s", " / ".join(_fmt(v) for v in tflops.values()), "",
+                  "real tokens/s × 2 × parameters on S2: " + " / ".join(tflops))
+    elif tflops is not None:
+        t.add_row("TFLOP/s", _fmt(tflops), "", "tokens/s × 2 × parameters (S2)")
     return t
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import platform
 import tempfile
 import time
@@ -24,8 +25,12 @@ def _flops_per_token(embedder) -> float:
 
 
 def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | None, docs: int | None,
-              latency_seconds: float | None, state_dir: Path, say: Callable[[str], None]) -> dict:
-    """All measurements of benchmarks.md on a local stack of its own; returns the bench.json dict."""
+              latency_seconds: float | None, state_dir: Path, say: Callable[[str], None],
+              model: str | None = None, broker: str = "tansu") -> dict:
+    """All measurements of benchmarks.md on a local stack of its own (``broker``: tansu, or mock
+    where Tansu cannot run); returns the bench.json dict. ``model``: EMBEDSTREAM_MODEL (None: the
+    packaged MiniLM). On CUDA the raw encode tries larger batches, and the worker also runs with an
+    instant sink (its own ceiling in front of the device)."""
     from worker.embedding.sentence import SentenceTransformerEmbedder
     from worker.runner import setup_logging
 
@@ -34,40 +39,60 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         sizes.update(S1=docs, S2=docs, S4=docs, io=docs)
     if latency_seconds:
         sizes["S5_seconds"] = latency_seconds
-    stack = LocalStack(state_dir)
+    stack = LocalStack(state_dir, broker=broker)
     env, _ = stack.up(partitions=6)
     try:
         base = Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
                         redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
                         kafka={"session.timeout.ms": env["EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS"]},
-                        metrics_port=0, log_level="WARNING", device=device, precision=precision)
+                        metrics_port=0, log_level="WARNING", device=device, precision=precision, model=model)
         setup_logging(base)
         say("loading the model")
-        emb = SentenceTransformerEmbedder(None, precision, device)
+        emb = SentenceTransformerEmbedder(model, precision, device)
         emb.warmup()
+        if emb.device == "cuda":
+            sizes["raw_batch_sizes"] = (128, 256, 512)
         texts = {"S1": workloads.short_texts(sizes["S1"]), "S2": workloads.mixed_texts(sizes["S2"])}
-        machine = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine()}
+        machine = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+                   "cores": os.cpu_count(), "broker": broker}
+        if emb.device == "cuda":
+            import torch
+
+            machine["gpu"] = torch.cuda.get_device_name()
         out: dict = {"machine": machine,
                      "model": emb.model_id, "precision": emb.precision, "device": emb.device, "quick": quick,
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "workloads": {}, "denominators": {}}
         say("quality gate: cosine to fp32 on the S2 texts")
-        out["quality"] = quality_gate(emb, texts["S2"][:sizes["quality_texts"]])
+        out["quality"] = quality_gate(emb, texts["S2"][:sizes["quality_texts"]], model)
         _throughput(out, base, emb, texts, sizes, say)
         _io_path(out, base, emb.dim, sizes, say)
         _registry(out, base, emb, texts["S2"], sizes, env["EMBEDSTREAM_SCHEMA_REGISTRY_URL"], say)
-        _two_models(out, base, texts["S2"], state_dir, say)
+        _two_models(out, base, texts["S2"], state_dir, say, model)
         _repeats(out, base, emb, sizes, say)
         _long(out, base, emb, sizes, say)
         out["denominators"]["peer_docs_per_s"] = _peer(peer_python, emb, texts["S2"], say)
         _latency(out, base, emb, texts["S2"], sizes, say)
         if emb.device == "cuda":
-            s2 = out["workloads"]["S2"]
-            tokens_per_s = s2["tokens_real"] / s2["seconds"] if s2["seconds"] else 0.0
-            out["achieved_tflops"] = tokens_per_s * _flops_per_token(emb) / 1e12
+            out["achieved_tflops"] = _tflops(out, emb, texts["S2"])
         out["ratios"] = ratios(out)
         return out
     finally:
         stack.down()
+
+
+def _tflops(out: dict, emb, s2_texts: list[str]) -> dict[str, float]:
+    """Achieved TFLOP/s on S2 (real tokens/s × 2 × parameters): the worker end to end, with the
+    instant sink, and the raw encode (its tokens counted as the worker's tokenizer counts them)."""
+    from worker.records import normalise_text
+
+    flops = _flops_per_token(emb)
+    w, d = out["workloads"], out["denominators"]
+    raw_tokens = sum(len(ids) for ids in emb.tokenize([normalise_text(t) for t in s2_texts]))
+    result = {"raw_S2": d["raw_S2"]["docs_per_s"] * raw_tokens / len(s2_texts) * flops / 1e12}
+    for name in ("S2", "S2_instant_sink"):
+        if w.get(name, {}).get("seconds"):
+            result[f"worker_{name}"] = w[name]["tokens_real"] / w[name]["seconds"] * flops / 1e12
+    return result
 
 
 def _chunks(base: Settings, emb, texts: list[str]) -> list[str]:
@@ -97,7 +122,16 @@ def _throughput(out: dict, base: Settings, emb, texts: dict, sizes: dict, say: C
         out["denominators"][f"raw_{name}"] = {"docs_per_s": raw, "batch_size": bs}
         out["workloads"][name] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds,
                                   "cached": res.cached, "tokens_real": res.tokens_real,
-                                  "tokens_padded": res.tokens_padded}
+                                  "tokens_padded": res.tokens_padded,
+                                  "cpu_us_per_doc": 1e6 * res.cpu_seconds / res.docs if res.docs else 0.0}
+        if emb.device == "cuda":
+            say(f"{name}: worker with an instant sink (no Redis, a Milvus that keeps nothing)")
+            fast = measure.worker_stream(base, emb, texts[name], f"{name.lower()}-i-{int(time.time())}",
+                                         instant_sink=True)
+            out["workloads"][f"{name}_instant_sink"] = {
+                "docs": fast.docs, "docs_per_s": fast.docs_per_s, "seconds": fast.seconds,
+                "tokens_real": fast.tokens_real,
+                "cpu_us_per_doc": 1e6 * fast.cpu_seconds / fast.docs if fast.docs else 0.0}
 
 
 def _io_path(out: dict, base: Settings, dim: int, sizes: dict, say: Callable[[str], None]) -> None:
@@ -127,7 +161,8 @@ def _registry(out: dict, base: Settings, emb, texts: list[str], sizes: dict, url
                                        "cpu_us_per_doc": 1e6 * io.cpu_seconds / io.docs if io.docs else 0.0}
 
 
-def _two_models(out: dict, base: Settings, texts: list[str], state_dir: Path, say: Callable[[str], None]) -> None:
+def _two_models(out: dict, base: Settings, texts: list[str], state_dir: Path, say: Callable[[str], None],
+                model: str | None = None) -> None:
     """Two models in one worker: the packaged MiniLM and one derived from it with a projection layer
     (256 dimensions), each alone on the S2 texts, then both on them interleaved 50/50. The ratio is
     the mixed docs/s over the harmonic mix of the two single rates (what two workers, one per model,
@@ -139,8 +174,9 @@ def _two_models(out: dict, base: Settings, texts: list[str], state_dir: Path, sa
     proj = state_dir / "bench-projected-model"
     if not (proj / "modules.json").exists():
         say("two models: deriving a second model (MiniLM + a 256-dim projection)")
-        projected_model(proj)
-    models = {"minilm": {"precision": base.precision, "device": base.device, "default": True},
+        projected_model(proj, source=model)
+    models = {"minilm": {"precision": base.precision, "device": base.device, "default": True,
+                         **({"path": model} if model else {})},
               "proj": {"path": str(proj), "precision": base.precision, "device": base.device}}
     rates = {}
     for name, use in (("minilm", ["minilm"]), ("proj", ["proj"]), ("mixed", ["minilm", "proj"])):
@@ -212,7 +248,7 @@ def _latency(out: dict, base: Settings, emb, texts: list[str], sizes: dict, say:
     out["latency_bound_s"] = base.max_batch_wait_ms / 1000 + 3 * batch_compute
 
 
-def quality_gate(emb, texts: list[str]) -> dict:
+def quality_gate(emb, texts: list[str], model: str | None = None) -> dict:
     """Cosine of the worker's vectors (its precision) to fp32 vectors of the same model and texts."""
     import numpy as np
 
@@ -220,7 +256,7 @@ def quality_gate(emb, texts: list[str]) -> dict:
 
     if emb.precision == "fp32":
         return {"vs": "fp32", "texts": len(texts), "min_cosine": 1.0, "mean_cosine": 1.0}
-    ref = SentenceTransformerEmbedder(None, "fp32", emb.device)
+    ref = SentenceTransformerEmbedder(model, "fp32", emb.device)
     a, b = emb.embed(texts), ref.embed(texts)
     cos = (a * b).sum(1)  # both L2-normalised
     del ref
