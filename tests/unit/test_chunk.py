@@ -119,6 +119,29 @@ def test_a_long_text_becomes_chunks_and_one_that_fits_after_tokenizing_stays_who
     assert [(c.start, c.end, c.hash) for c in whole.chunks] == [(0, len(fits), "h1")]
 
 
+def test_a_repeated_long_text_is_tokenized_once_and_gets_the_same_chunks():
+    """The plan is remembered by content hash: a repeat in the same group or a later one (a re-sent
+    document, one the cache will serve) costs no tokenizing."""
+    model = CountingTokenizer()
+    text = " ".join(f"word{i}" for i in range(30))
+    chunker = Chunker(model, "tokens", max_tokens=10, overlap=2, max_chunks=8)
+
+    def batch_of(*ids: str) -> Batch:
+        b = Batch()
+        for n, doc_id in enumerate(ids):
+            b.add(Item(Source("docs", 0, n), doc_id, text, content_hash(text), 3, {}))
+        return b
+
+    first, later = batch_of("a", "b"), batch_of("c")
+    chunker.process([first])
+    assert model.tokenized == 1
+    chunker.process([later])
+    assert model.tokenized == 1
+    spans = [[(c.index, c.start, c.end, c.hash, c.text) for c in it.chunks] for it in [*first.items, *later.items]]
+    assert len(spans[0]) == 4 and spans[0] == spans[1] == spans[2]
+    assert first.items[0].chunks[0] is not later.items[0].chunks[0]  # each item its own chunks (vectors)
+
+
 def test_too_many_chunks_turns_the_record_into_a_dead_letter_with_its_original_bytes():
     text = " ".join(f"word{i}" for i in range(100))
     batch = _batch(text, "fine")

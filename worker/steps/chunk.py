@@ -10,12 +10,18 @@ one chunk spanning all of it: the model sees exactly the text it saw before chun
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from worker import metrics
 from worker.embedding.base import Embedder
 from worker.records import Batch, Chunk, DeadLetter, Item, content_hash
 
 #: Characters that end a sentence when whitespace follows them.
 SENTENCE_END = frozenset(".!?。！？")
+
+#: Chunk plans of long texts remembered by content hash: a repeated long text (a re-sent document,
+#: or one the cache serves) is not tokenized again to find its chunks. ~100 bytes a chunk.
+PLAN_MEMO_SIZE = 4096
 
 
 def _starts_word(offsets: list[tuple[int, int]], i: int) -> bool:
@@ -88,6 +94,8 @@ class Chunker:
         self.max_tokens = max_tokens
         self.overlap = overlap
         self.max_chunks = max_chunks
+        #: content hash → (spans, chunk hashes) of long texts, least recently used dropped first.
+        self._plans: OrderedDict[str, tuple[list[tuple[int, int]], list[str]]] = OrderedDict()
 
     def may_exceed(self, chars: int) -> bool:
         """Whether a text of ``chars`` characters might yield more than ``max_chunks`` chunks (its
@@ -112,17 +120,31 @@ class Chunker:
         if self.mode == "off":
             self._truncate([it for _, _, it in items])
             return
-        for (batch, pos, it), spans in zip(items, self.spans([it.text for _, _, it in items])):
+        # Long texts only (a short one is one chunk without tokenizing); each distinct text once.
+        plans, found = self._plans, {}
+        for _, _, it in items:
+            if len(it.text) > self.max_tokens and it.hash in plans:
+                plans.move_to_end(it.hash)
+                found[it.hash] = plans[it.hash]
+        todo = {it.hash: it.text for _, _, it in items if len(it.text) > self.max_tokens and it.hash not in found}
+        for (h, text), spans in zip(todo.items(), self.spans(list(todo.values()))):
+            found[h] = plans[h] = (spans, [content_hash(text[a:b]) for a, b in spans] if len(spans) > 1 else [h])
+            if len(plans) > PLAN_MEMO_SIZE:
+                plans.popitem(last=False)
+        for batch, pos, it in items:
+            if len(it.text) <= self.max_tokens:
+                it.chunks = [_whole(it)]
+                continue
+            spans, hashes = found[it.hash]
             if len(spans) > self.max_chunks:
                 batch.entries[pos] = self._too_many(it, len(spans))
                 continue
             if len(spans) == 1:
                 it.chunks = [_whole(it)]
             else:
-                it.chunks = [Chunk(i, a, b, it.text[a:b], content_hash(it.text[a:b])) for i, (a, b) in enumerate(spans)]
+                it.chunks = [Chunk(i, a, b, it.text[a:b], h) for i, ((a, b), h) in enumerate(zip(spans, hashes))]
                 metrics.DOCUMENTS_CHUNKED.inc()
-            if len(it.text) > self.max_tokens:
-                metrics.CHUNKS_PER_DOCUMENT.observe(len(it.chunks))
+            metrics.CHUNKS_PER_DOCUMENT.observe(len(it.chunks))
 
     def _truncate(self, items: list[Item]) -> None:
         """``mode="off"``: every text one chunk; the tokens the model will cut are counted."""
