@@ -28,7 +28,8 @@ from worker.steps.dlq_limit import DlqLimitExceeded
 
 log = logging.getLogger(__name__)
 
-#: Records taken from the consumer per call when some are at hand.
+#: Records taken from the consumer per call when some are at hand (at least a batch's worth; never
+#: more than the batches still allowed in flight hold: ``Worker._chunk``).
 CONSUME_CHUNK = 500
 #: Longest a revoke waits for in-flight batches (the rebalance waits for it).
 REVOKE_BUDGET_S = 20.0
@@ -187,7 +188,7 @@ class Worker:
         ``consume(n, timeout)`` blocks until it has ``n`` records *or* the timeout passes, so asking
         for a chunk with a timeout stalls the loop whenever fewer records are at hand. Take what is
         there without waiting; only when nothing is, wait for one record."""
-        msgs = self.consumer.consume(CONSUME_CHUNK, 0)
+        msgs = self.consumer.consume(self._chunk(), 0)
         if msgs:
             return msgs
         busy = len(self.chain.intake) or self.chain.pipeline.inflight
@@ -222,6 +223,14 @@ class Worker:
                 break
             self._collect(timeout=0.1)
         return pipeline.inflight == 0
+
+    def _chunk(self) -> int:
+        """Records to take in one call: a batch's worth or ``CONSUME_CHUNK``, whichever is more, but
+        no more than the in-flight batches still allowed hold with what is batching (a large chunk
+        would otherwise queue batches past the limit, each record held the longer)."""
+        max_size = self.chain.intake.batcher.max_size
+        room = (self.max_inflight - self.chain.pipeline.inflight) * max_size - len(self.chain.intake)
+        return max(1, min(max(CONSUME_CHUNK, max_size), room))
 
     def _full(self) -> bool:
         """As many batches in flight as allowed: consume nothing more for now."""

@@ -53,6 +53,21 @@ def test_drains_every_partition_and_commits_the_next_offsets():
     assert consumer.committed_offsets == {0: 35, 1: 7} and consumer.closed
 
 
+def test_a_consumed_chunk_never_holds_more_than_the_batches_still_allowed_in_flight():
+    gate = threading.Event()
+    consumer = FakeConsumer({0: _records(0, 600)})
+    taken: list[int] = []
+    real = consumer.consume
+    consumer.consume = lambda n=1, timeout=-1: (taken.append(n), real(n, timeout))[1]  # type: ignore[method-assign]
+    worker = _worker(consumer, embed=lambda g: gate.wait(5), batch=5, inflight=3)
+    assert worker._chunk() == 15  # 3 batches of 5, nothing in flight
+    threading.Timer(0.3, gate.set).start()
+    stats = worker.run(stop_when_idle=0.1)
+    assert stats.embedded == 600 and max(taken) <= 15
+    big = _worker(FakeConsumer({0: []}), batch=2000, inflight=2)
+    assert big._chunk() == 2000  # at least a batch's worth, past CONSUME_CHUNK
+
+
 def test_a_full_pipeline_pauses_the_assignment_and_resumes_it():
     gate = threading.Event()
     threading.Timer(0.5, gate.set).start()
