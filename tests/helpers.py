@@ -129,6 +129,14 @@ def documents_in_milvus(s: Settings) -> dict[str, list[dict]]:
     return docs
 
 
+def cosine_floor(precision: str) -> float:
+    """The least cosine a worker's vector keeps to a direct fp32/encode of the same text at this
+    precision: fp32 the same computation, bf16/fp16 rounding, int8 the gate of ``worker.embedding.int8``."""
+    from worker.embedding.int8 import MIN_COSINE
+
+    return {"fp32": 0.999, "int8": MIN_COSINE}.get(precision, 0.995)
+
+
 def min_cosine_to_direct_encode(model, docs: dict[str, list[dict]], texts: dict[str, str]) -> float:
     """The lowest cosine between a row's vector and a direct encode of its span of the document's
     text (``texts``: document id → the text as produced)."""

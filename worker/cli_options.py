@@ -30,7 +30,8 @@ GroupInstanceId = Annotated[str | None, _setting("group_instance_id", "Static me
 Model = Annotated[str | None, _setting("model", "sentence-transformers model path or name",
                                        "the packaged all-MiniLM-L6-v2")]
 Precision = Annotated[str | None, _setting(
-    "precision", "auto|fp32|fp16|bf16; auto = fp16 on CUDA, bf16 on CPUs with avx512_bf16/AMX, else fp32")]
+    "precision", "auto|fp32|fp16|bf16|int8; auto = fp16 on CUDA, bf16 on CPUs with avx512_bf16/AMX, else "
+                 "fp32; int8 = the model quantized and run by onnxruntime, on CPUs")]
 Device = Annotated[str | None, _setting("device", "auto|cpu|cuda")]
 MaxBatchSize = Annotated[int | None, _setting("max_batch_size", "Close a batch at this many records")]
 MaxBatchTokens = Annotated[int | None, _setting("max_batch_tokens", "Close a batch at this many tokens")]

@@ -72,7 +72,7 @@ class Settings(BaseSettings):
 
     # Model
     model: str | None = Field(None, description="path or name of a sentence-transformers model")
-    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
+    precision: Literal["auto", "fp32", "fp16", "bf16", "int8"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # None: the model's own prompts (sentence-transformers' encode_document / encode_query); "": none.
     document_prompt: str | None = Field(None, description="text put before each document (default: the model's)")

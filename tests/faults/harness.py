@@ -25,7 +25,15 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.codec import Document, decode_embedding, encode_document
-from tests.helpers import CLI, REPO, documents_in_milvus, min_cosine_to_direct_encode, read_topic, settings_env
+from tests.helpers import (
+    CLI,
+    REPO,
+    cosine_floor,
+    documents_in_milvus,
+    min_cosine_to_direct_encode,
+    read_topic,
+    settings_env,
+)
 from worker.produce import document_record, produce_records
 from worker.settings import Settings
 from worker.tools.corpus import stdlib_docstrings
@@ -211,7 +219,7 @@ def check_nothing_lost(s: Settings, model, expected: Expected, partitions: int) 
     docs = documents_in_milvus(s)
     want = expected.in_milvus
     assert set(docs) == want, f"Milvus: {len(want - set(docs))} missing, {len(set(docs) - want)} unexpected"
-    floor = 0.999 if model.precision == "fp32" else 0.995
+    floor = cosine_floor(model.precision)
     worst = min_cosine_to_direct_encode(model, docs, expected.good)
     assert worst >= floor, f"a vector differs from a direct encode: min cosine {worst:.4f}"
 

@@ -27,6 +27,7 @@ from connectors.kafka import make_producer
 from connectors.registry import frame
 from schemas.codec import DOCUMENT_SCHEMA_TEXT, Document, encode_document
 from tests.helpers import (
+    cosine_floor,
     document_schema_with,
     documents_in_milvus,
     fresh_settings,
@@ -121,7 +122,7 @@ def run(stack, tmp_path_factory):
 def test_every_format_and_schema_version_is_embedded_and_bad_frames_are_dead_lettered(run, model):
     docs = documents_in_milvus(run["s"])
     assert set(docs) == run["good"], (sorted(set(docs) ^ run["good"])[:10], run["log"][-2000:])
-    floor = 0.999 if model.precision == "fp32" else 0.995
+    floor = cosine_floor(model.precision)
     assert min_cosine_to_direct_encode(model, docs, run["texts"]) >= floor
     dlq = read_topic(run["s"], run["s"].dlq_topic, expect=len(run["bad"]))
     reasons = {m.key().decode(): dict(m.headers())["embedstream.error.reason"].decode() for m in dlq}

@@ -15,6 +15,7 @@ from connectors.milvus import MilvusStore
 from schemas.codec import Document, decode_embedding, encode_document
 from tests.helpers import (
     CountingModel,
+    cosine_floor,
     documents_in_milvus,
     fresh_settings,
     min_cosine_to_direct_encode,
@@ -25,10 +26,6 @@ from tests.helpers import (
 from worker.tools.corpus import sample_documents
 
 pytestmark = pytest.mark.integration
-
-
-def cosine_floor(precision: str) -> float:
-    return 0.999 if precision == "fp32" else 0.995
 
 
 def test_end_to_end(stack, model):

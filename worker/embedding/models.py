@@ -49,7 +49,7 @@ class ModelSpec(BaseModel):
 
     path: str | None = Field(None, description="model path or name; None = the packaged default")
     #: None: EMBEDSTREAM_PRECISION / EMBEDSTREAM_DEVICE
-    precision: Literal["auto", "fp32", "fp16", "bf16"] | None = None
+    precision: Literal["auto", "fp32", "fp16", "bf16", "int8"] | None = None
     device: Literal["auto", "cpu", "cuda"] | None = None
     document_prompt: str | None = None
     query_prompt: str | None = None

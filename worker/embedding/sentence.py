@@ -1,7 +1,9 @@
 """sentence-transformers models, with the precision chosen for the device.
 
-Precision ``auto``: fp16 on CUDA; bf16 on a CPU with avx512_bf16 or AMX (about 4x fp32 there, with
-cosine ≥ 0.998 to fp32); fp32 otherwise (fp16 on a CPU is slower than fp32). Whatever the
+Precision ``auto``: fp16 on CUDA; bf16 on a CPU with avx512_bf16 or AMX (about 2.5x fp32 there, with
+cosine ≥ 0.998 to fp32); on other CPUs int8 (``worker.embedding.int8``: onnxruntime, about 2x fp32,
+gated against fp32 at start-up) where onnxruntime is installed, else fp32 (fp16 on a CPU is slower
+than fp32). Whatever the
 precision, the pooled output is cast to float32 *before* it is normalised: normalising in bf16
 leaves norms off by up to ~0.4 %.
 
@@ -29,7 +31,7 @@ from worker.embedding.base import Embedder, resolve_model_path
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # int8: float32 in torch, int8 in ONNX
 
 
 def cpu_has_bf16() -> bool:
@@ -52,12 +54,19 @@ def pick_device(device: str) -> str:
 
 
 def pick_precision(precision: str, device: str) -> str:
-    """The precision ``auto`` resolves to on ``device``; explicit choices are returned unchanged."""
+    """The precision ``auto`` resolves to on ``device``; explicit choices are returned unchanged.
+
+    On a CPU: bf16 where it has bf16 instructions; else int8 where onnxruntime is installed (about
+    2x fp32; on a CPU with bf16 it measured 0.8-1.5x bf16, so bf16 stays); else fp32."""
     if precision != "auto":
         return precision
     if device == "cuda":
         return "fp16"
-    return "bf16" if cpu_has_bf16() else "fp32"
+    if cpu_has_bf16():
+        return "bf16"
+    from worker.embedding import int8
+
+    return "int8" if int8.available() else "fp32"
 
 
 def model_prompts(st, document_prompt: str | None, query_prompt: str | None) -> tuple[str, str]:
@@ -117,9 +126,12 @@ class SentenceTransformerEmbedder(Embedder):
         self.precision = pick_precision(precision, self.device)
         if self.precision == "fp16" and self.device == "cpu":
             log.warning("fp16 on a CPU is slower than fp32 here; consider EMBEDSTREAM_PRECISION=auto")
+        if self.precision == "int8" and self.device != "cpu":
+            raise ConfigError("EMBEDSTREAM_PRECISION=int8 runs on CPUs: on CUDA use fp16 (or auto)")
         try:
             self.sentence_transformer = SentenceTransformer(
-                str(path), device=self.device, model_kwargs={"torch_dtype": getattr(torch, _DTYPES[self.precision])}
+                str(path), device=self.device,
+                model_kwargs={"torch_dtype": getattr(torch, _DTYPES.get(self.precision, "float32"))}
             )
         except Exception as exc:
             raise ConfigError(
@@ -164,9 +176,41 @@ class SentenceTransformerEmbedder(Embedder):
         self.sub_batch_tokens = sub_batch_tokens or (262_144 if gpu else 4096)
         self._real_tokens = metrics.MODEL_TOKENS.labels("real")
         self._padded_tokens = metrics.MODEL_TOKENS.labels("padded")
+        if self.precision == "int8":
+            try:
+                self._use_int8(path)
+            except ConfigError as exc:
+                if precision != "auto":
+                    raise
+                log.warning("%s: auto runs fp32 instead", exc)
+                self.precision = "fp32"
         log.info("model %s loaded: dim=%d precision=%s device=%s%s", self.model_id, self.dim, self.precision,
                  self.device, "".join(f", {what} prompt {p!r}" for what, p in (("document", self.document_prompt),
                                                                              ("query", self.query_prompt)) if p))
+
+    def _use_int8(self, path: str) -> None:
+        """Swap the transformer for its int8 ONNX export (``worker.embedding.int8``), after checking
+        that export against this model in float32; a drift past the gate stops the start."""
+        from worker.embedding import int8
+
+        fp32 = self._embed(int8.CHECK_TEXTS, "")
+        original, self._modules[0] = self._modules[0], int8.load(self.sentence_transformer, path)  # type: ignore
+        quality = int8.check_quality(self._embed(int8.CHECK_TEXTS, ""), fp32)
+        #: Cosine of this model's int8 vectors to its float32 ones on ``int8.CHECK_TEXTS``.
+        self.int8_quality = quality
+        if not quality.passes:
+            self._modules[0] = original
+            raise ConfigError(f"EMBEDSTREAM_PRECISION=int8: the int8 model drifts from float32 (cosine mean "
+                              f"{quality.mean:.4f}, min {quality.min:.4f}; the gate is {int8.MIN_MEAN_COSINE} and "
+                              f"{int8.MIN_COSINE}): use bf16 or fp32 for this model")
+        log.info("int8 checked against fp32 on %d texts: cosine mean %.4f, min %.4f", quality.texts, quality.mean,
+                 quality.min)
+
+    @property
+    def cache_id(self) -> str:
+        """As :attr:`Embedder.cache_id`, plus ``+int8`` for int8 vectors: they stay within the gate of
+        float32 ones but are kept apart from them in the cache."""
+        return super().cache_id + ("+int8" if self.precision == "int8" else "")
 
     # -- the phases ---------------------------------------------------------------------------
     def tokenize(self, texts: list[str]) -> list[list[int]]:

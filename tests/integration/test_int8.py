@@ -1,0 +1,85 @@
+"""Precision int8: the packaged model exported to ONNX and quantized once, cached, gated against fp32,
+and run by the worker on the real stack."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from worker.embedding import int8
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(not int8.available(), reason="onnxruntime is not installed")]
+
+
+@pytest.fixture(scope="module")
+def cache_home(tmp_path_factory):
+    home = tmp_path_factory.getbasetemp() / "xdg-cache"  # shared with the bench's test: one export
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_CACHE_HOME", str(home))
+    yield home
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def int8_model(cache_home):
+    from worker.embedding.sentence import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder(None, "int8", "cpu")
+
+
+@pytest.fixture(scope="module")
+def fp32_model():
+    from worker.embedding.sentence import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder(None, "fp32", "cpu")
+
+
+def test_the_export_is_cached_gated_and_close_to_fp32(int8_model, fp32_model, cache_home):
+    from worker.embedding.sentence import SentenceTransformerEmbedder
+    from worker.records import normalise_text
+    from worker.tools.corpus import sample_documents
+
+    exported = list((cache_home / "embedstream" / "int8").glob("*/model-int8.onnx"))  # one model, one export
+    assert len(exported) == 1 and int8_model.int8_quality.passes
+    assert int8_model.cache_id.endswith("+int8") and not fp32_model.cache_id.endswith("+int8")
+
+    texts = [normalise_text(d.text)[:2000] for d in sample_documents(200, prefix="q")]
+    got, ref = int8_model.embed(texts), fp32_model.embed(texts)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-4)
+    cos = (got * ref).sum(1)
+    print(f"int8 vs fp32 on {len(texts)} docstrings: mean {cos.mean():.4f} min {cos.min():.4f}")
+    assert cos.mean() >= int8.MIN_MEAN_COSINE and cos.min() >= int8.MIN_COSINE
+
+    # a second start reuses the export (same file, not rewritten) and computes the same vectors for the
+    # same batch. Across batches they differ a little: onnxruntime quantizes activations with one range
+    # per tensor, so a text's companions in its forward pass (and their padding) move its vector.
+    mtime = exported[0].stat().st_mtime_ns
+    again = SentenceTransformerEmbedder(None, "int8", "cpu")
+    assert exported[0].stat().st_mtime_ns == mtime
+    assert np.allclose(again.embed(texts[:20]), int8_model.embed(texts[:20]), atol=1e-6)
+    across = (again.embed(texts[:20]) * got[:20]).sum(1)
+    print(f"the same texts in other batches: cosine min {across.min():.4f}")
+    assert across.min() >= int8.MIN_COSINE
+
+
+def test_the_worker_runs_int8_on_the_real_stack(stack, int8_model, fp32_model):
+    from connectors.kafka import make_producer
+    from schemas.codec import Document, encode_document
+    from tests.helpers import documents_in_milvus, fresh_settings
+    from worker.runner import build_worker
+
+    s = fresh_settings(stack, precision="int8")
+    texts = {f"i8-{i}": f"Item {i}: the worker embeds this sentence with an int8 model." for i in range(30)}
+    producer = make_producer(s.kafka_common())
+    for doc_id, text in texts.items():
+        producer.produce(s.input_topic, key=doc_id, value=encode_document(Document(doc_id, text)))
+    assert producer.flush(30) == 0
+    stats = build_worker(s, embedder=int8_model).run(stop_when_idle=2.0)
+    assert stats.done == len(texts)
+    docs = documents_in_milvus(s)
+    ids = sorted(docs)
+    assert ids == sorted(texts)
+    stored = np.array([docs[i][0]["vector"] for i in ids], dtype=np.float32)
+    ref = fp32_model.embed([texts[i] for i in ids])
+    assert (stored * ref).sum(1).min() >= int8.MIN_COSINE

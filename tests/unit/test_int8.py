@@ -1,0 +1,43 @@
+"""The int8 export's cache key and quality gate (no model, no onnxruntime needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from worker.embedding import int8
+
+
+def test_the_cache_key_follows_the_model_files(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * (3 << 20))
+    first = int8.model_key(tmp_path)
+    assert int8.model_key(tmp_path) == first
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * (3 << 20) + b"\1")  # a changed tail
+    assert int8.model_key(tmp_path) != first
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * (3 << 20))
+    (tmp_path / "config.json").write_text('{"hidden": 1}')
+    assert int8.model_key(tmp_path) != first
+
+
+def test_the_gate_needs_both_the_mean_and_the_worst_cosine():
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((50, 16)).astype(np.float32)
+    assert int8.check_quality(ref * 2, ref).passes  # scale does not matter
+    one_off = ref.copy()
+    one_off[0] = rng.standard_normal(16)  # one vector unrelated: mean still high, min not
+    q = int8.check_quality(one_off, ref)
+    assert q.mean > 0.95 and q.min < int8.MIN_COSINE and not q.passes
+
+
+def test_auto_runs_bf16_where_the_cpu_has_it_else_int8_where_onnxruntime_is_installed(monkeypatch):
+    from worker.embedding import sentence
+
+    assert sentence.pick_precision("auto", "cuda") == "fp16"
+    assert sentence.pick_precision("int8", "cpu") == "int8"
+    monkeypatch.setattr(sentence, "cpu_has_bf16", lambda: True)
+    assert sentence.pick_precision("auto", "cpu") == "bf16"
+    monkeypatch.setattr(sentence, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(int8, "available", lambda: True)
+    assert sentence.pick_precision("auto", "cpu") == "int8"
+    monkeypatch.setattr(int8, "available", lambda: False)
+    assert sentence.pick_precision("auto", "cpu") == "fp32"
