@@ -77,6 +77,13 @@ def ratio_table(out: dict) -> Table:
             f"at {_fmt(lat['rate'], 0)} docs/s ({lat['n']} docs)", None)
     t.add_row("p99 @ 50%", _fmt(r["p99_at_50pct_s"], 3) + (" [green]✓[/]" if r["p99_goal_met"] else " [red]✗[/]"),
               f"≤ {_fmt(out['latency_bound_s'], 3)} s", "max wait + 3 × one batch's compute")
+    prec = out.get("precisions", {})
+    for name, p in prec.items():
+        t.add_row(f"precision {name}", _fmt(p["docs_per_s"], 1) + " docs/s", "",
+                  f"worker on S2; vs fp32: cosine mean {p['mean_cosine']:.4f} min {p['min_cosine']:.4f}, "
+                  f"top-10 overlap {p['top10_overlap']:.2f} ({p['queries']} queries)")
+    if "Rint8" in r:
+        row("Rint8", r["Rint8"], "≥ 1.5", "int8 ÷ the best of fp32 and bf16 (docs/s, the rows above)", met("Rint8"))
     for name in ("S1", "S2"):
         if f"{name}_instant_sink" in w:
             fast, raw = w[f"{name}_instant_sink"], d[f"raw_{name}"]["docs_per_s"]

@@ -15,7 +15,8 @@ from worker.settings import Settings
 from worker.tools.bench import measure, workloads
 from worker.tools.dev import LocalStack
 
-GOALS = {"R1": 0.90, "Rpeer": 1.3, "Rdup90": 6.0, "Rio": 0.7, "Rpad": 0.85, "R1_long": 0.90, "Rmix": 0.90}
+GOALS = {"R1": 0.90, "Rpeer": 1.3, "Rdup90": 6.0, "Rio": 0.7, "Rpad": 0.85, "R1_long": 0.90, "Rmix": 0.90,
+         "Rint8": 1.5}
 
 
 def _flops_per_token(embedder) -> float:
@@ -72,6 +73,8 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         _long(out, base, emb, sizes, say)
         out["denominators"]["peer_docs_per_s"] = _peer(peer_python, emb, texts["S2"], say)
         _latency(out, base, emb, texts["S2"], sizes, say)
+        if emb.device == "cpu":
+            _precisions(out, base, emb, texts["S2"], sizes, say, model)
         if emb.device == "cuda":
             out["achieved_tflops"] = _tflops(out, emb, texts["S2"])
         out["ratios"] = ratios(out)
@@ -248,6 +251,45 @@ def _latency(out: dict, base: Settings, emb, texts: list[str], sizes: dict, say:
     out["latency_bound_s"] = base.max_batch_wait_ms / 1000 + 3 * batch_compute
 
 
+def _precisions(out: dict, base: Settings, emb, texts: list[str], sizes: dict, say: Callable[[str], None],
+                model: str | None) -> None:
+    """On a CPU: the worker end to end on the S2 texts at each precision this CPU runs (fp32, bf16
+    where it has bf16 instructions, int8 where onnxruntime is installed), in the same run, each with
+    its quality against fp32 (``precision_quality``). The run's own precision reuses its S2 row."""
+    from worker.embedding import int8
+    from worker.embedding.sentence import SentenceTransformerEmbedder, cpu_has_bf16
+
+    wanted = ["fp32", *(["bf16"] if cpu_has_bf16() else []), *(["int8"] if int8.available() else [])]
+    ref = emb if emb.precision == "fp32" else SentenceTransformerEmbedder(model, "fp32", "cpu")
+    queries = workloads.short_texts(sizes["precision_queries"], seed=11)
+    docs = texts[:sizes["quality_texts"]]
+    rows = out["precisions"] = {}
+    for precision in wanted:
+        say(f"precision {precision}: quality against fp32, then the worker on {len(texts)} S2 texts")
+        this = emb if precision == emb.precision else ref if precision == "fp32" else \
+            SentenceTransformerEmbedder(model, precision, "cpu")
+        if this is emb:
+            rate = out["workloads"]["S2"]["docs_per_s"]
+        else:
+            rate = measure.worker_stream(base, this, texts, f"p-{precision}-{int(time.time())}").docs_per_s
+        rows[precision] = {"docs_per_s": rate, **precision_quality(this, ref, docs, queries)}
+
+
+def precision_quality(emb, ref, texts: list[str], queries: list[str], k: int = 10) -> dict:
+    """``emb`` against ``ref`` (the same model in fp32): cosine of their vectors of ``texts`` (mean,
+    min), and how many of each query's ``k`` nearest texts they agree on (mean share)."""
+    import numpy as np
+
+    a, b = emb.embed(texts), ref.embed(texts)
+    cos = (a * b).sum(1)  # both L2-normalised
+    qa, qb = emb.embed_query(queries), ref.embed_query(queries)
+    near_a = np.argsort(-(qa @ a.T), axis=1)[:, :k]
+    near_b = np.argsort(-(qb @ b.T), axis=1)[:, :k]
+    overlap = float(np.mean([len(set(x) & set(y)) / k for x, y in zip(near_a, near_b)]))
+    return {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()), "top10_overlap": overlap,
+            "texts": len(texts), "queries": len(queries)}
+
+
 def quality_gate(emb, texts: list[str], model: str | None = None) -> dict:
     """Cosine of the worker's vectors (its precision) to fp32 vectors of the same model and texts."""
     import numpy as np
@@ -284,6 +326,9 @@ def ratios(out: dict) -> dict:
         r["R1_S2_chunks"] = s2["docs_per_s"] / d["raw_S2_chunks"]["docs_per_s"]
     if "long" in w:
         r["R1_long"] = w["long"]["chunks_per_s"] / d["raw_long_chunks_per_s"]["chunks_per_s"]
+    prec = out.get("precisions", {})
+    if "int8" in prec:
+        r["Rint8"] = prec["int8"]["docs_per_s"] / max(prec[p]["docs_per_s"] for p in ("fp32", "bf16") if p in prec)
     half = next((x for x in out["latency"] if x["load"] == 0.5), None)
     r["p99_at_50pct_s"] = half["p99_s"] if half else None
     r["p99_goal_met"] = bool(half and not math.isnan(half["p99_s"]) and half["p99_s"] <= out["latency_bound_s"])
