@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -184,3 +185,9 @@ def load_settings(overrides: Mapping[str, object] | None = None) -> Settings:
     given.setdefault("kafka", kafka_passthrough())
     given.setdefault("schema_registry", passthrough(REGISTRY_PREFIX))
     return Settings(**given)
+
+
+def cache_home() -> Path:
+    """The user's cache directory (``$XDG_CACHE_HOME``, else ``~/.cache``): where files the worker
+    derives from its model once (the int8 export) are kept between starts."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")

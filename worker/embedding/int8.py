@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from schemas.errors import ConfigError
+from worker.settings import cache_home
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def available() -> bool:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "embedstream" / "int8"
+    return cache_home() / "embedstream" / "int8"
 
 
 def model_key(path: str | Path) -> str:
