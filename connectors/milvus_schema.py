@@ -90,6 +90,23 @@ def tombstone_schema() -> Any:
     return schema
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def packed_floats(vectors: np.ndarray) -> bytes:
+    """``vectors`` as the wire bytes of a ``FloatArray`` (field 1, packed little-endian float32):
+    parsed by protobuf in C at memory speed, where ``data.extend(list)`` converts every float in
+    Python (measured: 10 ms instead of 109 ms for 4,000 × 384)."""
+    raw = np.ascontiguousarray(vectors, dtype="<f4").tobytes()
+    return b"\x0a" + _varint(len(raw)) + raw
+
+
 def upsert_request(collection: str, rows: ChunkRows, model: str, updated_at: int) -> Any:
     """The UpsertRequest of ``rows``, one column per field."""
     n = len(rows)
@@ -115,7 +132,7 @@ def upsert_request(collection: str, rows: ChunkRows, model: str, updated_at: int
     strings("excerpt", rows.excerpts)
     vec = column("vector", schema_pb2.FloatVector).vectors
     vec.dim = int(rows.vectors.shape[1])
-    vec.float_vector.data.extend(np.ascontiguousarray(rows.vectors, dtype=np.float32).ravel().tolist())
+    vec.float_vector.MergeFromString(packed_floats(rows.vectors))
     strings("model", [model] * n)
     strings("content_hash", rows.hashes)
     column("metadata", schema_pb2.JSON).scalars.json_data.data.extend(

@@ -1,0 +1,27 @@
+"""The upsert request's vector column, written as packed wire bytes: the same message protobuf
+builds from Python floats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pymilvus.grpc_gen import schema_pb2
+
+from connectors.milvus_schema import packed_floats
+
+
+@pytest.mark.parametrize("rows", [1, 3, 1000])
+def test_packed_floats_parse_to_the_same_float_vector(rows):
+    vectors = np.random.default_rng(rows).standard_normal((rows, 384)).astype(np.float32)
+    expected = schema_pb2.VectorField(dim=384)
+    expected.float_vector.data.extend(vectors.ravel().tolist())
+    got = schema_pb2.VectorField(dim=384)
+    got.float_vector.MergeFromString(packed_floats(vectors))
+    assert got == expected and got.SerializeToString() == expected.SerializeToString()
+
+
+def test_other_dtypes_and_layouts_become_little_endian_float32():
+    vectors = np.arange(12, dtype=np.float64).reshape(3, 4)[:, ::2]  # not contiguous, not float32
+    got = schema_pb2.FloatArray()
+    got.MergeFromString(packed_floats(vectors))
+    assert list(got.data) == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
