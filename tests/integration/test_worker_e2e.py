@@ -144,11 +144,10 @@ def test_cache_second_stream_is_all_hits_and_survives_redis_down(stack, model, t
 
 
 def test_startup_errors_are_clear(stack, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
     s = fresh_settings(stack)
     env = settings_env(s)
-
-    res = run_cli(["run", "--model", str(tmp_path / "no-such-model")], env, timeout=120)
-    assert res.returncode == 2 and "EMBEDSTREAM_MODEL" in res.stderr
 
     # a collection built for another dim
     from pymilvus import DataType, MilvusClient
@@ -158,9 +157,6 @@ def test_startup_errors_are_clear(stack, tmp_path):
     schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=64)
     schema.add_field("vector", DataType.FLOAT_VECTOR, dim=128)
     client.create_collection("wrong_dim", schema=schema, timeout=10)
-    res = run_cli(["run", "--milvus-collection", "wrong_dim"], env, timeout=120)
-    assert res.returncode == 2 and "128-dim" in res.stderr and "EMBEDSTREAM_MILVUS_COLLECTION" in res.stderr
-
     # a collection of the shape from before chunking (one row per document): no silent mixing
     old = MilvusClient.create_schema(auto_id=False)
     old.add_field("id", DataType.VARCHAR, is_primary=True, max_length=512)
@@ -170,19 +166,20 @@ def test_startup_errors_are_clear(stack, tmp_path):
     old.add_field("metadata", DataType.JSON)
     old.add_field("updated_at", DataType.INT64)
     client.create_collection("one_row_per_document", schema=old, timeout=10)
-    res = run_cli(["run", "--milvus-collection", "one_row_per_document"], env, timeout=120)
-    assert res.returncode == 2 and "before chunking" in res.stderr and "EMBEDSTREAM_MILVUS_COLLECTION" in res.stderr
 
-    res = run_cli(["run"], {**env, "EMBEDSTREAM_CHUNK_TOKENS": "1000"}, timeout=120)
-    assert res.returncode == 2 and "EMBEDSTREAM_CHUNK_TOKENS=1000" in res.stderr and "254 tokens" in res.stderr
-
-    res = run_cli(["run", "--kafka-bootstrap-servers", "127.0.0.1:1"], env, timeout=120)
-    assert res.returncode == 2 and "EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS" in res.stderr
-
-    res = run_cli(["run", "--input-topic", "no-such-topic"], env, timeout=120)
-    assert res.returncode == 2 and "no-such-topic" in res.stderr
-
-    bad_env = {**env, "EMBEDSTREAM_PRECISION": "fp8"}
-    res = run_cli(["run"], bad_env, timeout=120)
-    assert res.returncode == 2 and "EMBEDSTREAM_PRECISION" in res.stderr
-    json.dumps(res.stderr)  # printable
+    # each wrong setting, and what its message must name (the runs are independent: two at a time)
+    cases = [
+        (["run", "--model", str(tmp_path / "no-such-model")], env, ["EMBEDSTREAM_MODEL"]),
+        (["run", "--milvus-collection", "wrong_dim"], env, ["128-dim", "EMBEDSTREAM_MILVUS_COLLECTION"]),
+        (["run", "--milvus-collection", "one_row_per_document"], env,
+         ["before chunking", "EMBEDSTREAM_MILVUS_COLLECTION"]),
+        (["run"], {**env, "EMBEDSTREAM_CHUNK_TOKENS": "1000"}, ["EMBEDSTREAM_CHUNK_TOKENS=1000", "254 tokens"]),
+        (["run", "--kafka-bootstrap-servers", "127.0.0.1:1"], env, ["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"]),
+        (["run", "--input-topic", "no-such-topic"], env, ["no-such-topic"]),
+        (["run"], {**env, "EMBEDSTREAM_PRECISION": "fp8"}, ["EMBEDSTREAM_PRECISION"]),
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda case: run_cli(case[0], case[1], timeout=120), cases))
+    for (args, _, names), res in zip(cases, results):
+        assert res.returncode == 2 and all(n in res.stderr for n in names), (args, res.stderr[-2000:])
+        json.dumps(res.stderr)  # printable
