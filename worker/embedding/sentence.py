@@ -3,9 +3,8 @@
 Precision ``auto``: fp16 on CUDA; bf16 on a CPU with avx512_bf16 or AMX (about 2.5x fp32 there, with
 cosine ≥ 0.998 to fp32); on other CPUs int8 (``worker.embedding.int8``: onnxruntime, about 2x fp32,
 gated against fp32 at start-up) where onnxruntime is installed, else fp32 (fp16 on a CPU is slower
-than fp32). Whatever the
-precision, the pooled output is cast to float32 *before* it is normalised: normalising in bf16
-leaves norms off by up to ~0.4 %.
+than fp32). Whatever the precision, the pooled output is cast to float32 *before* it is normalised:
+normalising in bf16 leaves norms off by up to ~0.4 %.
 
 Texts are run in sub-batches cut from the length-sorted list by a token budget, so short texts are
 not padded to the longest one of the batch.
