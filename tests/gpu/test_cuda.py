@@ -19,7 +19,8 @@ from worker.records import normalise_text
 from worker.tools.corpus import sample_documents
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device: run `make test-gpu` on a machine with a GPU")]
 
 
 def _broker() -> str:

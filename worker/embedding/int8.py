@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,8 +144,6 @@ def export(transformer, tokenizer, dest: Path) -> Path:
     (tmp / "export.json").write_text(json.dumps({"version": EXPORT_VERSION, "inputs": names,
                                                   "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
     if dest.exists():  # another worker on the same disk finished first: keep theirs
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         tmp.rename(dest)

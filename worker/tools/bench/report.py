@@ -92,11 +92,9 @@ def ratio_table(out: dict) -> Table:
                       f"; raw encode {_fmt(raw, 0)} docs/s; "
                       f"{_fmt(fast.get('cpu_us_per_doc', 0), 0)} µs CPU/doc)")
     tflops = out.get("achieved_tflops")
-    if isinstance(tflops, dict):
+    if tflops:
         t.add_row("TFLOP/s", " / ".join(_fmt(v) for v in tflops.values()), "",
                   "real tokens/s × 2 × parameters on S2: " + " / ".join(tflops))
-    elif tflops is not None:
-        t.add_row("TFLOP/s", _fmt(tflops), "", "tokens/s × 2 × parameters (S2)")
     return t
 
 
