@@ -59,6 +59,12 @@ def _connect(uri: str, token: str | None, timeout: float) -> Any:
             delay = min(delay * 2, 2.0)
 
 
+def _missing(exc: Exception) -> bool:
+    """The server answered that the thing asked for does not exist."""
+    text = str(exc).lower()
+    return "not exist" in text or "not found" in text
+
+
 def _newer(a: Version | None, b: Version) -> Version:
     """The later of two versions of one id; ``b`` (the row) where they are not comparable."""
     if a is None or a[0] != b[0] or a[1] is None or b[1] is None:
@@ -219,11 +225,117 @@ class MilvusStore:
             raise _transient(exc) from None
         return [{"id": h["id"], "score": float(h["distance"]), **h.get("entity", {})} for h in hits[0]]
 
+    # -- aliases: readers query an alias; each vector space writes a collection of its own ------
+    def alias_target(self, alias: str) -> str | None:
+        """The collection ``alias`` points to; None when there is no alias of that name."""
+        try:
+            return self._client.describe_alias(alias, timeout=self.timeout)["collection_name"]
+        except Exception as exc:
+            if _missing(exc):
+                return None
+            raise _transient(exc) from None
+
+    def adopt(self, legacy: str, model_id: str, dim: int) -> bool:
+        """Take over ``legacy``, a collection from before aliases whose name the alias is to bear: it
+        is renamed to this store's collection (its rows and its companion of deletes kept), so that
+        the alias can take its name. True when this call renamed it; False when there was nothing to
+        adopt (or another worker did it first). Raises :class:`ConfigError` when its dim, shape or
+        model is not this worker's: those rows belong to another model (`embedstream migrate`)."""
+        c = self._client
+        try:
+            if self.alias_target(legacy) is not None or not c.has_collection(legacy, timeout=self.timeout):
+                return False
+            if c.has_collection(self.collection, timeout=self.timeout):
+                raise ConfigError(f"Milvus holds both a collection {legacy!r} and {self.collection!r}, so the alias "
+                                  f"{legacy!r} cannot be created: drop the one not in use, or set "
+                                  "EMBEDSTREAM_MILVUS_ALIAS to another name")
+            check_shape(legacy, c.describe_collection(legacy, timeout=self.timeout), dim)
+            c.load_collection(legacy, timeout=self.timeout)
+            row = c.query(legacy, filter="", output_fields=["model"], limit=1, timeout=self.timeout)
+            if row and row[0].get("model") not in (None, "", model_id):
+                raise ConfigError(f"collection {legacy!r} holds vectors of model {row[0]['model']!r}, this worker "
+                                  f"runs {model_id!r}: run the old model once to move the collection behind an "
+                                  f"alias, then `embedstream migrate --model {model_id}`")
+            try:
+                c.rename_collection(legacy, self.collection, timeout=self.timeout)
+            except Exception:
+                if c.has_collection(self.collection, timeout=self.timeout):
+                    return False  # a worker starting beside this one renamed it
+                raise
+            # A renamed collection comes back released (milvus-lite): load it for reads again.
+            c.load_collection(self.collection, timeout=self.timeout)
+            if c.has_collection(f"{legacy}_deleted", timeout=self.timeout):
+                c.rename_collection(f"{legacy}_deleted", self.tombstones, timeout=self.timeout)
+                c.load_collection(self.tombstones, timeout=self.timeout)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"could not take over collection {legacy!r} in Milvus at {self.uri!r} "
+                              f"({type(exc).__name__}: {exc})") from None
+        log.warning("collection %r from before aliases is now %r behind the alias %r (its rows kept)",
+                    legacy, self.collection, legacy)
+        return True
+
+    def prepare(self, alias: str, model_id: str, dim: int) -> str:
+        """What a worker does at start-up: adopt a collection from before aliases named ``alias``,
+        create this collection if missing (checked for ``dim``), create the alias if missing. Returns
+        the collection the alias points to. Raises :class:`ConfigError`."""
+        self.adopt(alias, model_id, dim)
+        self.ensure_collection(dim)
+        try:
+            return self.ensure_alias(alias)
+        except TransientError as exc:
+            raise ConfigError(f"Milvus at {self.uri!r} did not answer ({exc})") from None
+
+    def ensure_alias(self, alias: str) -> str:
+        """Create ``alias`` pointing to this collection unless it exists; returns the collection it
+        points to. An alias pointing elsewhere is left alone (moving it is `migrate`'s job)."""
+        target = self.alias_target(alias)
+        if target is None:
+            try:
+                self._client.create_alias(self.collection, alias, timeout=self.timeout)
+                log.info("alias %r → %r created", alias, self.collection)
+                return self.collection
+            except Exception as exc:
+                target = self.alias_target(alias)  # another worker created it meanwhile
+                if target is None:
+                    raise ConfigError(f"could not create alias {alias!r} for {self.collection!r} in Milvus at "
+                                      f"{self.uri!r}: {exc}") from None
+        if target != self.collection:
+            log.warning("alias %r points to %r; this worker writes %r. `embedstream migrate` moves the alias "
+                        "once this collection has caught up", alias, target, self.collection)
+        return target
+
+    def point_alias(self, alias: str) -> None:
+        """Move ``alias`` to this collection in one call (create it if missing)."""
+        try:
+            if self.alias_target(alias) is None:
+                self._client.create_alias(self.collection, alias, timeout=self.timeout)
+            else:
+                self._client.alter_alias(self.collection, alias, timeout=self.timeout)
+        except TransientError:
+            raise
+        except Exception as exc:
+            raise _transient(exc) from None
+
+    def collections(self, prefix: str = "") -> list[str]:
+        """Names of the collections starting with ``prefix``."""
+        try:
+            return sorted(n for n in self._client.list_collections(timeout=self.timeout) if n.startswith(prefix))
+        except Exception as exc:
+            raise _transient(exc) from None
+
     def drop(self) -> None:
-        """Drop the collection and its companion of deletes."""
-        self._client.drop_collection(self.collection, timeout=self.timeout)
-        if self._client.has_collection(self.tombstones, timeout=self.timeout):
-            self._client.drop_collection(self.tombstones, timeout=self.timeout)
+        """Drop the collection and its companion of deletes; opened on an alias, the alias and the
+        collection it points to."""
+        c = self._client
+        target = self.alias_target(self.collection)
+        if target is not None:
+            c.drop_alias(self.collection, timeout=self.timeout)
+        name = target or self.collection
+        for n in (name, f"{name}_deleted"):
+            if c.has_collection(n, timeout=self.timeout):
+                c.drop_collection(n, timeout=self.timeout)
 
     def close(self) -> None:
         try:

@@ -262,6 +262,7 @@ def run(
     cache_ttl_seconds: opt.CacheTtl = None,
     milvus_uri: opt.MilvusUri = None,
     milvus_collection: opt.MilvusCollection = None,
+    milvus_alias: opt.MilvusAlias = None,
     metrics_port: opt.MetricsPort = None,
     schema_registry_url: opt.SchemaRegistryUrl = None,
     output_format: opt.OutputFormat = None,
@@ -288,7 +289,8 @@ def run(
         dlq_topic=dlq_topic, group_id=group_id, group_instance_id=group_instance_id, model=model,
         precision=precision, device=device, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
         max_batch_wait_ms=max_batch_wait_ms, redis_url=redis_url, cache_ttl_seconds=cache_ttl_seconds,
-        milvus_uri=milvus_uri, milvus_collection=milvus_collection, metrics_port=metrics_port,
+        milvus_uri=milvus_uri, milvus_collection=milvus_collection, milvus_alias=milvus_alias,
+        metrics_port=metrics_port,
         schema_registry_url=schema_registry_url, output_format=output_format, key_field=key_field,
         document_prompt=document_prompt, query_prompt=query_prompt, truncate_dim=truncate_dim, models=models,
         model_memory_mb=model_memory_mb)
@@ -326,6 +328,7 @@ def search(
     device: opt.Device = None,
     milvus_uri: opt.MilvusUri = None,
     milvus_collection: opt.MilvusCollection = None,
+    milvus_alias: opt.MilvusAlias = None,
     query_prompt: opt.QueryPrompt = None,
     truncate_dim: opt.TruncateDim = None,
 ) -> None:
@@ -334,7 +337,8 @@ def search(
     from worker.search import search_documents
 
     s = settings_or_exit(model=model, precision=precision, device=device, milvus_uri=milvus_uri,
-                         milvus_collection=milvus_collection, query_prompt=query_prompt, truncate_dim=truncate_dim)
+                         milvus_collection=milvus_collection, milvus_alias=milvus_alias, query_prompt=query_prompt,
+                         truncate_dim=truncate_dim)
     try:
         hits = search_documents(s, [text], top_k)[0]
     except (ConfigError, ValueError, TransientError) as exc:

@@ -31,7 +31,8 @@ Model = Annotated[str | None, _setting("model", "sentence-transformers model pat
                                        "the packaged all-MiniLM-L6-v2")]
 Precision = Annotated[str | None, _setting(
     "precision", "auto|fp32|fp16|bf16|int8; auto = fp16 on CUDA, bf16 on CPUs with avx512_bf16/AMX, else "
-                 "fp32; int8 = the model quantized and run by onnxruntime, on CPUs")]
+                 "int8 where onnxruntime is installed, else fp32; int8 = the model quantized and run by "
+                 "onnxruntime, on CPUs")]
 Device = Annotated[str | None, _setting("device", "auto|cpu|cuda")]
 MaxBatchSize = Annotated[int | None, _setting("max_batch_size", "Close a batch at this many records")]
 MaxBatchTokens = Annotated[int | None, _setting("max_batch_tokens", "Close a batch at this many tokens")]
@@ -40,7 +41,10 @@ MaxBatchWaitMs = Annotated[int | None, _setting("max_batch_wait_ms", "Close a ba
 RedisUrl = Annotated[str | None, _setting("redis_url", "Redis for the embedding cache; unset = no cache")]
 CacheTtl = Annotated[int | None, _setting("cache_ttl_seconds", "Cache entry lifetime in seconds")]
 MilvusUri = Annotated[str | None, _setting("milvus_uri", "Milvus server, e.g. http://host:19530")]
-MilvusCollection = Annotated[str | None, _setting("milvus_collection", "Milvus collection")]
+MilvusCollection = Annotated[str | None, _setting(
+    "milvus_collection", "Milvus collection name: each model writes <name>__<model>_<version> behind the alias")]
+MilvusAlias = Annotated[str | None, _setting(
+    "milvus_alias", "Milvus alias that readers query and `migrate` moves", "the collection name")]
 MetricsPort = Annotated[int | None, _setting("metrics_port", "Port of /metrics, /healthz, /readyz; 0 = off")]
 SchemaRegistryUrl = Annotated[str | None, _setting(
     "schema_registry_url", "Schema registry URL (reads registry-framed Avro)")]

@@ -24,7 +24,7 @@ from worker import metrics
 from worker.assignment import Assignment
 from worker.chain import build_chain
 from worker.embedding.base import Embedder
-from worker.embedding.models import ModelSet, ModelSpec, collection_name, describe, parse_models
+from worker.embedding.models import ModelSet, ModelSpec, collection_name, describe, parse_models, versioned_name
 from worker.fence import Fence, lease_seconds
 from worker.loop import Worker
 from worker.settings import Settings
@@ -86,9 +86,18 @@ def load_models(settings: Settings, embedder: Embedder | None = None) -> ModelSe
     return ModelSet.single(embedder)
 
 
-def collection_of(settings: Settings, name: str) -> str:
-    """The Milvus collection model ``name`` writes (EMBEDSTREAM_MILVUS_COLLECTION as a template)."""
-    return collection_name(settings.milvus_collection, name, several=settings.models is not None)
+def alias_of(settings: Settings, name: str) -> str:
+    """The Milvus alias that readers of model ``name`` query (EMBEDSTREAM_MILVUS_ALIAS, else
+    EMBEDSTREAM_MILVUS_COLLECTION, as a template for a model set)."""
+    return collection_name(settings.milvus_alias or settings.milvus_collection, name,
+                           several=settings.models is not None)
+
+
+def collection_of(settings: Settings, name: str, model: Embedder) -> str:
+    """The Milvus collection model ``name`` writes: one per vector space (``versioned_name``) behind
+    the alias."""
+    base = collection_name(settings.milvus_collection, name, several=settings.models is not None)
+    return versioned_name(base, model.model_id, model.space_id)
 
 
 def open_store(settings: Settings, collection: str | None = None) -> MilvusStore:
@@ -156,8 +165,8 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     log.info("models: %s", describe(models))
     stores, caches = {}, {}
     for name, model in models.handles.items():
-        stores[name] = (store_factory or open_store)(s, collection_of(s, name))
-        stores[name].ensure_collection(model.dim)
+        stores[name] = (store_factory or open_store)(s, collection_of(s, name, model))
+        stores[name].prepare(alias_of(s, name), model.model_id, model.dim)
         caches[name] = open_cache(s, model)
     health = metrics.Health(s.healthz_max_tick_age_seconds)
     health.model_loaded = True

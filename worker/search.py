@@ -1,5 +1,6 @@
-"""Semantic search over the collection, with the worker's own model and precision (queries embedded
-with the model's query prompt, documents were with its document prompt)."""
+"""Semantic search through the alias readers query (``worker.runner.alias_of``), with the worker's
+own model and precision (queries embedded with the model's query prompt, documents were with its
+document prompt)."""
 
 from __future__ import annotations
 
@@ -32,22 +33,22 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5,
     mismatch."""
     if settings.milvus_uri is None:
         raise ConfigError("EMBEDSTREAM_MILVUS_URI (or --milvus-uri) is not set")
-    from worker.runner import load_embedder, open_store
+    from worker.runner import alias_of, load_embedder, open_store
 
-    collection = settings.milvus_collection
+    collection = alias_of(settings, "")
     if embedder is None and settings.models is not None:
         # A model set: EMBEDSTREAM_MODEL (--model) names the model to ask, else the default one.
-        from worker.embedding.models import collection_name, default_model, parse_models
+        from worker.embedding.models import default_model, parse_models
 
         specs = parse_models(settings.models)
         name = settings.model if settings.model in specs else default_model(specs)
-        embedder, collection = load_embedder(settings, specs[name]), collection_name(collection, name, several=True)
+        embedder, collection = load_embedder(settings, specs[name]), alias_of(settings, name)
     embedder = embedder or load_embedder(settings)
     store = open_store(settings, collection)
     try:
         if not store.exists():
             raise ConfigError(f"no collection {collection!r} in Milvus at {settings.milvus_uri}: "
-                              "run the worker first, or fix EMBEDSTREAM_MILVUS_COLLECTION")
+                              "run the worker first, or fix EMBEDSTREAM_MILVUS_ALIAS / EMBEDSTREAM_MILVUS_COLLECTION")
         if store.dim() != embedder.dim:
             raise ConfigError(f"collection {collection!r} holds {store.dim()}-dim vectors, the "
                               f"model makes {embedder.dim}: use the model the collection was built with")

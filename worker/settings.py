@@ -116,7 +116,10 @@ class Settings(BaseSettings):
     # Milvus
     milvus_uri: str | None = None
     milvus_token: SecretStr | None = None
-    milvus_collection: str = "embeddings"
+    milvus_collection: str = Field("embeddings", description="collection name; each model writes its own "
+                                   "collection <name>__<model>_<version> behind the alias")
+    milvus_alias: str | None = Field(None, description="the alias readers query (default: the collection "
+                                     "setting's name); `embedstream migrate` moves it to a new model's collection")
     milvus_timeout_seconds: float = Field(10.0, gt=0)
 
     # Operations
@@ -128,7 +131,7 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
 
     @field_validator("kafka_bootstrap_servers", "redis_url", "milvus_uri", "model", "schema_registry_url",
-                     "key_field", "models", mode="before")
+                     "key_field", "models", "milvus_alias", mode="before")
     @classmethod
     def _blank_is_unset(cls, v):
         return None if isinstance(v, str) and not v.strip() else v

@@ -12,7 +12,7 @@ import pytest
 
 from connectors.milvus import MilvusStore
 from connectors.milvus_schema import ChunkRows
-from schemas.errors import TransientError
+from schemas.errors import ConfigError, TransientError
 from tests.unit.fakes import RecordingMilvusClient
 
 
@@ -79,7 +79,6 @@ def test_a_failed_write_is_transient(kind, stack_env):
 
 def test_a_collection_of_another_shape_is_refused_with_what_to_do():
     from connectors.milvus_schema import check_shape
-    from schemas.errors import ConfigError
 
     def info(*names, dim=4):
         return {"fields": [{"name": n, "params": {"dim": dim} if n == "vector" else {}} for n in names]}
@@ -92,3 +91,42 @@ def test_a_collection_of_another_shape_is_refused_with_what_to_do():
         check_shape("c", info("id", "vector", "model", "content_hash", "metadata", "updated_at"), 4)
     with pytest.raises(ConfigError, match="no 'vector' field"):
         check_shape("c", info("id"), 4)
+
+
+@pytest.mark.integration
+def test_alias_created_at_first_start_a_collection_from_before_aliases_adopted_and_moved(stack):
+    """``prepare``: a fresh alias gets a collection behind it; a collection from before aliases that
+    bears the alias's name is renamed (rows and deletes kept) and the alias takes its name; another
+    model's rows are refused; ``point_alias`` moves readers at once; ``drop`` on the alias drops both."""
+    uri, tag = stack["EMBEDSTREAM_MILVUS_URI"], uuid.uuid4().hex[:8]
+    fresh = MilvusStore(uri, f"fresh_{tag}__m_1", timeout=30)
+    assert fresh.prepare(f"fresh_{tag}", "m", 4) == fresh.collection
+    fresh.upsert_chunks(_rows([("a", 0, 1)], np.eye(4, dtype=np.float32)[:1]), "m", 1)
+    reader = MilvusStore(uri, f"fresh_{tag}", timeout=30)
+    assert [r["id"] for r in reader.query_ids()] == ["a#0"]
+
+    legacy = MilvusStore(uri, f"old_{tag}", timeout=30)  # how a deployment from before aliases looks
+    legacy.ensure_collection(4)
+    legacy.upsert_chunks(_rows([("x", 0, 5), ("y", 0, 6)], np.eye(4, dtype=np.float32)[:2]), "m", 1)
+    legacy.record_deletes(["z"], (["T:0"], [9]), 1)
+    other = MilvusStore(uri, f"old_{tag}__other_2", timeout=30)
+    with pytest.raises(ConfigError, match="holds vectors of model 'm'.*migrate"):
+        other.prepare(f"old_{tag}", "other", 4)
+    behind = MilvusStore(uri, f"old_{tag}__m_1", timeout=30)
+    assert behind.prepare(f"old_{tag}", "m", 4) == behind.collection
+    assert behind.alias_target(f"old_{tag}") == behind.collection
+    via_alias = MilvusStore(uri, f"old_{tag}", timeout=30)
+    assert sorted(r["id"] for r in via_alias.query_ids()) == ["x#0", "y#0"]
+    assert behind.versions(["x", "z"])[0] == {"x": ("T:0", 5), "z": ("T:0", 9)}  # deletes came along
+    assert not behind.adopt(f"old_{tag}", "m", 4)  # a second worker starting finds nothing to adopt
+
+    fresh.point_alias(f"old_{tag}")  # readers of old_ now see fresh's rows, in one call
+    assert [r["id"] for r in via_alias.query_ids()] == ["a#0"]
+    assert behind.prepare(f"old_{tag}", "m", 4) == fresh.collection  # a worker never moves it back
+    assert behind.collections(f"old_{tag}__") == [behind.collection, f"{behind.collection}_deleted"]
+    via_alias.drop()
+    assert behind.alias_target(f"old_{tag}") is None and not fresh.exists()
+    behind.drop()
+    assert behind.collections(f"old_{tag}") == []
+    for s in (fresh, reader, legacy, other, behind, via_alias):
+        s.close()

@@ -72,9 +72,16 @@ class Embedder(abc.ABC):
 
     @property
     def cache_id(self) -> str:
-        """The cache namespace of this model's document vectors: the model id, plus what else makes
-        its vectors differ from the bare model's (a document prompt, a truncated dimension), so a
-        vector is never served for another configuration."""
+        """The cache namespace of this model's document vectors: its :attr:`space_id` (a model may add
+        what else keeps its vectors apart, like a precision), so a vector is never served for another
+        configuration."""
+        return self.space_id
+
+    @property
+    def space_id(self) -> str:
+        """The vector space this model writes: the model id, plus what else makes its vectors differ
+        from the bare model's (a document prompt, a truncated dimension). Vectors of one space are
+        comparable whatever the precision or device; a new space needs a new Milvus collection."""
         out = self.model_id
         if self.document_prompt:
             out += "+prompt-" + hashlib.sha256(self.document_prompt.encode("utf-8")).hexdigest()[:12]

@@ -24,6 +24,7 @@ one that calls a model.
 from __future__ import annotations
 
 import gc
+import hashlib
 import logging
 import threading
 import time
@@ -99,8 +100,23 @@ def collection_name(template: str, model: str, several: bool) -> str:
     and no placeholder, ``<template>_<model>``. Characters Milvus refuses become ``_``."""
     if "{model}" not in template and not several:
         return template
-    safe = "".join(c if c.isalnum() or c == "_" else "_" for c in model)
+    safe = _milvus_safe(model)
     return template.replace("{model}", safe) if "{model}" in template else f"{template}_{safe}"
+
+
+def _milvus_safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def versioned_name(base: str, model_id: str, space_id: str) -> str:
+    """The concrete collection of one vector space behind the alias ``base`` names:
+    ``<base>__<model>_<8 hex of the space id>``, e.g. ``embeddings__all_MiniLM_L6_v2_1f0c9e2a``. Every
+    worker of one model (and prompt, and dimension) derives the same name; another model, or the same
+    one with another prompt, gets another collection, and ``embedstream migrate`` moves the alias."""
+    short = _milvus_safe(str(model_id).rstrip("/").rsplit("/", 1)[-1])[:48].strip("_") or "model"
+    while "__" in short:  # "__" parts the alias's family from the space (``worker.migrate``)
+        short = short.replace("__", "_")
+    return f"{base}__{short}_{hashlib.sha256(space_id.encode('utf-8')).hexdigest()[:8]}"
 
 
 def weight_bytes(embedder: Embedder) -> int:
@@ -131,6 +147,7 @@ class ModelProfile:
         self.chars_per_token: float = embedder.chars_per_token
         self.truncate_dim: int | None = embedder.truncate_dim
         self.cache_id = embedder.cache_id
+        self.space_id = embedder.space_id
         #: Bytes of its weights.
         self.size = size
 
@@ -145,10 +162,15 @@ class LazyModel(Embedder):
         for f in ModelProfile.FIELDS:
             setattr(self, f, getattr(profile, f))
         self._cache_id = profile.cache_id
+        self._space_id = profile.space_id
 
     @property
     def cache_id(self) -> str:
         return self._cache_id
+
+    @property
+    def space_id(self) -> str:
+        return self._space_id
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self._models.acquire(self.name).embed(texts)

@@ -108,8 +108,8 @@ class InstantStore(MilvusStore):
     def __init__(self, *_args, **_kwargs) -> None:
         self.collection = "instant"
 
-    def ensure_collection(self, dim: int) -> None:
-        pass
+    def prepare(self, alias: str, model_id: str, dim: int) -> str:
+        return self.collection
 
     def upsert_chunks(self, rows: ChunkRows, model: str, updated_at: int) -> None:
         pass
