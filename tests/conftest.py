@@ -10,6 +10,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cache_home(tmp_path_factory):
+    """What the worker derives from a model once (the int8 export that ``auto`` picks on CPUs without
+    bf16) goes to the session's own cache, shared by every test and subprocess, never the user's."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.getbasetemp() / "xdg-cache")
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     """Broker, Redis and Milvus on free ports; yields the KEY=VALUE env of `dev up`; stops them after."""

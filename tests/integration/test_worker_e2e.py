@@ -138,9 +138,10 @@ def test_cache_second_stream_is_all_hits_and_survives_redis_down(stack, model, t
     rows = {r["id"]: np.array(r["vector"]) for r in store.query_ids(fields=("id", "vector"))}
     third_chunks = sum(1 for i in rows if i.startswith("third-"))  # long texts are several chunks
     assert stats3.embedded == 100 and stats3.cached == 0 and counting.texts == third_chunks
-    for i in range(100):
+    floor = 0.9999 if model.precision in ("fp32", "bf16") else cosine_floor(model.precision)
+    for i in range(100):  # int8 quantizes activations per batch: the same text in another batch moves a little
         cos = rows[f"first-{i}#0"] @ rows[f"third-{i}#0"]
-        assert cos > 0.9999
+        assert cos > floor
 
 
 def test_startup_errors_are_clear(stack, tmp_path):
