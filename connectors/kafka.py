@@ -103,13 +103,16 @@ def topic_ids(common: Conf, topics: Iterable[str], timeout: float = 10.0) -> dic
     return out
 
 
-def create_topics(admin: AdminClient, topics: Iterable[str], partitions: int, timeout: float = 15.0) -> None:
-    """Create ``topics`` with ``partitions`` partitions; topics that already exist are left alone.
+def create_topics(admin: AdminClient, topics: Iterable[str], partitions: int, timeout: float = 15.0,
+                  config: dict[str, dict[str, str]] | None = None) -> None:
+    """Create ``topics`` with ``partitions`` partitions (and ``config[topic]``, e.g. a cleanup policy);
+    topics that already exist are left alone.
 
     A broker without the CreateTopics API (librdkafka's mock cluster, ``dev up --broker mock``) gets
     them by auto-creation instead, with its own default partition count."""
     futures = admin.create_topics(
-        [NewTopic(t, num_partitions=partitions, replication_factor=1) for t in topics],
+        [NewTopic(t, num_partitions=partitions, replication_factor=1, config=(config or {}).get(t, {}))
+         for t in topics],
         operation_timeout=timeout,
         request_timeout=timeout,
     )

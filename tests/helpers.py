@@ -33,8 +33,9 @@ class CountingModel:
         return self._model.embed(texts)
 
 
-def fresh_settings(env: dict[str, str], partitions: int = 6, **overrides) -> Settings:
-    """Settings pointing at the local stack with new topics, group and collection for one test."""
+def fresh_settings(env: dict[str, str], partitions: int = 6, compacted_input: bool = False, **overrides) -> Settings:
+    """Settings pointing at the local stack with new topics, group and collection for one test (the
+    input topic compacted on ``compacted_input``, as `dev up` makes it)."""
     tag = uuid.uuid4().hex[:8]
     values = dict(
         kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
@@ -49,7 +50,9 @@ def fresh_settings(env: dict[str, str], partitions: int = 6, **overrides) -> Set
         metrics_port=0,
     )
     s = Settings(**{**values, **overrides})
-    create_topics(make_admin(s.kafka_common()), [s.input_topic, s.output_topic, s.dlq_topic], partitions)
+    config = {s.input_topic: {"cleanup.policy": "compact"}} if compacted_input else None
+    create_topics(make_admin(s.kafka_common()), [s.input_topic, s.output_topic, s.dlq_topic], partitions,
+                  config=config)
     return s
 
 

@@ -285,7 +285,7 @@ class LocalStack:
                     part.port = mock_broker_port(self.state_dir) or part.port
                     self._save(started, {"partitions": partitions, "topics": topics})
                 on_progress(f"{name} is answering on 127.0.0.1:{part.port}")
-            self._create_topics(started["broker"].port, list(topics.values()), partitions)
+            self._create_topics(started["broker"].port, topics, partitions)
         except BaseException:
             self._stop_parts(started)
             self.state_path.unlink(missing_ok=True)
@@ -320,12 +320,16 @@ class LocalStack:
         raise StackError(f"{part.name} did not answer on 127.0.0.1:{part.port} within {timeout:.0f}s; "
                          f"see its log {part.log}:\n{_tail(part.log)}")
 
-    def _create_topics(self, port: int, names: list[str], partitions: int) -> None:
+    def _create_topics(self, port: int, topics: dict[str, str], partitions: int) -> None:
+        """The three topics; the input topic compacted (keyed by document id, it keeps each live
+        document's last version for ever: what `embedstream migrate` replays)."""
         from confluent_kafka.admin import AdminClient
 
         from connectors.kafka import create_topics
 
-        create_topics(AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}), names, partitions)
+        compacted = {topics["EMBEDSTREAM_INPUT_TOPIC"]: {"cleanup.policy": "compact"}}
+        create_topics(AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}), list(topics.values()), partitions,
+                      config=compacted)
 
     def down(self) -> list[str]:
         """Stop every recorded process (SIGTERM, then SIGKILL after 10 s); return the names stopped."""

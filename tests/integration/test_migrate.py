@@ -1,0 +1,152 @@
+"""`embedstream migrate` on the real stack: documents keep streaming in and a reader keeps querying
+the alias while a new model backfills its collection; migrate is killed mid-way and re-run; after
+the switch and the hand-over, every live document is in the new collection with the new model's
+vector (updates and deletes made during the backfill included)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
+from pymilvus import MilvusClient
+
+from connectors.kafka import make_admin
+from connectors.milvus import MilvusStore
+from schemas.codec import Document, encode_document
+from tests.helpers import CLI, REPO, cosine_floor, documents_in_milvus, fresh_settings, run_cli, settings_env
+from worker.embedding.models import versioned_name
+from worker.runner import build_worker, load_embedder
+from worker.tools.corpus import sample_documents
+from worker.tools.derived_models import projected_model
+
+pytestmark = pytest.mark.integration
+
+
+class Reader(threading.Thread):
+    """Queries the alias in a loop, as a search service would; counts answers, empty ones and errors."""
+
+    def __init__(self, uri: str, alias: str, vector: list[float]) -> None:
+        super().__init__(daemon=True)
+        self.client = MilvusClient(uri=uri, timeout=10, dedicated=True)
+        self.alias, self.vector = alias, vector
+        self.answers, self.empty, self.errors, self.models = 0, 0, [], set()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                hits = self.client.search(self.alias, data=[self.vector], limit=5, output_fields=["model"])[0]
+                self.answers += 1
+                self.empty += not hits
+                self.models.update(h["entity"]["model"] for h in hits)
+            except Exception as exc:
+                self.errors.append(repr(exc))
+            time.sleep(0.05)
+
+
+def _committed(s, group: str) -> int:
+    admin = make_admin(s.kafka_common())
+    tps = [TopicPartition(s.input_topic, p) for p in range(3)]
+    res = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, tps)])[group].result(10)
+    return sum(max(tp.offset, 0) for tp in res.topic_partitions)
+
+
+def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model, tmp_path):
+    texts = [d.text for d in sample_documents(620, prefix="m")]
+    s = fresh_settings(stack, partitions=3, compacted_input=True, precision="fp32", max_batch_size=16)
+    new_path = str(projected_model(tmp_path / "new-model", dim=384))
+    new = load_embedder(s.model_copy(update={"model": new_path}))
+    new_collection = versioned_name(s.milvus_collection, new.model_id, new.space_id)
+    group = f"{s.group_id}.migrate.{new_collection}"
+    producer = Producer({"bootstrap.servers": s.kafka_bootstrap_servers, "linger.ms": 5})
+    live: dict[str, str | None] = {}
+
+    def put(i: int, text: str | None) -> None:
+        key = f"d{i}"
+        value = encode_document(Document(key, text)) if text is not None else None
+        producer.produce(s.input_topic, key=key, value=value)
+        live[key] = text
+
+    for i in range(400):
+        put(i, texts[i])
+    producer.flush(30)
+    # The deployment in use: the packaged model, writing behind the alias it creates.
+    build_worker(s, embedder=model).run(stop_when_idle=2)
+    store = MilvusStore(s.milvus_uri, s.milvus_collection, timeout=30)
+    old_collection = store.alias_target(s.milvus_collection)
+    assert old_collection is not None and old_collection != new_collection
+
+    env = {**settings_env(s), "COLUMNS": "200"}  # long names on one line each
+    dry = run_cli(["migrate", "--model", new_path, "--dry-run"], env, timeout=180)
+    assert dry.returncode == 0, dry.stderr
+    assert new_collection in dry.stdout and group in dry.stdout and "dry run" in dry.stdout
+    assert store.alias_target(s.milvus_collection) == old_collection
+
+    reader = Reader(s.milvus_uri, s.milvus_collection, model.embed_query(["how to open a file"])[0].tolist())
+    reader.start()
+    worker = build_worker(s, embedder=model)  # the live workers keep writing the old collection meanwhile
+    live_thread = threading.Thread(target=worker.run, daemon=True)
+    live_thread.start()
+
+    def stream() -> None:  # updates, deletes and new documents while the migration runs
+        for step in range(20):
+            for j in range(4):
+                i = step * 4 + j
+                put(i, texts[400 + i] if i % 4 else None)  # every 4th a delete, the others updated
+            put(480 + step, texts[480 + step])
+            producer.flush(10)
+            time.sleep(0.4)
+
+    streamer = threading.Thread(target=stream, daemon=True)
+    streamer.start()
+
+    # A first migrate, killed once the backfill has committed some of its progress.
+    first = subprocess.Popen([*CLI, "migrate", "--model", new_path], env=env, cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while _committed(s, group) == 0 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGKILL)
+    out_first = first.communicate()[0].decode(errors="replace")
+    assert store.alias_target(s.milvus_collection) == old_collection, out_first
+    assert 0 < _committed(s, group), out_first
+    streamer.join(60)
+
+    second = run_cli(["migrate", "--model", new_path], env, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "shadow check" in second.stdout and "switched" in second.stdout, second.stdout
+    assert store.alias_target(s.milvus_collection) == new_collection
+
+    # The hand-over: the live workers stop, and run the new model in the backfill group.
+    worker.stop.requested = True
+    live_thread.join(60)
+    build_worker(s.model_copy(update={"model": new_path, "group_id": group}), embedder=new).run(stop_when_idle=2)
+    time.sleep(0.5)
+    reader.stop.set()
+    reader.join(10)
+    assert reader.errors == [] and reader.empty == 0 and reader.answers > 20
+    assert reader.models == {model.model_id, new.model_id}  # it was answered by both, never left without
+
+    docs = documents_in_milvus(s)  # through the alias: the new collection
+    expected = {k: t for k, t in live.items() if t is not None}
+    assert set(docs) == set(expected)
+    ids = sorted(docs)
+    vectors = new.embed([expected[d] for d in ids])
+    rows = {r["id"]: r for r in store.client.query(s.milvus_collection, filter="chunk_index == 0",
+                                                   output_fields=["model"], limit=16384)}
+    for d, v in zip(ids, vectors):
+        assert rows[f"{d}#0"]["model"] == new.model_id
+        if len(docs[d]) == 1:
+            assert float(np.dot(docs[d][0]["vector"], v)) > cosine_floor("fp32"), d
+
+    again = run_cli(["migrate", "--model", new_path, "--drop-old"], env, timeout=180)
+    assert again.returncode == 0, again.stderr
+    assert "already points" in again.stdout and old_collection in again.stdout
+    assert store.collections(s.milvus_collection + "__") == [new_collection, f"{new_collection}_deleted"]
+    store.close()

@@ -1,0 +1,57 @@
+"""The pure parts of `embedstream migrate`: collection names, the retention warning, what is dropped."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+from worker.embedding.models import versioned_name
+from worker.migrate import Plan, drop_old, retention_warnings
+from worker.settings import Settings
+
+
+def test_a_collection_per_vector_space_named_after_the_model():
+    a = versioned_name("embeddings", "sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
+    assert a.startswith("embeddings__all_MiniLM_L6_v2_") and len(a.rsplit("_", 1)[1]) == 8
+    assert a == versioned_name("embeddings", "sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
+    # another prompt or dimension is another space: another collection, same model name in it
+    b = versioned_name("embeddings", "sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2+dim-256")
+    assert b != a and b.rsplit("_", 1)[0] == a.rsplit("_", 1)[0]
+    assert versioned_name("e", "/models/odd name.v2/", "x").startswith("e__odd_name_v2_")
+    assert versioned_name("e", "a__b", "s").count("__") == 1  # the family's mark, once
+    assert all(c.isalnum() or c == "_" for c in versioned_name("e", "a/b-c.d", "s"))
+
+
+class _Admin:
+    def __init__(self, configs: dict[str, str] | Exception) -> None:
+        self.configs = configs
+
+    def describe_configs(self, resources, request_timeout=None):
+        fut: Future = Future()
+        if isinstance(self.configs, Exception):
+            fut.set_exception(self.configs)
+        else:
+            fut.set_result({k: SimpleNamespace(value=v) for k, v in self.configs.items()})
+        return {resources[0]: fut}
+
+
+def test_retention_that_cannot_replay_every_document_is_warned_about():
+    s = Settings(input_topic="docs")
+    assert retention_warnings(s, _Admin({"cleanup.policy": "compact", "retention.ms": "604800000"})) == []
+    assert retention_warnings(s, _Admin({"cleanup.policy": "compact,delete", "retention.ms": "1000"})) == []
+    assert retention_warnings(s, _Admin({"cleanup.policy": "delete", "retention.ms": "-1",
+                                         "retention.bytes": "-1"})) == []  # keeps everything for ever
+    [warning] = retention_warnings(s, _Admin({"cleanup.policy": "delete", "retention.ms": "604800000"}))
+    assert "retention.ms=604800000" in warning and "cleanup.policy=compact" in warning
+    [warning] = retention_warnings(s, _Admin(RuntimeError("DescribeConfigs unsupported")))
+    assert "could not read" in warning and "compacted" in warning
+
+
+def test_drop_old_drops_the_alias_family_but_the_new_collection():
+    dropped: list[str] = []
+    client = SimpleNamespace(drop_collection=lambda name, timeout=None: dropped.append(name))
+    names = ["docs__a_1", "docs__a_1_deleted", "docs__b_2", "docs__b_2_deleted"]
+    store = SimpleNamespace(client=client, timeout=1.0,
+                            collections=lambda prefix: [n for n in names if n.startswith(prefix)])
+    plan = Plan("docs", "docs__a_1", "a", "docs__b_2", "b", "g", "t", switched=True)
+    assert drop_old(store, plan) == ["docs__a_1", "docs__a_1_deleted"] == dropped
