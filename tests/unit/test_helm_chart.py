@@ -56,6 +56,9 @@ VALUE_SETS = {
         "schemaRegistry": {"url": "https://sr.kafka:8081", "existingSecret": "sr-creds", "basicAuthKey": "userinfo",
                            "tls": {"existingSecret": "sr-ca"}, "extraProperties": {"timeout": 10}},
         "records": {"outputFormat": "avro-registry", "keyField": "id"}},
+    "migration Job, named alias": {"milvus": {"alias": "docs"},
+                                   "migration": {"model": "/models/e5-small", "args": ["--min-overlap", "0.6"]},
+                                   "kafka": {"tls": {"enabled": True, "existingSecret": "kafka-ca"}}},
     "fixed replicas": {"keda": {"enabled": False}, "hpa": {"enabled": False}, "replicaCount": 3,
                        "metrics": {"serviceMonitor": {"enabled": True}}},
 }
@@ -234,3 +237,16 @@ def test_helm_lint_is_clean():
     result = helm_python.lint(str(CHART), BASE, strict=True)
     messages = [m for m in (result.get("messages") or []) if str(m.get("severity", "")).upper() not in ("INFO", "1")]
     assert not messages and not result["errors"], (messages, result["errors"])
+
+
+def test_a_migration_is_a_job_running_migrate_with_the_workers_settings():
+    objs = render(merge(BASE, VALUE_SETS["migration Job, named alias"]))
+    job = objs["Job"]["spec"]["template"]["spec"]
+    container = job["containers"][0]
+    assert container["args"] == ["migrate", "--model", "/models/e5-small", "--min-overlap", "0.6"]
+    assert job["restartPolicy"] == "OnFailure"  # a restarted pod resumes the backfill
+    env = {e["name"]: e for e in container["env"]}
+    assert env == env_of(objs)  # the same settings as the live workers
+    assert env["EMBEDSTREAM_MILVUS_ALIAS"]["value"] == "docs"
+    assert {m["name"] for m in container["volumeMounts"]} == {"tmp", "kafka-tls"}
+    assert "Job" not in render(BASE) and "EMBEDSTREAM_MILVUS_ALIAS" not in env_of(render(BASE))

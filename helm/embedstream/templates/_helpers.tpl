@@ -61,3 +61,227 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- fail "schemaRegistry: use basic auth or a bearer token, not both" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The worker's environment: the deployment's and the migration Job's. */}}
+{{- define "embedstream.env" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- if .Values.kafka.staticMembership }}
+- name: EMBEDSTREAM_GROUP_INSTANCE_ID
+  value: "$(POD_NAME)"
+{{- end }}
+- name: EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS
+  value: {{ .Values.kafka.bootstrapServers | quote }}
+- name: EMBEDSTREAM_INPUT_TOPIC
+  value: {{ .Values.kafka.inputTopic | quote }}
+- name: EMBEDSTREAM_OUTPUT_TOPIC
+  value: {{ .Values.kafka.outputTopic | quote }}
+- name: EMBEDSTREAM_DLQ_TOPIC
+  value: {{ .Values.kafka.dlqTopic | quote }}
+- name: EMBEDSTREAM_GROUP_ID
+  value: {{ .Values.kafka.groupId | quote }}
+- name: EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS
+  value: {{ .Values.kafka.sessionTimeoutMs | quote }}
+{{- range $k, $v := .Values.kafka.extraProperties }}
+- name: {{ printf "EMBEDSTREAM_KAFKA__%s" ($k | replace "." "_" | upper) }}
+  value: {{ $v | toString | quote }}
+{{- end }}
+{{- if .Values.kafka.sasl.enabled }}
+- name: EMBEDSTREAM_KAFKA__SECURITY_PROTOCOL
+  value: {{ ternary "SASL_SSL" "SASL_PLAINTEXT" .Values.kafka.tls.enabled | quote }}
+- name: EMBEDSTREAM_KAFKA__SASL_MECHANISM
+  value: {{ .Values.kafka.sasl.mechanism | quote }}
+- name: EMBEDSTREAM_KAFKA__SASL_USERNAME
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.kafka.sasl.existingSecret }}
+      key: {{ .Values.kafka.sasl.usernameKey }}
+- name: EMBEDSTREAM_KAFKA__SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.kafka.sasl.existingSecret }}
+      key: {{ .Values.kafka.sasl.passwordKey }}
+{{- else if .Values.kafka.tls.enabled }}
+- name: EMBEDSTREAM_KAFKA__SECURITY_PROTOCOL
+  value: "SSL"
+{{- end }}
+{{- if and .Values.kafka.tls.enabled .Values.kafka.tls.existingSecret }}
+- name: EMBEDSTREAM_KAFKA__SSL_CA_LOCATION
+  value: /etc/embedstream/kafka-tls/{{ .Values.kafka.tls.caKey }}
+{{- end }}
+{{- with .Values.model.name }}
+- name: EMBEDSTREAM_MODEL
+  value: {{ . | quote }}
+{{- end }}
+- name: EMBEDSTREAM_PRECISION
+  value: {{ .Values.model.precision | quote }}
+{{- if not (kindIs "invalid" .Values.model.documentPrompt) }}
+- name: EMBEDSTREAM_DOCUMENT_PROMPT
+  value: {{ .Values.model.documentPrompt | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" .Values.model.queryPrompt) }}
+- name: EMBEDSTREAM_QUERY_PROMPT
+  value: {{ .Values.model.queryPrompt | quote }}
+{{- end }}
+{{- with .Values.model.truncateDim }}
+- name: EMBEDSTREAM_TRUNCATE_DIM
+  value: {{ . | quote }}
+{{- end }}
+{{- if .Values.models.set }}
+- name: EMBEDSTREAM_MODELS
+  value: /etc/embedstream/models/models.yaml
+{{- end }}
+{{- with .Values.models.memoryMb }}
+- name: EMBEDSTREAM_MODEL_MEMORY_MB
+  value: {{ . | quote }}
+{{- end }}
+- name: EMBEDSTREAM_DEVICE
+  value: {{ ternary "cuda" .Values.model.device (and .Values.gpu.enabled (eq .Values.model.device "auto")) | quote }}
+- name: EMBEDSTREAM_MAX_BATCH_SIZE
+  value: {{ ternary .Values.gpu.maxBatchSize .Values.batching.maxBatchSize (and .Values.gpu.enabled (not (kindIs "invalid" .Values.gpu.maxBatchSize))) | quote }}
+- name: EMBEDSTREAM_MAX_BATCH_TOKENS
+  value: {{ ternary .Values.gpu.maxBatchTokens .Values.batching.maxBatchTokens (and .Values.gpu.enabled (not (kindIs "invalid" .Values.gpu.maxBatchTokens))) | quote }}
+- name: EMBEDSTREAM_MAX_BATCH_WAIT_MS
+  value: {{ .Values.batching.maxBatchWaitMs | quote }}
+- name: EMBEDSTREAM_MAX_INFLIGHT_BATCHES
+  value: {{ .Values.batching.maxInflightBatches | quote }}
+- name: EMBEDSTREAM_MAX_TEXT_BYTES
+  value: {{ .Values.batching.maxTextBytes | quote }}
+- name: EMBEDSTREAM_CHUNKING
+  value: {{ .Values.chunking.mode | quote }}
+{{- with .Values.chunking.tokens }}
+- name: EMBEDSTREAM_CHUNK_TOKENS
+  value: {{ . | quote }}
+{{- end }}
+- name: EMBEDSTREAM_CHUNK_OVERLAP
+  value: {{ .Values.chunking.overlap | quote }}
+- name: EMBEDSTREAM_MAX_CHUNKS
+  value: {{ .Values.chunking.maxChunks | quote }}
+{{- with .Values.schemaRegistry }}
+{{- if .url }}
+- name: EMBEDSTREAM_SCHEMA_REGISTRY_URL
+  value: {{ .url | quote }}
+{{- if .basicAuthKey }}
+- name: EMBEDSTREAM_SCHEMA_REGISTRY__BASIC_AUTH_CREDENTIALS_SOURCE
+  value: "USER_INFO"
+- name: EMBEDSTREAM_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .basicAuthKey }}
+{{- end }}
+{{- if .bearerTokenKey }}
+- name: EMBEDSTREAM_SCHEMA_REGISTRY__BEARER_AUTH_CREDENTIALS_SOURCE
+  value: "STATIC_TOKEN"
+- name: EMBEDSTREAM_SCHEMA_REGISTRY__BEARER_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .bearerTokenKey }}
+- name: EMBEDSTREAM_SCHEMA_REGISTRY__BEARER_AUTH_LOGICAL_CLUSTER
+  value: {{ .bearerLogicalCluster | quote }}
+- name: EMBEDSTREAM_SCHEMA_REGISTRY__BEARER_AUTH_IDENTITY_POOL_ID
+  value: {{ .bearerIdentityPoolId | quote }}
+{{- end }}
+{{- if .tls.existingSecret }}
+- name: EMBEDSTREAM_SCHEMA_REGISTRY__SSL_CA_LOCATION
+  value: /etc/embedstream/registry-tls/{{ .tls.caKey }}
+{{- end }}
+{{- range $k, $v := .extraProperties }}
+- name: {{ printf "EMBEDSTREAM_SCHEMA_REGISTRY__%s" ($k | replace "." "_" | upper) }}
+  value: {{ $v | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+- name: EMBEDSTREAM_OUTPUT_FORMAT
+  value: {{ .Values.records.outputFormat | quote }}
+{{- with .Values.records.keyField }}
+- name: EMBEDSTREAM_KEY_FIELD
+  value: {{ . | quote }}
+{{- end }}
+{{- if .Values.redis.enabled }}
+- name: EMBEDSTREAM_REDIS_URL
+  {{- if .Values.redis.existingSecret }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.redis.existingSecret }}
+      key: {{ .Values.redis.urlKey }}
+  {{- else }}
+  value: {{ .Values.redis.url | quote }}
+  {{- end }}
+- name: EMBEDSTREAM_CACHE_TTL_SECONDS
+  value: {{ .Values.redis.cacheTtlSeconds | quote }}
+- name: EMBEDSTREAM_REDIS_TIMEOUT_MS
+  value: {{ .Values.redis.timeoutMs | quote }}
+{{- end }}
+- name: EMBEDSTREAM_MILVUS_URI
+  value: {{ .Values.milvus.uri | quote }}
+- name: EMBEDSTREAM_MILVUS_COLLECTION
+  value: {{ .Values.milvus.collection | quote }}
+{{- if .Values.milvus.alias }}
+- name: EMBEDSTREAM_MILVUS_ALIAS
+  value: {{ .Values.milvus.alias | quote }}
+{{- end }}
+- name: EMBEDSTREAM_MILVUS_TIMEOUT_SECONDS
+  value: {{ .Values.milvus.timeoutSeconds | quote }}
+{{- if .Values.milvus.tokenSecret.name }}
+- name: EMBEDSTREAM_MILVUS_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.milvus.tokenSecret.name }}
+      key: {{ .Values.milvus.tokenSecret.key }}
+{{- end }}
+- name: EMBEDSTREAM_METRICS_PORT
+  value: {{ .Values.metrics.port | quote }}
+- name: EMBEDSTREAM_SHUTDOWN_GRACE_SECONDS
+  value: {{ .Values.shutdownGraceSeconds | quote }}
+- name: EMBEDSTREAM_HEALTHZ_MAX_TICK_AGE_SECONDS
+  value: {{ .Values.healthzMaxTickAgeSeconds | quote }}
+- name: EMBEDSTREAM_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
+- name: HF_HOME
+  value: /tmp/hf
+{{- end -}}
+
+{{/* Volumes the worker mounts (and the mounts): the deployment's and the migration Job's. */}}
+{{- define "embedstream.volumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+{{- if and .Values.kafka.tls.enabled .Values.kafka.tls.existingSecret }}
+- name: kafka-tls
+  mountPath: /etc/embedstream/kafka-tls
+  readOnly: true
+{{- end }}
+{{- if and .Values.schemaRegistry.url .Values.schemaRegistry.tls.existingSecret }}
+- name: registry-tls
+  mountPath: /etc/embedstream/registry-tls
+  readOnly: true
+{{- end }}
+{{- if .Values.models.set }}
+- name: models
+  mountPath: /etc/embedstream/models
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "embedstream.volumes" -}}
+- name: tmp
+  emptyDir: {}
+{{- if and .Values.kafka.tls.enabled .Values.kafka.tls.existingSecret }}
+- name: kafka-tls
+  secret:
+    secretName: {{ .Values.kafka.tls.existingSecret }}
+{{- end }}
+{{- if and .Values.schemaRegistry.url .Values.schemaRegistry.tls.existingSecret }}
+- name: registry-tls
+  secret:
+    secretName: {{ .Values.schemaRegistry.tls.existingSecret }}
+{{- end }}
+{{- if .Values.models.set }}
+- name: models
+  configMap:
+    name: {{ include "embedstream.fullname" . }}-models
+{{- end }}
+{{- end -}}
