@@ -140,9 +140,26 @@ def cosine_floor(precision: str) -> float:
     return {"fp32": 0.999, "int8": MIN_COSINE}.get(precision, 0.995)
 
 
+_FP32_TWINS: dict[str, object] = {}
+
+
+def reference_model(model):
+    """What a worker's vectors are compared with: the model itself, or for int8 its float32 twin (int8
+    is gated against float32, and quantizes activations per batch: two int8 encodes of one text in
+    other batches can differ by more than either differs from float32)."""
+    if getattr(model, "precision", None) != "int8":
+        return model
+    from worker.embedding.sentence import SentenceTransformerEmbedder
+
+    key = str(model.model_path)
+    if key not in _FP32_TWINS:
+        _FP32_TWINS[key] = SentenceTransformerEmbedder(key, "fp32", "cpu")
+    return _FP32_TWINS[key]
+
+
 def min_cosine_to_direct_encode(model, docs: dict[str, list[dict]], texts: dict[str, str]) -> float:
     """The lowest cosine between a row's vector and a direct encode of its span of the document's
-    text (``texts``: document id → the text as produced)."""
+    text (``texts``: document id → the text as produced) by ``reference_model(model)``."""
     import numpy as np
 
     from worker.records import normalise_text
@@ -153,7 +170,7 @@ def min_cosine_to_direct_encode(model, docs: dict[str, list[dict]], texts: dict[
         return 1.0
     clean = {d: normalise_text(texts[d]) for d in docs}
     got = np.array([r["vector"] for r in rows], dtype=np.float32)
-    ref = encode_reference(model, [clean[r["doc_id"]][r["span_start"]:r["span_end"]] for r in rows])
+    ref = encode_reference(reference_model(model), [clean[r["doc_id"]][r["span_start"]:r["span_end"]] for r in rows])
     cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
     return float(cos.min())
 

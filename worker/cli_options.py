@@ -31,8 +31,8 @@ Model = Annotated[str | None, _setting("model", "sentence-transformers model pat
                                        "the packaged all-MiniLM-L6-v2")]
 Precision = Annotated[str | None, _setting(
     "precision", "auto|fp32|fp16|bf16|int8; auto = fp16 on CUDA, bf16 on CPUs with avx512_bf16/AMX, else "
-                 "int8 where onnxruntime is installed, else fp32; int8 = the model quantized and run by "
-                 "onnxruntime, on CPUs")]
+                 "int8 on CPUs with VNNI where onnxruntime is installed, else fp32; int8 = the model "
+                 "quantized and run by onnxruntime, on CPUs")]
 Device = Annotated[str | None, _setting("device", "auto|cpu|cuda")]
 MaxBatchSize = Annotated[int | None, _setting("max_batch_size", "Close a batch at this many records")]
 MaxBatchTokens = Annotated[int | None, _setting("max_batch_tokens", "Close a batch at this many tokens")]

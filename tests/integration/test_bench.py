@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import cosine_floor, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,9 @@ def test_bench_quick_writes_json_and_chart(tmp_path, tmp_path_factory):
     assert 0 < r["Rpad"] <= 1 and 0 < w["S2"]["tokens_real"] <= w["S2"]["tokens_padded"]
     # 90 % repeats: a repeated text is not embedded again (from the cache, or deduplicated in its group)
     assert w["S4_0"]["cached"] == 0 and 0 < w["S4_90"]["tokens_real"] < 0.5 * w["S4_0"]["tokens_real"]
-    assert out["quality"]["min_cosine"] >= 0.99 and out["quality"]["mean_cosine"] >= out["quality"]["min_cosine"]
+    # the worker's vectors against raw encode at the same precision (int8 quantizes activations per batch)
+    assert out["quality"]["min_cosine"] >= min(0.99, cosine_floor(out["precision"]))
+    assert out["quality"]["mean_cosine"] >= out["quality"]["min_cosine"]
     for x in out["latency"]:
         assert 0 < x["p50_s"] <= x["p99_s"]
     assert r["p99_at_50pct_s"] == out["latency"][1]["p99_s"]

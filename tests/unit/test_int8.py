@@ -29,8 +29,8 @@ def test_the_gate_needs_both_the_mean_and_the_worst_cosine():
     assert q.mean > 0.95 and q.min < int8.MIN_COSINE and not q.passes
 
 
-def test_auto_runs_bf16_where_the_cpu_has_it_else_int8_where_onnxruntime_is_installed(monkeypatch):
-    from worker.embedding import sentence
+def test_auto_runs_bf16_where_the_cpu_has_it_else_int8_with_vnni_where_onnxruntime_is_installed(monkeypatch):
+    from worker.embedding import cpu, sentence
 
     assert sentence.pick_precision("auto", "cuda") == "fp16"
     assert sentence.pick_precision("int8", "cpu") == "int8"
@@ -38,6 +38,31 @@ def test_auto_runs_bf16_where_the_cpu_has_it_else_int8_where_onnxruntime_is_inst
     assert sentence.pick_precision("auto", "cpu") == "bf16"
     monkeypatch.setattr(sentence, "cpu_has_bf16", lambda: False)
     monkeypatch.setattr(int8, "available", lambda: True)
+    monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2", "avx512_vnni"}))
     assert sentence.pick_precision("auto", "cpu") == "int8"
+    monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2"}))  # 7-bit int8 only: too close to its gate
+    assert sentence.pick_precision("auto", "cpu") == "fp32"
+    monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2", "avx512_vnni"}))
     monkeypatch.setattr(int8, "available", lambda: False)
     assert sentence.pick_precision("auto", "cpu") == "fp32"
+
+
+def test_weights_are_7_bit_on_cpus_without_vnni_and_the_export_is_keyed_by_it(monkeypatch, tmp_path):
+    from worker.embedding import cpu
+
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2", "fma"}))
+    assert int8.reduce_range() and not cpu.has_bf16()
+    seven = int8.model_key(tmp_path)
+    monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2", "avx512_vnni", "avx512_bf16"}))
+    assert not int8.reduce_range() and cpu.has_bf16()
+    assert int8.model_key(tmp_path) != seven  # a disk shared by two kinds of CPU keeps both exports
+
+
+def test_cpu_flags_are_read_from_the_flags_line():
+    from worker.embedding import cpu
+
+    text = ("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse4_2 avx2 avx512_vnni\n"
+            "bugs\t\t: sysret_ss_attrs\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    assert cpu.parse_flags(text) == {"fpu", "sse4_2", "avx2", "avx512_vnni"}
+    assert cpu.parse_flags("processor: 0\n") == frozenset()

@@ -1,9 +1,9 @@
 """sentence-transformers models, with the precision chosen for the device.
 
 Precision ``auto``: fp16 on CUDA; bf16 on a CPU with avx512_bf16 or AMX (about 2.5x fp32 there, with
-cosine ≥ 0.998 to fp32); on other CPUs int8 (``worker.embedding.int8``: onnxruntime, about 2x fp32,
-gated against fp32 at start-up) where onnxruntime is installed, else fp32 (fp16 on a CPU is slower
-than fp32). Whatever the precision, the pooled output is cast to float32 *before* it is normalised:
+cosine ≥ 0.998 to fp32); on other CPUs with VNNI int8 (``worker.embedding.int8``: onnxruntime, about
+2x fp32, gated against fp32 at start-up) where onnxruntime is installed, else fp32 (fp16 on a CPU is
+slower than fp32). Whatever the precision, the pooled output is cast to float32 *before* it is normalised:
 normalising in bf16 leaves norms off by up to ~0.4 %.
 
 Texts are run in sub-batches cut from the length-sorted list by a token budget, so short texts are
@@ -20,12 +20,12 @@ dimensions (Matryoshka models), normalised again.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 
 from schemas.errors import ConfigError
 from worker import metrics
+from worker.embedding import cpu
 from worker.embedding.base import Embedder, resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -34,12 +34,8 @@ _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # int8: fl
 
 
 def cpu_has_bf16() -> bool:
-    """True when the CPU advertises avx512_bf16 or AMX (Linux ``/proc/cpuinfo`` flags)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    """True when the CPU advertises avx512_bf16 or AMX (``worker.embedding.cpu``)."""
+    return cpu.has_bf16()
 
 
 def pick_device(device: str) -> str:
@@ -55,8 +51,11 @@ def pick_device(device: str) -> str:
 def pick_precision(precision: str, device: str) -> str:
     """The precision ``auto`` resolves to on ``device``; explicit choices are returned unchanged.
 
-    On a CPU: bf16 where it has bf16 instructions; else int8 where onnxruntime is installed (about
-    2x fp32; on a CPU with bf16 it measured 0.8-1.5x bf16, so bf16 stays); else fp32."""
+    On a CPU: bf16 where it has bf16 instructions; else int8 where it has int8 dot-product (VNNI)
+    instructions and onnxruntime is installed (about 2x fp32 there; on a CPU with bf16 it measured
+    0.8-1.5x bf16, so bf16 stays); else fp32. Without VNNI, int8 needs 7-bit weights to stay within
+    its gate, and then measured 1.3-1.5x fp32 with a min cosine to fp32 of 0.974-0.986 (AVX2 EPYC,
+    400 texts): too close to the gate's 0.97 for a default; EMBEDSTREAM_PRECISION=int8 still runs it."""
     if precision != "auto":
         return precision
     if device == "cuda":
@@ -65,7 +64,7 @@ def pick_precision(precision: str, device: str) -> str:
         return "bf16"
     from worker.embedding import int8
 
-    return "int8" if int8.available() else "fp32"
+    return "int8" if cpu.has_vnni() and int8.available() else "fp32"
 
 
 def model_prompts(st, document_prompt: str | None, query_prompt: str | None) -> tuple[str, str]:
@@ -121,6 +120,8 @@ class SentenceTransformerEmbedder(Embedder):
         transformers.logging.disable_progress_bar()  # no "Loading weights" bar in the worker's log
 
         self.model_id, path = resolve_model_path(model)
+        #: Where the model was loaded from (the packaged one's directory when ``model`` is None).
+        self.model_path = path
         self.device = pick_device(device)
         self.precision = pick_precision(precision, self.device)
         if self.precision == "fp16" and self.device == "cpu":
