@@ -32,6 +32,7 @@ class Assignment:
         self._clock = clock
         self.partitions: set[TopicPartitionKey] = set()
         self._at_end: dict[TopicPartitionKey, bool] = {}
+        self._ends: dict[TopicPartitionKey, int] = {}
         self.paused = False
         self.pauses = 0
         self._full_since: float | None = None
@@ -94,6 +95,13 @@ class Assignment:
         """A record (``yes=False``) or the end of the partition (``yes=True``) was seen on ``tp``."""
         self._at_end[tp] = yes
 
+    def ends_reached(self) -> dict[TopicPartitionKey, int]:
+        """The partitions at their end now, with that end offset (from the partition-end event, i.e.
+        the broker's fetch answer, which Tansu gets right where its ListOffsets answers short).
+        Called from other threads (``worker.migrate``): it reads copies."""
+        at_end, ends = dict(self._at_end), dict(self._ends)
+        return {tp: off for tp, off in ends.items() if at_end.get(tp)}
+
     def records(self, msgs: list) -> list:
         """The records among what the consumer handed out: partition ends are noted, a fatal error
         is raised (``KafkaException``), other errors are logged (librdkafka retries them)."""
@@ -105,6 +113,7 @@ class Assignment:
                 good.append(m)
             elif err.code() == KafkaError._PARTITION_EOF:
                 self._at_end[(m.topic(), m.partition())] = True
+                self._ends[(m.topic(), m.partition())] = m.offset()
             elif err.fatal():
                 raise KafkaException(err)
             else:

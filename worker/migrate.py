@@ -25,7 +25,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import TopicPartition
@@ -102,32 +102,25 @@ def retention_warnings(settings: Settings, admin=None) -> list[str]:
             "(cleanup.policy=compact, keyed by document id) so a replay holds every live document"]
 
 
-def backfill_lag(settings: Settings, group: str, consumer=None, admin=None) -> int | None:
-    """The backfill group's records still to embed: end offset − committed offset per partition
-    (a partition it never committed counts from its first offset); None when it committed nothing.
-    ``consumer`` (the backfill's own) adds the high watermarks its fetches saw, and until it has
-    fetched every partition the answer is None: a broker whose ListOffsets answers short (Tansu: the
-    last batch's base offset + 1) must not make a resumed backfill look done before it looked."""
+def backfill_lag(settings: Settings, group: str, ends: Mapping[int, int] | None = None,
+                 admin=None) -> tuple[int | None, bool]:
+    """``(records still to embed, certain)`` for the backfill group: end offset − committed offset
+    summed over the partitions (one it never committed counts from its first offset); None when it
+    committed nothing. ``ends`` (partition → end offset, for the partitions the backfill's consumer
+    is at the end of now) raise the end offsets the broker reports: Tansu's ListOffsets answers short
+    (the last batch's base offset + 1). ``certain`` only when ``ends`` covers every partition: a 0
+    while the backfill is still reading some partition must not be taken for done."""
     admin = admin or make_admin(settings.kafka_common())
     lags = group_lag(admin, group, settings.input_topic, "earliest")
+    if all(p.committed is None for p in lags):
+        return None, False
     firsts = admin.list_offsets({TopicPartition(settings.input_topic, p.partition): OffsetSpec.earliest()
                                  for p in lags}, request_timeout=10)
     first = {tp.partition: f.result(10).offset for tp, f in firsts.items()}
-    if all(p.committed is None for p in lags):
-        return None
-    total = 0
-    for p in lags:
-        end = p.end_offset
-        if consumer is not None:
-            try:
-                _lo, hi = consumer.get_watermark_offsets(TopicPartition(p.topic, p.partition), cached=True)
-            except Exception:
-                return None
-            if hi < 0:  # not fetched (or not assigned) yet
-                return None
-            end = max(end, hi)
-        total += max(0, end - (p.committed if p.committed is not None else first[p.partition]))
-    return total
+    seen = ends or {}
+    total = sum(max(0, max(p.end_offset, seen.get(p.partition, -1))
+                    - (p.committed if p.committed is not None else first[p.partition])) for p in lags)
+    return total, ends is not None and all(p.partition in seen for p in lags)
 
 
 def _family_prefix(new_collection: str) -> str:
@@ -180,12 +173,14 @@ def shadow_check(old: MilvusStore | None, new: MilvusStore, old_model: Embedder 
 
 
 class Backfill:
-    """A worker of the new model in the backfill group, on a thread of its own."""
+    """A worker of the new model in the backfill group, on a thread of its own. It loads the model
+    itself: a model is called from one thread only (its embed thread), and the shadow check embeds
+    its queries meanwhile with the instance of its own."""
 
-    def __init__(self, settings: Settings, embedder: Embedder) -> None:
+    def __init__(self, settings: Settings) -> None:
         from worker.runner import build_worker
 
-        self.worker = build_worker(settings, embedder=embedder)
+        self.worker = build_worker(settings)
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="backfill", daemon=True)
 
@@ -202,24 +197,34 @@ class Backfill:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def ends(self) -> dict[int, int]:
+        """Partition → end offset, for the partitions the backfill is at the end of now."""
+        return {p: off for (topic, p), off in self.worker.assignment.ends_reached().items()
+                if topic == self.worker.topic}
+
     def stop(self, timeout: float = 120.0) -> None:
         """Finish what is in flight, commit, leave the group."""
         self.worker.stop.requested = True
         self._thread.join(timeout)
 
 
-def wait_caught_up(lag: Callable[[], int | None], backfill: Backfill, on_lag: Callable[[int | None], None],
-                   interval: float = 0.5) -> None:
-    """Block until ``lag()`` is 0, calling ``on_lag`` with each reading. Raises when the backfill dies."""
+def wait_caught_up(lag: Callable[[], tuple[int | None, bool]], backfill: Backfill,
+                   on_lag: Callable[[int | None], None], interval: float = 0.5) -> None:
+    """Block until ``lag()`` is a certain 0, calling ``on_lag`` with each reading. Raises when the
+    backfill dies."""
+    logged = 0.0
     while True:
         if backfill.error is not None:
             raise backfill.error
         if not backfill.alive:
             raise RuntimeError("the backfill worker stopped")
-        value = lag()
+        value, certain = lag()
         on_lag(value)
-        if value == 0:
+        if value == 0 and certain:
             return
+        if time.monotonic() - logged > 10:
+            logged = time.monotonic()
+            log.info("backfill lag: %s", "unknown yet" if value is None else f"{value:,} records")
         time.sleep(interval)
 
 
@@ -299,7 +304,7 @@ def plan(settings: Settings, new_model: str, group: str | None = None,
         warnings.append(f"the old collection holds model {old_model_id!r} but EMBEDSTREAM_MODEL loads "
                         f"{old.model_id!r}: neighbours are not compared")
         old = None
-    lag = backfill_lag(backfill, group)
+    lag, _certain = backfill_lag(backfill, group)
     p = Plan(alias, old_collection, old_model_id, new_collection, new.model_id, group, settings.input_topic,
              switched=target == new_collection, warnings=warnings, lag=lag)
     return Migration(p, settings, backfill, new, old, store)
@@ -337,14 +342,13 @@ def run(m: Migration, *, sample: int = 50, min_overlap: float | None = None, dro
         say(f"alias {p.alias!r} already points to {p.new_collection!r}: nothing to backfill")
     else:
         adopt_legacy(m)
-        backfill = Backfill(m.backfill_settings, m.new_model)
+        backfill = Backfill(m.backfill_settings)
         backfill.start()
         try:
-            consumer = backfill.worker.consumer
             admin = make_admin(m.settings.kafka_common())
 
-            def lag() -> int | None:
-                return backfill_lag(m.backfill_settings, p.group, consumer, admin)
+            def lag() -> tuple[int | None, bool]:
+                return backfill_lag(m.backfill_settings, p.group, backfill.ends(), admin)
 
             wait_caught_up(lag, backfill, lambda v: on_lag(v, backfill))
             old = open_store(m.settings, p.old_collection) if p.old_collection else None

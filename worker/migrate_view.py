@@ -37,22 +37,22 @@ def shadow_table(r: ShadowReport, sample: int) -> Table:
     table.add_row("rows", f"{r.old_rows:,}", f"{r.new_rows:,}")
     table.add_row("sampled documents held", f"{r.in_old}/{r.sampled}", f"{r.in_new}/{r.sampled}")
     if r.overlap_mean is not None:
-        table.add_row("top-10 neighbour overlap", f"mean {r.overlap_mean:.3f}", f"min {r.overlap_min:.3f}")
-    if r.note:
+        table.caption = (f"top-10 neighbours both return, per sampled document: mean {r.overlap_mean:.3f}, "
+                         f"min {r.overlap_min:.3f}")
+    else:
         table.caption = r.note
     return table
 
 
 class BackfillProgress:
-    """A progress bar of the backfill: records done of those to do (the lag at the first reading,
-    grown when more arrive), docs/s and ETA."""
+    """A progress bar of the backfill: records done in this run of those done plus the group's lag
+    (a broker whose end offsets answer short, like Tansu, shows a total that grows), docs/s, ETA."""
 
     def __init__(self, console: Console) -> None:
         self._progress = Progress(TextColumn("backfill"), BarColumn(), MofNCompleteColumn(),
                                   TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console)
         self._task = self._progress.add_task("backfill", total=None, rate="")
         self._start: float | None = None
-        self._first: int | None = None
 
     def __enter__(self) -> BackfillProgress:
         self._progress.__enter__()
@@ -70,7 +70,4 @@ class BackfillProgress:
         if lag is None:
             self._progress.update(self._task, rate="joining…")
             return
-        total = done + lag
-        self._first = max(self._first or 0, total)
-        self._progress.update(self._task, total=max(self._first, total), completed=done,
-                              rate=f"{done / elapsed:,.0f} docs/s")
+        self._progress.update(self._task, total=done + lag, completed=done, rate=f"{done / elapsed:,.0f} docs/s")

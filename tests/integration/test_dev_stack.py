@@ -6,6 +6,7 @@ import os
 import socket
 
 import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from tests.helpers import run_cli
 from worker.tools.dev import LocalStack
@@ -30,6 +31,18 @@ def _port_free(port: int) -> bool:
             return False
 
 
+def _cleanup_policies(bootstrap: str, topics: list[str]) -> dict[str, str | None]:
+    """Each topic's ``cleanup.policy`` (None where the broker reports none); the client is closed after."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    out = {}
+    for topic in topics:
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        config = admin.describe_configs([res])[res].result(10)
+        out[topic] = config["cleanup.policy"].value if "cleanup.policy" in config else None
+    del admin
+    return out
+
+
 def test_up_twice_is_one_stack_and_down_frees_ports(tmp_path):
     state = str(tmp_path / "st")
     first = run_cli(["dev", "up", "--state-dir", state, "--partitions", "2"], _env(), timeout=120)
@@ -47,6 +60,9 @@ def test_up_twice_is_one_stack_and_down_frees_ports(tmp_path):
         status = run_cli(["dev", "status", "--state-dir", state], _env())
         assert status.returncode == 0 and status.stdout.count("running") == 4
         assert _parse(run_cli(["dev", "env", "--state-dir", state], _env()).stdout) == env
+        # the input topic is compacted (what a migration replays); the others keep the broker's default
+        policy = _cleanup_policies(env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"], ["documents", "embeddings"])
+        assert policy["documents"] == "compact" and policy["embeddings"] in (None, "delete")
     finally:
         down = run_cli(["dev", "down", "--state-dir", state], _env())
     assert down.returncode == 0

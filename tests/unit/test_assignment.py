@@ -22,6 +22,18 @@ def test_drained_once_every_owned_partition_is_at_its_end():
     assert not a.drained()
 
 
+def test_ends_reached_lists_the_partitions_at_their_end_with_the_end_offset():
+    a = Assignment(pause_after=1, join_grace=10, clock=Clock())
+    a.add(FakeConsumer({}), [TopicPartition("t", 0), TopicPartition("t", 1)])
+    assert a.ends_reached() == {}
+    a.records([EofMessage(None, None, 0, 40, topic="t"), EofMessage(None, None, 1, 7, topic="t")])
+    assert a.ends_reached() == {("t", 0): 40, ("t", 1): 7}
+    a.records([FakeMessage(b"k", b"v", 1, 7, topic="t")])  # partition 1 is being read again
+    assert a.ends_reached() == {("t", 0): 40}
+    a.records([EofMessage(None, None, 1, 9, topic="t")])
+    assert a.ends_reached() == {("t", 0): 40, ("t", 1): 9}
+
+
 def test_a_fatal_consumer_error_is_raised_and_others_are_only_logged():
     a = Assignment(pause_after=1, join_grace=10, clock=Clock())
     transport = FakeMessage(None, None)
