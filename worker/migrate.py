@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import ConfigResource, OffsetSpec
@@ -58,7 +59,8 @@ class Plan:
     topic: str
     switched: bool  #: the alias already points to the new collection
     warnings: list[str] = field(default_factory=list)
-    lag: int | None = None  #: the backfill group's lag now; None: it never committed
+    lag: int = 0  #: the backfill group's lag now (as the broker reports its end offsets)
+    started: bool = False  #: the backfill group has committed something
 
 
 @dataclass
@@ -102,25 +104,30 @@ def retention_warnings(settings: Settings, admin=None) -> list[str]:
             "(cleanup.policy=compact, keyed by document id) so a replay holds every live document"]
 
 
+class BackfillLag(NamedTuple):
+    records: int  #: end offset − committed offset, summed over the partitions
+    certain: bool  #: the backfill's consumer is at the end of every partition: a 0 means done
+    started: bool  #: the group has committed something
+
+
 def backfill_lag(settings: Settings, group: str, ends: Mapping[int, int] | None = None,
-                 admin=None) -> tuple[int | None, bool]:
-    """``(records still to embed, certain)`` for the backfill group: end offset − committed offset
-    summed over the partitions (one it never committed counts from its first offset); None when it
-    committed nothing. ``ends`` (partition → end offset, for the partitions the backfill's consumer
-    is at the end of now) raise the end offsets the broker reports: Tansu's ListOffsets answers short
-    (the last batch's base offset + 1). ``certain`` only when ``ends`` covers every partition: a 0
+                 admin=None) -> BackfillLag:
+    """The backfill group's records still to embed: end offset − committed offset summed over the
+    partitions (one it never committed counts from its first offset, as KEDA's ``earliest``).
+    ``ends`` (partition → end offset, for the partitions the backfill's consumer is at the end of
+    now) raise the end offsets the broker reports: Tansu's ListOffsets answers short (the last
+    batch's base offset + 1). Only when ``ends`` covers every partition is the answer certain: a 0
     while the backfill is still reading some partition must not be taken for done."""
     admin = admin or make_admin(settings.kafka_common())
     lags = group_lag(admin, group, settings.input_topic, "earliest")
-    if all(p.committed is None for p in lags):
-        return None, False
     firsts = admin.list_offsets({TopicPartition(settings.input_topic, p.partition): OffsetSpec.earliest()
                                  for p in lags}, request_timeout=10)
     first = {tp.partition: f.result(10).offset for tp, f in firsts.items()}
     seen = ends or {}
     total = sum(max(0, max(p.end_offset, seen.get(p.partition, -1))
                     - (p.committed if p.committed is not None else first[p.partition])) for p in lags)
-    return total, ends is not None and all(p.partition in seen for p in lags)
+    return BackfillLag(total, ends is not None and all(p.partition in seen for p in lags),
+                       any(p.committed is not None for p in lags))
 
 
 def _family_prefix(new_collection: str) -> str:
@@ -208,8 +215,8 @@ class Backfill:
         self._thread.join(timeout)
 
 
-def wait_caught_up(lag: Callable[[], tuple[int | None, bool]], backfill: Backfill,
-                   on_lag: Callable[[int | None], None], interval: float = 0.5) -> None:
+def wait_caught_up(lag: Callable[[], BackfillLag], backfill: Backfill, on_lag: Callable[[int], None],
+                   interval: float = 0.5) -> None:
     """Block until ``lag()`` is a certain 0, calling ``on_lag`` with each reading. Raises when the
     backfill dies."""
     logged = 0.0
@@ -218,13 +225,13 @@ def wait_caught_up(lag: Callable[[], tuple[int | None, bool]], backfill: Backfil
             raise backfill.error
         if not backfill.alive:
             raise RuntimeError("the backfill worker stopped")
-        value, certain = lag()
-        on_lag(value)
-        if value == 0 and certain:
+        now = lag()
+        on_lag(now.records)
+        if now.records == 0 and now.certain:
             return
         if time.monotonic() - logged > 10:
             logged = time.monotonic()
-            log.info("backfill lag: %s", "unknown yet" if value is None else f"{value:,} records")
+            log.info("backfill lag: %d records%s", now.records, "" if now.certain else " (not at every end yet)")
         time.sleep(interval)
 
 
@@ -304,9 +311,9 @@ def plan(settings: Settings, new_model: str, group: str | None = None,
         warnings.append(f"the old collection holds model {old_model_id!r} but EMBEDSTREAM_MODEL loads "
                         f"{old.model_id!r}: neighbours are not compared")
         old = None
-    lag, _certain = backfill_lag(backfill, group)
+    lag = backfill_lag(backfill, group)
     p = Plan(alias, old_collection, old_model_id, new_collection, new.model_id, group, settings.input_topic,
-             switched=target == new_collection, warnings=warnings, lag=lag)
+             switched=target == new_collection, warnings=warnings, lag=lag.records, started=lag.started)
     return Migration(p, settings, backfill, new, old, store)
 
 
@@ -330,7 +337,7 @@ def adopt_legacy(m: Migration) -> None:
 
 
 def run(m: Migration, *, sample: int = 50, min_overlap: float | None = None, drop: bool = False,
-        on_lag: Callable[[int | None, Backfill], None] = lambda lag, b: None,
+        on_lag: Callable[[int, Backfill], None] = lambda lag, b: None,
         on_report: Callable[[ShadowReport], None] = lambda r: None,
         say: Callable[[str], None] = log.info) -> bool:
     """Backfill, compare, switch (unless blocked), drop the old collections on ``drop``. Returns True
@@ -347,7 +354,7 @@ def run(m: Migration, *, sample: int = 50, min_overlap: float | None = None, dro
         try:
             admin = make_admin(m.settings.kafka_common())
 
-            def lag() -> tuple[int | None, bool]:
+            def lag() -> BackfillLag:
                 return backfill_lag(m.backfill_settings, p.group, backfill.ends(), admin)
 
             wait_caught_up(lag, backfill, lambda v: on_lag(v, backfill))

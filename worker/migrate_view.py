@@ -19,8 +19,8 @@ def plan_table(p: Plan, dry_run: bool) -> Table:
                   + (f"  [dim]model {p.old_model}[/]" if p.old_model else ""))
     table.add_row("new collection", f"{p.new_collection}  [dim]model {p.new_model}[/]")
     table.add_row("backfill group", f"{p.group} on {p.topic}")
-    table.add_row("backfill lag", "not started (reads the topic from its beginning)" if p.lag is None
-                  else f"{p.lag:,} records")
+    table.add_row("backfill lag", f"{p.lag:,} records" + ("" if p.started else
+                                                         " (not started: reads the topic from its beginning)"))
     if p.switched:
         todo = "nothing: the alias already points to the new collection"
     else:
@@ -61,13 +61,11 @@ class BackfillProgress:
     def __exit__(self, *exc) -> None:
         self._progress.__exit__(*exc)
 
-    def update(self, lag: int | None, backfill: Backfill) -> None:
+    def update(self, lag: int, backfill: Backfill) -> None:
         stats = backfill.worker.stats
         done = stats.embedded + stats.deleted + stats.dead_lettered
         if self._start is None:
             self._start = time.monotonic()
         elapsed = max(time.monotonic() - self._start, 1e-6)
-        if lag is None:
-            self._progress.update(self._task, rate="joining…")
-            return
-        self._progress.update(self._task, total=done + lag, completed=done, rate=f"{done / elapsed:,.0f} docs/s")
+        self._progress.update(self._task, total=done + lag, completed=done,
+                              rate=f"lag {lag:,} · {done / elapsed:,.0f} docs/s")

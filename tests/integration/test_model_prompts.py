@@ -75,8 +75,9 @@ def test_truncated_dimensions_are_the_leading_ones_renormalised(model):
 
 def test_the_worker_embeds_with_the_document_prompt_and_search_with_the_query_prompt(stack, tmp_path):
     """On the real stack: Milvus holds encode_document's vectors, search ranks with encode_query's,
-    the prompt keeps the cache apart, and a truncated dimension is checked against the collection."""
+    the prompt keeps the cache apart, and a truncated dimension writes a collection of its own."""
     from connectors.kafka import make_producer
+    from connectors.milvus import MilvusStore
     from schemas.codec import Document, encode_document
     from tests.helpers import documents_in_milvus, fresh_settings, run_cli, settings_env
     from worker.search import search_documents
@@ -105,6 +106,15 @@ def test_the_worker_embeds_with_the_document_prompt_and_search_with_the_query_pr
     query = st.encode_query(["compress bytes with zlib"])[0]
     assert hits[0]["score"] == pytest.approx(float(query @ stored[ids.index("p-4")]), abs=2e-3)
 
-    # the same collection with 128-dim vectors: refused at start-up, naming the dims
-    res = run_cli(["run", "--stop-when-idle", "1"], {**settings_env(s), "EMBEDSTREAM_TRUNCATE_DIM": "128"}, timeout=300)
-    assert res.returncode == 2 and "384-dim" in res.stderr and "128-dim" in res.stderr, res.stderr[-2000:]
+    # 128 dimensions are another vector space: a collection of their own, the alias left where it is
+    # (`migrate` moves it), and a search with them through the alias is refused, naming the dims
+    store = MilvusStore(s.milvus_uri, s.milvus_collection)
+    serving = store.alias_target(s.milvus_collection)
+    env128 = {**settings_env(s), "EMBEDSTREAM_TRUNCATE_DIM": "128"}
+    res = run_cli(["run", "--stop-when-idle", "1"], env128, timeout=300)
+    assert res.returncode == 0 and "migrate" in res.stderr, res.stderr[-2000:]
+    assert store.alias_target(s.milvus_collection) == serving
+    assert len(store.collections(s.milvus_collection + "__")) == 4  # two spaces, each with its deletes
+    store.close()
+    res = run_cli(["search", "compress bytes with zlib"], env128, timeout=300)
+    assert res.returncode == 1 and "384-dim" in res.stderr and "128" in res.stderr, res.stderr[-2000:]
