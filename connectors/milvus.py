@@ -251,9 +251,9 @@ class MilvusStore:
                                   "EMBEDSTREAM_MILVUS_ALIAS to another name")
             check_shape(legacy, c.describe_collection(legacy, timeout=self.timeout), dim)
             c.load_collection(legacy, timeout=self.timeout)
-            row = c.query(legacy, filter="", output_fields=["model"], limit=1, timeout=self.timeout)
-            if row and row[0].get("model") not in (None, "", model_id):
-                raise ConfigError(f"collection {legacy!r} holds vectors of model {row[0]['model']!r}, this worker "
+            held = self.model_of(legacy)
+            if held not in (None, "", model_id):
+                raise ConfigError(f"collection {legacy!r} holds vectors of model {held!r}, this worker "
                                   f"runs {model_id!r}: run the old model once to move the collection behind an "
                                   f"alias, then `embedstream migrate --model {model_id}`")
             try:
@@ -286,6 +286,11 @@ class MilvusStore:
             return self.ensure_alias(alias)
         except TransientError as exc:
             raise ConfigError(f"Milvus at {self.uri!r} did not answer ({exc})") from None
+
+    def model_of(self, collection: str) -> str | None:
+        """The model id of ``collection``'s rows (one row read); None when it has none."""
+        rows = self._client.query(collection, filter="", output_fields=["model"], limit=1, timeout=self.timeout)
+        return rows[0].get("model") if rows else None
 
     def ensure_alias(self, alias: str) -> str:
         """Create ``alias`` pointing to this collection unless it exists; returns the collection it

@@ -246,12 +246,6 @@ def drop_old(store: MilvusStore, plan: Plan) -> list[str]:
     return dropped
 
 
-def describe_old(store: MilvusStore, collection: str) -> str | None:
-    """The model id of a collection's rows (one row read); None when it has none."""
-    rows = store.client.query(collection, filter="", output_fields=["model"], limit=1, timeout=store.timeout)
-    return rows[0].get("model") if rows else None
-
-
 def check_supported(settings: Settings) -> None:
     if settings.models is not None:
         raise ConfigError("migrate moves the alias of one model: with EMBEDSTREAM_MODELS, run it per model with "
@@ -273,8 +267,7 @@ class Migration:
     store: MilvusStore
 
 
-def plan(settings: Settings, new_model: str, group: str | None = None,
-         output_topic: str | None = None) -> Migration:
+def plan(settings: Settings, new_model: str, group: str | None = None) -> Migration:
     """Load both models and read where things stand; changes nothing. Raises ConfigError."""
     from connectors.kafka import check_broker
     from worker.runner import alias_of, check_topics, collection_of, load_embedder, open_store
@@ -289,8 +282,7 @@ def plan(settings: Settings, new_model: str, group: str | None = None,
     alias, new_collection = alias_of(settings, ""), collection_of(settings, "", new)
     group = group or backfill_group(settings, new_collection)
     backfill = settings.model_copy(update={
-        "model": new_model, "group_id": group, "group_instance_id": None, "metrics_port": 0,
-        "output_topic": output_topic or settings.output_topic})
+        "model": new_model, "group_id": group, "group_instance_id": None, "metrics_port": 0})
     check_topics(backfill)
     store = open_store(settings, new_collection)
     warnings = retention_warnings(settings)
@@ -306,7 +298,7 @@ def plan(settings: Settings, new_model: str, group: str | None = None,
         old_collection: str | None = alias
     else:
         old_collection = target
-    old_model_id = describe_old(store, old_collection) if old_collection else None
+    old_model_id = store.model_of(old_collection) if old_collection else None
     if old is not None and old_model_id not in (None, old.model_id):
         warnings.append(f"the old collection holds model {old_model_id!r} but EMBEDSTREAM_MODEL loads "
                         f"{old.model_id!r}: neighbours are not compared")
