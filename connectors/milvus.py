@@ -65,6 +65,19 @@ def _missing(exc: Exception) -> bool:
     return "not exist" in text or "not found" in text
 
 
+class _QuietProbes(logging.Filter):
+    """pymilvus logs every failed call at ERROR with a traceback, before the caller sees it. Asking
+    whether an alias exists is a question here, not a failure (every first start asks): its "does not
+    exist" answers are dropped; every other error still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not (text.startswith("RPC error: [describe_alias]") and "not exist" in text.split("\n", 1)[0])
+
+
+logging.getLogger("pymilvus.decorators").addFilter(_QuietProbes())
+
+
 def _newer(a: Version | None, b: Version) -> Version:
     """The later of two versions of one id; ``b`` (the row) where they are not comparable."""
     if a is None or a[0] != b[0] or a[1] is None or b[1] is None:
