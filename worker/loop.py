@@ -161,10 +161,12 @@ class Worker:
                     chain.intake.poll()
                 self._collect(0.02 if holding else 0.0)
                 self.assignment.update_pause(self.consumer, waiting)
+                quiet = not len(chain.intake) and not chain.pipeline.inflight and not self.held
+                if quiet:
+                    self._step_past_markers()
                 chain.committer.tick()
                 if stop_when_idle is not None and self.assignment.idle_for(
-                        stop_when_idle, not len(chain.intake) and not chain.pipeline.inflight and not self.held,
-                        self.health.last_kafka_error):
+                        stop_when_idle, quiet, self.health.last_kafka_error):
                     log.info("idle for %.1fs: stopping", stop_when_idle)
                     break
             self._drain()
@@ -187,6 +189,18 @@ class Worker:
         """After a stall: the proof ``worker.fence`` asks for before writes resume (same member id,
         no takeover commit, a commit the group accepts)."""
         return self.assignment.same_member(self.consumer) and self.chain.committer.membership_holds()
+
+    def _step_past_markers(self) -> None:
+        """With nothing batching, held or in flight, a partition at its end is done up to that end.
+        A transactional producer's input ends in a commit marker that the consumer never hands out,
+        so the offset after the last record stays one short of the end, and lag (KEDA's included)
+        reads 1 on a drained partition forever: store the end itself. Never while the fence is
+        closed (what this member owns is in doubt)."""
+        if self.chain.fence.suspect:
+            return
+        ahead = self.chain.committer.behind(self.assignment.ends_reached())
+        if ahead:
+            self.chain.committer.store(ahead, self.assignment)
 
     def _consume(self) -> list:
         """What the consumer holds now, else wait briefly for the first record.

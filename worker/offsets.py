@@ -63,6 +63,10 @@ class OffsetCommitter:
             log.warning("could not read the committed offsets after a rebalance (%s): a later takeover check "
                         "compares with this member's own offsets only", exc)
 
+    def behind(self, ends: Mapping[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
+        """Of ``ends`` (offsets per partition), those past what this member stored or found committed."""
+        return {tp: end for tp, end in ends.items() if end > self._known.get(tp, -1)}
+
     def forget(self, tps: Iterable[TopicPartitionKey]) -> None:
         """The partitions left this member (revoked or lost): what it stored for them is history."""
         for tp in tps:

@@ -50,3 +50,38 @@ def test_lag_command_on_a_correct_broker():
         assert json.loads(res.stdout)["total_lag"] == 50
         table = run_cli(["lag"], env, timeout=60)
         assert table.returncode == 0 and "total" in table.stdout and "21" in table.stdout
+
+
+def test_a_drained_transactional_input_reads_lag_0_on_tansu(stack, model):
+    """A transactional producer on the input topic: the worker embeds the committed records only (an
+    aborted transaction's never), and once drained `embedstream lag` reads 0 with the partitions'
+    ends committed, so KEDA can scale the deployment to zero.
+
+    On Kafka a commit marker takes an offset after the last record, which the consumer is never
+    handed; the worker commits the partition's end once drained (``test_loop``'s marker test). Neither
+    local broker gives markers an offset (measured: Tansu's and the mock cluster's end offsets count
+    the records only), so here the end is the last record's offset + 1."""
+    from schemas.codec import Document, encode_document
+    from tests.helpers import fresh_settings, read_topic, settings_env
+    from worker.runner import build_worker
+
+    s = fresh_settings(stack, partitions=2, redis_url=None)
+    p = Producer({**s.kafka_common(), "transactional.id": f"tx-{s.group_id}"})
+    p.init_transactions(30)
+    kept: set[str] = set()
+    for t, (n, commit) in enumerate(((12, True), (4, False), (6, True))):
+        p.begin_transaction()
+        for i in range(n):
+            doc = Document(f"t{t}-{i}", f"transactional document {i} of transaction {t}")
+            p.produce(s.input_topic, key=doc.id.encode(), value=encode_document(doc), partition=i % 2)
+            kept |= {doc.id} if commit else set()
+        p.commit_transaction(30) if commit else p.abort_transaction(30)
+    stats = build_worker(s, embedder=model).run(stop_when_idle=2.0)
+    assert stats.embedded == len(kept) == 18
+    assert {m.key().decode() for m in read_topic(s, s.output_topic, expect=18, idle=1.0)} == kept
+
+    res = run_cli(["lag", "--json", "--lag-threshold", "5"], settings_env(s), timeout=60)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["total_lag"] == 0 and out["desired_replicas"] == 0, out
+    assert all(x["committed"] == x["end_offset"] > 0 for x in out["partitions"]), out

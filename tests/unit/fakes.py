@@ -162,8 +162,10 @@ class FakeConsumer:
     commits, pauses and resumes are recorded. ``revoke_next`` / ``lose_next`` make the next
     ``consume`` call the rebalance callback first, as librdkafka does."""
 
-    def __init__(self, records: dict[int, list], topic: str = "docs") -> None:
+    def __init__(self, records: dict[int, list], topic: str = "docs", ends: dict[int, int] | None = None) -> None:
+        """``ends``: the offset a partition's end event carries (its log end; default -1, none)."""
         self.topic = topic
+        self.ends = ends or {}
         self.pending = {p: list(msgs) for p, msgs in records.items()}
         self.eof_sent: set[int] = set()
         self.assigned: list[TopicPartition] = []
@@ -204,7 +206,7 @@ class FakeConsumer:
                 out.append(queue.pop(0))
             if not queue and p not in self.eof_sent and len(out) < num_messages:
                 self.eof_sent.add(p)
-                out.append(EofMessage(None, None, p, -1, self.topic))
+                out.append(EofMessage(None, None, p, self.ends.get(p, -1), self.topic))
         if not out and timeout and timeout > 0:
             time.sleep(min(timeout, 0.01))
         return out

@@ -53,6 +53,15 @@ def test_drains_every_partition_and_commits_the_next_offsets():
     assert consumer.committed_offsets == {0: 35, 1: 7} and consumer.closed
 
 
+def test_a_drained_partition_is_committed_up_to_its_end_past_a_commit_marker():
+    """A transactional producer's last record (offset 4) is followed by its commit marker (5), which
+    the consumer never hands out: the partition's end (6) is committed once it is drained, so lag
+    reads 0. A partition whose end follows its last record is committed as before."""
+    consumer = FakeConsumer({0: _records(0, 5), 1: _records(1, 3)}, ends={0: 6, 1: 3})
+    stats = _worker(consumer).run(stop_when_idle=0.1)
+    assert stats.embedded == 8 and consumer.committed_offsets == {0: 6, 1: 3}
+
+
 def test_a_rebalance_served_by_close_reads_no_committed_offsets():
     """librdkafka serves a rebalance inside ``close()`` (another member left at the same time): reading
     the committed offsets from that callback blocks until its timeout, so the loop does not."""
