@@ -39,6 +39,10 @@ def test_bench_quick_writes_json_and_chart(tmp_path, tmp_path_factory):
     assert r["Rdup90"] == pytest.approx(w["S4_90"]["docs_per_s"] / w["S4_0"]["docs_per_s"])
     assert r["Rio"] == pytest.approx(w["io"]["docs_per_s"] / d["milvus_upsert_rows_per_s"])
     assert 0 < w["io"]["cpu_us_per_doc"] < 1e6  # some CPU per document, less than a second of it
+    cpu = out["cpu_per_doc"]  # S1 and S2 texts, with the cache and without, the io row among them
+    assert {k: set(v) for k, v in cpu.items()} == {"S1": {"cache", "no_cache"}, "S2": {"cache", "no_cache"}}
+    assert all(0 < us < 1e6 for v in cpu.values() for us in v.values())
+    assert cpu["S2"]["cache"] == w["io"]["cpu_us_per_doc"] and res.stdout.count("CPU/doc") >= 5  # 4 + registry
     # two models interleaved, against the harmonic mix of each alone
     tm = w["two_models"]
     assert tm["docs"] == 40 and min(tm["docs_per_s"], tm["minilm_docs_per_s"], tm["proj_docs_per_s"]) > 0
