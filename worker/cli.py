@@ -214,6 +214,9 @@ def tail(
     output_format: Annotated[str | None, typer.Option(
         "--format", help="avro|avro-registry|json: how the values are written [env: EMBEDSTREAM_OUTPUT_FORMAT; "
         "default: avro]")] = None,
+    read_uncommitted: Annotated[bool, typer.Option(
+        "--read-uncommitted", help="Also show records of open and aborted transactions (default: committed "
+        "records only, as a read_committed consumer sees them)")] = False,
     kafka_bootstrap_servers: opt.Bootstrap = None,
     output_topic: opt.OutputTopic = None,
     schema_registry_url: opt.SchemaRegistryUrl = None,
@@ -231,7 +234,7 @@ def tail(
         s.require("kafka_bootstrap_servers")
         decode = embedding_decoder(output_format or s.output_format, s)
         for record in tail_records(s, from_beginning=from_beginning, max_records=max_records, timeout=timeout,
-                                   decode=decode):
+                                   decode=decode, read_committed=not read_uncommitted):
             sys.stdout.write(to_json_line(record, vectors) + "\n")
             sys.stdout.flush()
     except (ValueError, RuntimeError) as exc:

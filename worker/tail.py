@@ -19,8 +19,12 @@ from worker.settings import Settings
 
 def tail_records(settings: Settings, *, topic: str | None = None, from_beginning: bool = False,
                  max_records: int | None = None, timeout: float | None = None,
-                 decode: Callable[[bytes], dict] = decode_embedding) -> Iterator[dict]:
+                 decode: Callable[[bytes], dict] = decode_embedding, read_committed: bool = True) -> Iterator[dict]:
     """Yield the records of ``topic`` (default: the output topic) as dicts.
+
+    ``read_committed``: a transactional producer's records only once their transaction committed
+    (never an aborted one's), as a consumer of an exactly-once output reads them; False shows
+    everything written.
 
     Stops after ``max_records``, or once no record arrived for ``timeout`` seconds (None: never).
     A tombstone yields ``{"id": key, "tombstone": True}``; a value that does not decode yields
@@ -32,6 +36,7 @@ def tail_records(settings: Settings, *, topic: str | None = None, from_beginning
         "group.id": f"embedstream-tail-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False,
         "enable.partition.eof": False,
+        "isolation.level": "read_committed" if read_committed else "read_uncommitted",
     })
     try:
         meta = consumer.list_topics(topic, timeout=10)

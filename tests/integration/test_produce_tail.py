@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+from confluent_kafka import Producer
 
 from connectors.kafka import make_producer
 from schemas.codec import decode_document, encode_embedding
@@ -75,3 +76,28 @@ def test_tail_decodes_embeddings_and_tombstones(stack):
     assert got["gone"]["tombstone"] is True
     for r in recs:
         assert {k: got[r["id"]][k] for k in r} == r
+
+
+def test_tail_reads_committed_records_unless_asked(stack):
+    """A transactional producer's open transaction is hidden from `tail` (read_committed, as consumers
+    of an exactly-once output read) until it commits, and shown with --read-uncommitted. (Tansu
+    drops an aborted transaction's records for every reader, read_uncommitted ones included.)"""
+    s = fresh_settings(stack, partitions=1)
+    p = Producer({**s.kafka_common(), "transactional.id": f"tail-{s.group_id}"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(s.output_topic, key="kept", value=None)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    p.produce(s.output_topic, key="open", value=None)
+    assert p.flush(10) == 0  # written, its transaction still open
+    args = ["tail", "--from-beginning", "--timeout", "3"]
+    res = run_cli(args, settings_env(s))
+    assert res.returncode == 0, res.stderr
+    assert [json.loads(x)["id"] for x in res.stdout.splitlines()] == ["kept"]
+    res = run_cli([*args, "--read-uncommitted"], settings_env(s))
+    assert res.returncode == 0, res.stderr
+    assert [json.loads(x)["id"] for x in res.stdout.splitlines()] == ["kept", "open"]
+    p.commit_transaction(30)
+    res = run_cli(args, settings_env(s))
+    assert [json.loads(x)["id"] for x in res.stdout.splitlines()] == ["kept", "open"]
