@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +124,14 @@ def _input_names(tokenizer) -> list[str]:
     return names
 
 
+class _DropRecords(logging.Filter):
+    """On the root logger, drops the records logged to it directly (onnxruntime.quantization does);
+    a logger's filters never see what its children propagate, so every module's records still show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
 def export(transformer, tokenizer, dest: Path) -> Path:
     """Export the Hugging Face model inside sentence-transformers' ``Transformer`` module to
     ``dest/model.onnx`` (batch and sequence axes dynamic), then quantize it to
@@ -148,11 +157,19 @@ def export(transformer, tokenizer, dest: Path) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     axes = {n: {0: "batch", 1: "sequence"} for n in names}
     axes["last_hidden_state"] = {0: "batch", 1: "sequence"}
-    with torch.inference_mode():
-        torch.onnx.export(LastHidden(model), args, str(tmp / "model.onnx"), input_names=names,
-                          output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False)
-    quantize_dynamic(str(tmp / "model.onnx"), str(tmp / "model-int8.onnx"), weight_type=QuantType.QInt8,
-                     per_channel=True, reduce_range=reduce_range())
+    # The tracer's and the quantizer's advice (TracerWarnings about Python booleans in the attention
+    # mask, onnxruntime's "consider pre-processing" on the root logger) says nothing a user can act on.
+    quiet = _DropRecords()
+    logging.getLogger().addFilter(quiet)
+    try:
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(LastHidden(model), args, str(tmp / "model.onnx"), input_names=names,
+                              output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=17, dynamo=False)
+            quantize_dynamic(str(tmp / "model.onnx"), str(tmp / "model-int8.onnx"), weight_type=QuantType.QInt8,
+                             per_channel=True, reduce_range=reduce_range())
+    finally:
+        logging.getLogger().removeFilter(quiet)
     (tmp / "export.json").write_text(json.dumps({"version": EXPORT_VERSION, "inputs": names,
                                                   "weight_bits": 7 if reduce_range() else 8,
                                                   "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))

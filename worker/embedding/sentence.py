@@ -115,7 +115,10 @@ class SentenceTransformerEmbedder(Embedder):
                  truncate_dim: int | None = None) -> None:
         import torch
         import transformers
-        from sentence_transformers import SentenceTransformer
+
+        from worker.embedding.imports import sentence_transformers
+
+        SentenceTransformer = sentence_transformers().SentenceTransformer
 
         transformers.logging.disable_progress_bar()  # no "Loading weights" bar in the worker's log
 
@@ -194,7 +197,7 @@ class SentenceTransformerEmbedder(Embedder):
         from worker.embedding import int8
 
         fp32 = self._embed(int8.CHECK_TEXTS, "")
-        original, self._modules[0] = self._modules[0], int8.load(self.sentence_transformer, path)  # type: ignore
+        original, self._modules[0] = self._modules[0], int8.load(self.sentence_transformer, path)
         quality = int8.check_quality(self._embed(int8.CHECK_TEXTS, ""), fp32)
         #: Cosine of this model's int8 vectors to its float32 ones on ``int8.CHECK_TEXTS``.
         self.int8_quality = quality

@@ -71,7 +71,7 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         _throughput(out, base, emb, texts, sizes, say)
         _io_path(out, base, emb.dim, sizes, say)
         _registry(out, base, emb, texts["S2"], sizes, env["EMBEDSTREAM_SCHEMA_REGISTRY_URL"], say)
-        _two_models(out, base, texts["S2"], state_dir, say, model)
+        _two_models(out, base, texts["S2"][:sizes["two_models"]], state_dir, say, model)
         _repeats(out, base, emb, sizes, say)
         _long(out, base, emb, sizes, say)
         out["denominators"]["peer_docs_per_s"] = _peer(peer_python, emb, texts["S2"], say)
