@@ -14,9 +14,9 @@ FULL = {"S1": 3000, "S2": 3000, "S4": 5000, "io": 6000, "upsert_rows": 10_000, "
         "two_models": None}
 #: ``long``: how many long documents (``corpus.long_documents``, the shortest of them; None: all).
 #: ``two_models``: how many of the S2 texts the two-model runs take (None: all). --quick measures one
-#: raw batch size (64, the best of 32/64/128 in most full runs here) and is meant to end within 3 minutes.
+#: raw batch size: 32, the best of 32/64/128 for S1 and S2 in the full CPU run (docs/bench/bench.json).
 QUICK = {"S1": 400, "S2": 400, "S4": 300, "io": 800, "upsert_rows": 2000, "S5_seconds": 4.0,
-         "quality_texts": 200, "raw_batch_sizes": (64,), "long": 3, "precision_queries": 100, "two_models": 200}
+         "quality_texts": 200, "raw_batch_sizes": (32,), "long": 3, "precision_queries": 100, "two_models": 200}
 
 
 def short_texts(n: int, seed: int = 1) -> list[str]:
