@@ -96,10 +96,6 @@ class Worker:
         self.stats = RunStats()
         self.stop = GracefulStop()
         self.held = Held(backoff_max)
-        #: Set once the loop hands the consumer to ``close()``: a rebalance that close() serves is no
-        #: new generation to learn (nothing is written after it), and asking the coordinator for the
-        #: committed offsets from inside close() only times out (10 s seen on Tansu).
-        self._closing = False
 
     def install_signal_handlers(self) -> None:
         self.stop.install()
@@ -107,8 +103,10 @@ class Worker:
     # -- rebalance callbacks (run inside consume(), on this thread) ----------------------------
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.assignment.add(consumer, partitions)
-        if not self._closing:
-            self.chain.committer.new_generation(self.assignment.partitions)
+        # Inside close() (another member left at the same time) the read of the committed offsets
+        # times out after 10 s on Tansu. Skipping it there once left close() hung for over a minute
+        # in a zombie scenario (in librdkafka, after the revoke): it stays, a known 10 s.
+        self.chain.committer.new_generation(self.assignment.partitions)
         self.chain.fence.publish(self.assignment.partitions)
         self.health.assigned = len(self.assignment)
         log.info("assigned %s", sorted(p.partition for p in partitions))
@@ -181,7 +179,6 @@ class Worker:
             raise
         finally:
             chain.fence.stop()
-            self._closing = True
             self.consumer.close()
         return self.stats
 

@@ -62,29 +62,6 @@ def test_a_drained_partition_is_committed_up_to_its_end_past_a_commit_marker():
     assert stats.embedded == 8 and consumer.committed_offsets == {0: 6, 1: 3}
 
 
-def test_a_rebalance_served_by_close_reads_no_committed_offsets():
-    """librdkafka serves a rebalance inside ``close()`` (another member left at the same time): reading
-    the committed offsets from that callback blocks until its timeout, so the loop does not."""
-    consumer = FakeConsumer({0: _records(0, 5)})
-    reads: list[str] = []
-    closing = threading.Event()
-    real_committed, real_close = consumer.committed, consumer.close
-
-    def committed(partitions, timeout=None):
-        reads.append("in close" if closing.is_set() else "running")
-        return real_committed(partitions, timeout)
-
-    def close():
-        closing.set()
-        consumer._callbacks["assign"](consumer, [])  # an incremental assignment of nothing new
-        real_close()
-
-    consumer.committed, consumer.close = committed, close  # type: ignore[method-assign]
-    _worker(consumer).run(stop_when_idle=0.1)
-    assert consumer.committed_offsets == {0: 5} and consumer.closed
-    assert reads and "in close" not in reads  # read on the first assignment, never from close()
-
-
 def test_a_consumed_chunk_never_holds_more_than_the_batches_still_allowed_in_flight():
     gate = threading.Event()
     consumer = FakeConsumer({0: _records(0, 600)})
