@@ -120,9 +120,11 @@ def backfill_lag(settings: Settings, group: str, ends: Mapping[int, int] | None 
     while the backfill is still reading some partition must not be taken for done."""
     admin = admin or make_admin(settings.kafka_common())
     lags = group_lag(admin, group, settings.input_topic, "earliest")
-    firsts = admin.list_offsets({TopicPartition(settings.input_topic, p.partition): OffsetSpec.earliest()
-                                 for p in lags}, request_timeout=10)
-    first = {tp.partition: f.result(10).offset for tp, f in firsts.items()}
+    # The first offsets only where the group never committed (once it has, polls cost no second request).
+    never = {TopicPartition(settings.input_topic, p.partition): OffsetSpec.earliest()
+             for p in lags if p.committed is None}
+    first = {tp.partition: f.result(10).offset
+             for tp, f in (admin.list_offsets(never, request_timeout=10) if never else {}).items()}
     seen = ends or {}
     total = sum(max(0, max(p.end_offset, seen.get(p.partition, -1))
                     - (p.committed if p.committed is not None else first[p.partition])) for p in lags)

@@ -46,6 +46,10 @@ class StreamResult:
     def docs_per_s(self) -> float:
         return self.docs / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def cpu_us_per_doc(self) -> float:
+        return 1e6 * self.cpu_seconds / self.docs if self.docs else 0.0
+
 
 def raw_encode(embedder, texts: list[str], batch_sizes=(32, 64, 128)) -> tuple[float, int]:
     """``SentenceTransformer.encode`` docs/s at its best batch size (after one warm-up pass)."""

@@ -129,7 +129,7 @@ def _throughput(out: dict, base: Settings, emb, texts: dict, sizes: dict, say: C
         out["workloads"][name] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds,
                                   "cached": res.cached, "tokens_real": res.tokens_real,
                                   "tokens_padded": res.tokens_padded,
-                                  "cpu_us_per_doc": 1e6 * res.cpu_seconds / res.docs if res.docs else 0.0}
+                                  "cpu_us_per_doc": res.cpu_us_per_doc}
         if emb.device == "cuda":
             say(f"{name}: worker with an instant sink (no Redis, a Milvus that keeps nothing)")
             fast = measure.worker_stream(base, emb, texts[name], f"{name.lower()}-i-{int(time.time())}",
@@ -137,7 +137,7 @@ def _throughput(out: dict, base: Settings, emb, texts: dict, sizes: dict, say: C
             out["workloads"][f"{name}_instant_sink"] = {
                 "docs": fast.docs, "docs_per_s": fast.docs_per_s, "seconds": fast.seconds,
                 "tokens_real": fast.tokens_real,
-                "cpu_us_per_doc": 1e6 * fast.cpu_seconds / fast.docs if fast.docs else 0.0}
+                "cpu_us_per_doc": fast.cpu_us_per_doc}
 
 
 def _io_path(out: dict, base: Settings, dim: int, sizes: dict, say: Callable[[str], None]) -> None:
@@ -153,8 +153,7 @@ def _io_path(out: dict, base: Settings, dim: int, sizes: dict, say: Callable[[st
             fake = FakeEmbedder(dim=dim, model_id=f"instant-{name.lower()}-{int(cache)}-{int(time.time())}")
             s = base if cache else base.model_copy(update={"redis_url": None})
             res = measure.worker_stream(s, fake, texts[name], f"io-{name.lower()}-{int(cache)}")
-            cpu.setdefault(name, {})["cache" if cache else "no_cache"] = \
-                1e6 * res.cpu_seconds / res.docs if res.docs else 0.0
+            cpu.setdefault(name, {})["cache" if cache else "no_cache"] = res.cpu_us_per_doc
             if name == "S2" and cache:
                 out["workloads"]["io"] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds,
                                           "cpu_us_per_doc": cpu["S2"]["cache"]}
@@ -176,7 +175,7 @@ def _registry(out: dict, base: Settings, emb, texts: list[str], sizes: dict, url
     fake = FakeEmbedder(dim=emb.dim, model_id=f"instant-r-{int(time.time())}")
     io = measure.worker_stream(base, fake, workloads.mixed_texts(sizes["io"]), "io-r", registry_url=url)
     out["workloads"]["io_registry"] = {"docs": io.docs, "docs_per_s": io.docs_per_s, "seconds": io.seconds,
-                                       "cpu_us_per_doc": 1e6 * io.cpu_seconds / io.docs if io.docs else 0.0}
+                                       "cpu_us_per_doc": io.cpu_us_per_doc}
 
 
 def _two_models(out: dict, base: Settings, texts: list[str], state_dir: Path, say: Callable[[str], None],
