@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, Producer
 from connectors.milvus import MilvusStore
 from connectors.redis_cache import RedisCache
 from connectors.registry import SchemaRegistry
+from connectors.transactions import Transactions
 from schemas.errors import ConfigError
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet
@@ -84,15 +85,19 @@ def embed_by_model(steps: dict[str, Callable[[list[Batch]], None]],
 
 def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Producer], models: ModelSet,
                 caches: dict[str, RedisCache | None], stores: dict[str, MilvusStore], fence: Fence,
-                topic_ids: dict[str, str], registry: SchemaRegistry | None = None) -> Chain:
+                topic_ids: dict[str, str], registry: SchemaRegistry | None = None,
+                transactions: Transactions | None = None) -> Chain:
     """Every step, in the order a record meets it (the pipeline is built first only because intake
-    hands its batches to it). ``models``, ``caches`` and ``stores`` are by model name."""
+    hands its batches to it). ``models``, ``caches`` and ``stores`` are by model name; with
+    ``transactions`` (exactly-once) the sink commits the offsets in its transactions."""
     handles = models.handles
+    committer = OffsetCommitter(consumer, s.commit_interval_ms / 1000, transactions=transactions)  # 7 commit
     sink = SinkStep({n: ModelTarget(stores[n], m.model_id, m.dim, caches[n]) for n, m in handles.items()},
                     new_producer, fence=fence,
                     guard=VersionGuard(topic_ids), output_topic=s.output_topic, dlq_topic=s.dlq_topic,
                     delivery_timeout_s=s.kafka_timeout_seconds,
-                    output=output_format(s.output_format, s.output_topic, registry))
+                    output=output_format(s.output_format, s.output_topic, registry),
+                    transactions=transactions, on_committed=committer.committed_by_transaction)
     chunkers = {n: chunker_for(s, m, model=n) for n, m in handles.items()}
     embed = Stage("embed", embed_by_model({                                          # 5 per model:
         n: in_turn(chunkers[n].process,                                              #   chunk (tokenizer:
@@ -113,5 +118,4 @@ def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Prod
                 max_bytes=s.max_batch_bytes),                                        #   deadline, bytes
         next_step=pipeline.submit,
     )
-    committer = OffsetCommitter(consumer, s.commit_interval_ms / 1000)               # 7 store + commit
     return Chain(intake, pipeline, committer, fence, model_free=lambda: embed.backlog == 0)

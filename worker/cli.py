@@ -275,6 +275,7 @@ def run(
     truncate_dim: opt.TruncateDim = None,
     models: opt.Models = None,
     model_memory_mb: opt.ModelMemoryMb = None,
+    delivery: opt.Delivery = None,
 ) -> None:
     """The worker: consume documents, batch, cache, embed, upsert into Milvus, publish, commit.
 
@@ -284,6 +285,7 @@ def run(
     any schema registry client property (credentials, TLS) as EMBEDSTREAM_SCHEMA_REGISTRY__<NAME>
     (e.g. EMBEDSTREAM_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO=user:secret).
     """
+    from connectors.transactions import TransactionsFailed
     from worker.runner import build_worker, setup_logging
     from worker.steps.dlq_limit import DlqLimitExceeded
 
@@ -296,17 +298,23 @@ def run(
         metrics_port=metrics_port,
         schema_registry_url=schema_registry_url, output_format=output_format, key_field=key_field,
         document_prompt=document_prompt, query_prompt=query_prompt, truncate_dim=truncate_dim, models=models,
-        model_memory_mb=model_memory_mb)
+        model_memory_mb=model_memory_mb, delivery=delivery)
     setup_logging(s)
     try:
         worker = build_worker(s)
     except ConfigError as exc:
         raise fail(f"{exc}", 2) from None
+    except TransactionsFailed as exc:
+        raise fail(str(exc), 4) from None
     worker.install_signal_handlers()
     try:
         stats = worker.run(stop_when_idle=stop_when_idle)
     except DlqLimitExceeded as exc:
         raise fail(str(exc), 3) from None
+    except TransactionsFailed as exc:
+        raise fail(f"{exc}. Nothing more was written; the offsets committed are those of the transactions "
+                   "that committed. A newer worker with the same transactional.id (the same "
+                   "EMBEDSTREAM_GROUP_INSTANCE_ID) fences this one: run each instance id once.", 4) from None
     err.print(_done_line(stats))
 
 

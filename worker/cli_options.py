@@ -26,6 +26,9 @@ InputTopic = Annotated[str | None, _setting("input_topic", "Topic of documents")
 OutputTopic = Annotated[str | None, _setting("output_topic", "Topic of embeddings")]
 DlqTopic = Annotated[str | None, _setting("dlq_topic", "Dead-letter topic")]
 GroupId = Annotated[str | None, _setting("group_id", "Consumer group of the workers")]
+Delivery = Annotated[str | None, _setting(
+    "delivery", "at-least-once|exactly-once; exactly-once commits each group of batches' output and DLQ records "
+                "with their input offsets in one Kafka transaction", "at-least-once")]
 GroupInstanceId = Annotated[str | None, _setting("group_instance_id", "Static membership id, e.g. the pod name")]
 Model = Annotated[str | None, _setting("model", "sentence-transformers model path or name",
                                        "the packaged all-MiniLM-L6-v2")]

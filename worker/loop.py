@@ -132,8 +132,11 @@ class Worker:
         dropped = self.chain.intake.drop(tps)
         self.held.drop(tps)
         self.assignment.remove(tps, lost=lost)
-        self.chain.committer.forget(tps)
         self.chain.fence.publish(self.assignment.partitions)
+        # Exactly-once: a transaction that checked the ownership before it shrank finishes now; any
+        # later one sees the smaller ownership and leaves these partitions out (worker.steps.sink).
+        self.chain.committer.barrier()
+        self.chain.committer.forget(tps)
         self.health.assigned = len(self.assignment)
         return dropped
 

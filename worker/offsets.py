@@ -5,16 +5,24 @@ The delivery contract lives here: an offset is *stored* only once its batch has 
 offsets are *committed* at most every ``interval`` seconds (0: after every store), and
 synchronously on revoke and at shutdown. A failed commit leaves the stored offsets in place, so the
 next commit carries them.
+
+With exactly-once delivery (``transactions``) the sink commits each group's offsets inside its
+transaction (``committed_by_transaction`` tells this class), and the consumer never commits: what
+is stored past those offsets (a drained partition's end, ``Worker._step_past_markers``) is
+committed by a transaction of offsets alone.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from connectors.transactions import Transactions
+from schemas.errors import TransientError
 from worker.records import TopicPartitionKey
 
 log = logging.getLogger(__name__)
@@ -23,8 +31,15 @@ log = logging.getLogger(__name__)
 class OffsetCommitter:
     """Stores the next offsets of finished batches in the consumer and commits them."""
 
-    def __init__(self, consumer: Consumer, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, consumer: Consumer, interval: float, clock: Callable[[], float] = time.monotonic,
+                 transactions: Transactions | None = None) -> None:
         self.consumer = consumer
+        self.transactions = transactions
+        #: Exactly-once: per partition, the offset its last transaction committed (written by the
+        #: sink's thread, under ``_lock``), and what was stored past it, to commit in one of its own.
+        self._in_txn: dict[TopicPartitionKey, int] = {}
+        self._ahead: dict[TopicPartitionKey, int] = {}
+        self._lock = threading.Lock()
         self.interval = interval
         self._clock = clock
         self._dirty = False
@@ -37,12 +52,32 @@ class OffsetCommitter:
         """Store ``offsets`` (next offset per partition) of a finished batch; partitions not ``owned``
         any more (revoked or lost meanwhile) are skipped: their new owner redoes them."""
         mine = [TopicPartition(t, p, o) for (t, p), o in offsets.items() if (t, p) in owned]
-        if mine:
+        if mine and self.transactions is not None:
+            with self._lock:
+                self._ahead.update({(tp.topic, tp.partition): tp.offset for tp in mine
+                                    if tp.offset > self._in_txn.get((tp.topic, tp.partition), -1)})
+            self._dirty = bool(self._ahead)
+        elif mine:
             self.consumer.store_offsets(offsets=mine)
             self._dirty = True
+        with self._lock:
             for tp in mine:
                 key = (tp.topic, tp.partition)
                 self._known[key] = max(self._known.get(key, 0), tp.offset)
+
+    def committed_by_transaction(self, offsets: Mapping[TopicPartitionKey, int]) -> None:
+        """Exactly-once: a transaction committed ``offsets`` (next offset per partition). Any thread."""
+        with self._lock:
+            for tp, o in offsets.items():
+                self._in_txn[tp] = max(self._in_txn.get(tp, -1), o)
+                self._known[tp] = max(self._known.get(tp, 0), o)
+
+    def barrier(self) -> None:
+        """Exactly-once: wait for the transaction committing now, if any. Called after a revoke
+        published the smaller ownership: any later commit checks it first (``worker.steps.sink``)."""
+        if self.transactions is not None:
+            with self.transactions.lock:
+                pass
 
     def new_generation(self, owned: Iterable[TopicPartitionKey], timeout: float = 10.0) -> None:
         """A rebalance this member took part in has just assigned it ``owned`` (any assign callback,
@@ -51,14 +86,16 @@ class OffsetCommitter:
         member reported the partition it still believed it owned, the sticky assignor gave it back,
         and the member that had taken it over and committed it further revoked it.)"""
         owned = set(owned)
-        self._known = {tp: o for tp, o in self._known.items() if tp in owned}
+        with self._lock:
+            self._known = {tp: o for tp, o in self._known.items() if tp in owned}
         if not owned:
             return
         try:
             for p in self.consumer.committed([TopicPartition(t, n) for t, n in owned], timeout=timeout):
                 key = (p.topic, p.partition)
                 if p.offset >= 0:
-                    self._known[key] = max(self._known.get(key, 0), p.offset)
+                    with self._lock:
+                        self._known[key] = max(self._known.get(key, 0), p.offset)
         except KafkaException as exc:
             log.warning("could not read the committed offsets after a rebalance (%s): a later takeover check "
                         "compares with this member's own offsets only", exc)
@@ -69,8 +106,11 @@ class OffsetCommitter:
 
     def forget(self, tps: Iterable[TopicPartitionKey]) -> None:
         """The partitions left this member (revoked or lost): what it stored for them is history."""
-        for tp in tps:
-            self._known.pop(tp, None)
+        with self._lock:
+            for tp in tps:
+                self._known.pop(tp, None)
+                self._in_txn.pop(tp, None)
+                self._ahead.pop(tp, None)
 
     def tick(self) -> None:
         """Commit what is stored if the interval has passed (every call with interval 0)."""
@@ -83,6 +123,8 @@ class OffsetCommitter:
         """Commit the stored offsets; True when nothing is left uncommitted. A failure is retried by
         the next call (the stored offsets stay), or here up to ``attempts`` times, 0.5 s apart."""
         self._last = self._clock()
+        if self.transactions is not None:
+            return self._commit_in_transaction()
         for attempt in range(attempts):
             if not self._dirty:
                 return True
@@ -103,6 +145,23 @@ class OffsetCommitter:
                 if not last:
                     time.sleep(0.5)
         return False
+
+    def _commit_in_transaction(self) -> bool:
+        """Exactly-once: commit what was stored past the transactions' offsets, in a transaction."""
+        assert self.transactions is not None
+        if not self._ahead:
+            return True
+        ahead = dict(self._ahead)
+        try:
+            self.transactions.commit_offsets([TopicPartition(t, p, o) for (t, p), o in ahead.items()])
+        except TransientError as exc:
+            log.warning("commit failed (%s); the next commit retries it", exc)
+            return False
+        self.committed_by_transaction(ahead)
+        with self._lock:
+            self._ahead = {tp: o for tp, o in self._ahead.items() if o > ahead.get(tp, -1)}
+        self._dirty = bool(self._ahead)
+        return not self._dirty
 
     def membership_holds(self, timeout: float = 10.0) -> bool:
         """Prove, after a stall, that this member still owns its partitions: nobody else committed
@@ -129,9 +188,11 @@ class OffsetCommitter:
                 log.warning("membership not proven: other members committed %s past this member's offsets "
                             "(the partitions were taken over)", ", ".join(f"{p}@{o}" for p, o in taken))
                 return False
-            if committed:
+            if committed and self.transactions is not None:
+                self.transactions.commit_offsets(committed)  # offsets only ever go through a transaction
+            elif committed:
                 self.consumer.commit(offsets=committed, asynchronous=False)
             return True
-        except KafkaException as exc:
+        except (KafkaException, TransientError) as exc:
             log.warning("membership not proven: the group refused a commit (%s)", exc)
             return False

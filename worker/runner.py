@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import sys
 from collections.abc import Callable
 
@@ -18,6 +20,7 @@ from connectors.kafka import check_broker, make_admin, make_consumer, make_produ
 from connectors.milvus import MilvusStore
 from connectors.redis_cache import RedisCache
 from connectors.registry import SchemaRegistry, client_conf
+from connectors.transactions import Transactions, transactional_id
 from schemas.codec import DOCUMENT_SCHEMA_TEXT
 from schemas.errors import ConfigError
 from worker import metrics
@@ -148,6 +151,21 @@ def serve_metrics(settings: Settings, health: metrics.Health) -> None:
                           "EMBEDSTREAM_METRICS_PORT to a free port, or 0 to turn it off") from None
 
 
+def open_transactions(s: Settings, consumer, delivery_timeout_s: float) -> Transactions | None:
+    """Exactly-once: the worker's transactional producer, its ``transactional.id`` from the group and
+    the static member id (the pod name under the chart), else host and process id (then a killed
+    worker's open transaction ends only by the broker's ``transaction.timeout.ms``)."""
+    if s.delivery != "exactly-once":
+        return None
+    member = s.group_instance_id or f"{socket.gethostname()}-{os.getpid()}"
+    tid = transactional_id(s.group_id, member)
+    log.info("exactly-once delivery: transactional.id %s", tid)
+    conf = {"transactional.id": tid, "transaction.timeout.ms": int(max(60.0, delivery_timeout_s) * 1000)}
+    conf.update({k: v for k, v in s.kafka.items() if k == "transaction.timeout.ms"})
+    return Transactions(lambda: make_producer(s.kafka_common(), delivery_timeout_s, **conf),
+                        consumer.consumer_group_metadata, s.kafka_timeout_seconds)
+
+
 def build_worker(settings: Settings, embedder: Embedder | None = None,
                  on_progress: Callable[[RunStats], None] | None = None,
                  store_factory: Callable[[Settings, str], MilvusStore] | None = None) -> Worker:
@@ -180,8 +198,10 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     consumer = make_consumer(s.kafka_common(), s.group_id, s.group_instance_id, **{
         "statistics.interval.ms": 5000, "stats_cb": metrics.record_lag_from_stats,
         "error_cb": health.on_kafka_error})
-    chain = build_chain(s, consumer, lambda: make_producer(s.kafka_common(), delivery_timeout_s), models, caches,
-                        stores, fence, topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s))
+    new_producer = lambda: make_producer(s.kafka_common(), delivery_timeout_s)  # noqa: E731
+    chain = build_chain(s, consumer, new_producer, models, caches, stores, fence,
+                        topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s),
+                        open_transactions(s, consumer, delivery_timeout_s))
     max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
     # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without
     # partitions waits two session timeouts (a rejoin) before it counts as idle.

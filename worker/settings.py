@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     # repr=False: the passthrough may hold secrets (sasl.password); redacted() shows it masked.
     kafka: dict[str, str] = Field(default_factory=dict, repr=False, description="librdkafka passthrough properties")
     kafka_timeout_seconds: float = Field(30.0, gt=0, description="deadline for delivery confirmation")
+    delivery: Literal["at-least-once", "exactly-once"] = Field(
+        "at-least-once", description="exactly-once: each group of batches' output and DLQ records commit with "
+                                     "their input offsets in one Kafka transaction (read_committed readers see "
+                                     "each record's output once); the transactional.id is embedstream-<group>-"
+                                     "<group instance id, else host-pid>")
 
     # Schema registry and record formats
     # repr=False: a URL may carry user:password@; redacted() masks it.

@@ -242,3 +242,52 @@ class FakeConsumer:
 
     def close(self):
         self.closed = True
+
+
+class TransactionalProducer(RecordingProducer):
+    """A transactional producer: ``visible`` holds what read_committed readers would see (records of
+    committed transactions), ``offsets`` the offsets committed with them. ``errors[method]`` lists
+    ``KafkaError``s that the next calls of that method raise, in turn."""
+
+    def __init__(self, errors: dict[str, list] | None = None):
+        super().__init__()
+        self.errors = errors or {}
+        self.calls: list[str] = []
+        self.visible: list[tuple[str, object, object, object]] = []
+        self.offsets: dict[tuple[str, int], int] = {}
+        self._open: list = []
+        self._open_offsets: dict[tuple[str, int], int] = {}
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        pending = self.errors.get(name)
+        if pending:
+            from confluent_kafka import KafkaException
+
+            raise KafkaException(pending.pop(0))
+
+    def init_transactions(self, timeout=None):
+        self._call("init_transactions")
+
+    def begin_transaction(self):
+        self._call("begin_transaction")
+        self._open, self._open_offsets = [], {}
+
+    def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
+        super().produce(topic, value, key, headers, on_delivery)
+        self._open.append((topic, key, value, headers))
+
+    def send_offsets_to_transaction(self, positions, group_metadata, timeout=None):
+        self._call("send_offsets_to_transaction")
+        self._open_offsets.update({(tp.topic, tp.partition): tp.offset for tp in positions})
+
+    def commit_transaction(self, timeout=None):
+        self.flush()
+        self._call("commit_transaction")
+        self.visible += self._open
+        self.offsets.update(self._open_offsets)
+        self._open, self._open_offsets = [], {}
+
+    def abort_transaction(self, timeout=None):
+        self._call("abort_transaction")
+        self._open, self._open_offsets = [], {}

@@ -11,6 +11,12 @@ operation per id across the group wins) and done as a whole. Any outage raises
 Milvus upserts are idempotent, the output topic is at-least-once. The cache is filled while
 Milvus writes, best-effort; it never fails a batch.
 
+With ``EMBEDSTREAM_DELIVERY=exactly-once`` (``transactions``) a group is one Kafka transaction: its
+output and dead-letter records and its input offsets commit together, after Milvus acknowledged
+its writes; any failure aborts the transaction and the group is redone whole in a new one
+(``connectors.transactions`` says how each kind of error is met). The offsets are then committed
+here, not by the polling thread.
+
 Nothing older is written over something newer (why this is sound: ``worker.fence`` and
 ``worker.steps.versions``):
 
@@ -33,12 +39,13 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from connectors.kafka import DeliveryBatch
 from connectors.milvus import MilvusStore
 from connectors.milvus_schema import EXCERPT_CHARS, ChunkRows, chunk_id
 from connectors.redis_cache import RedisCache
+from connectors.transactions import Transactions
 from schemas.errors import TransientError
 from worker import metrics
 from worker.fence import Fence
@@ -103,7 +110,9 @@ class SinkStep:
 
     def __init__(self, targets: dict[str, ModelTarget], new_producer: Callable[[], Producer], *, fence: Fence,
                  guard: VersionGuard, output_topic: str, dlq_topic: str, delivery_timeout_s: float,
-                 dlq_value_limit: int = 900_000, output: OutputFormat | None = None) -> None:
+                 dlq_value_limit: int = 900_000, output: OutputFormat | None = None,
+                 transactions: Transactions | None = None,
+                 on_committed: Callable[[dict], None] = lambda _offsets: None) -> None:
         self.targets = targets
         #: A tombstone's ``embedstream.model`` header: the model when there is one, else every one.
         self._delete_header = b",".join(t.header for t in targets.values())
@@ -115,13 +124,19 @@ class SinkStep:
         self.dlq_topic = dlq_topic
         self.delivery_timeout_s = delivery_timeout_s
         self._new_producer = new_producer
-        self.producer = new_producer()
+        #: Exactly-once: the transactional producer, and who learns of the offsets it committed.
+        self.transactions = transactions
+        self._on_committed = on_committed
+        self.producer = transactions.producer if transactions is not None else new_producer()
         self.dlq_value_limit = dlq_value_limit
         self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
 
     def close(self) -> None:
         """Release the Milvus writer thread and the producer (call once the step is no longer used)."""
         self._milvus.shutdown(wait=True)
+        if self.transactions is not None:
+            self.transactions.close(self.delivery_timeout_s)
+            return
         # close() flushes without a time limit: only call it once nothing is left to deliver.
         if self.producer.flush(self.delivery_timeout_s) == 0:
             self.producer.close()
@@ -199,6 +214,14 @@ class SinkStep:
                 delivery.produce(self.dlq_topic, e.key, value, headers)
         return delivery
 
+    def _fill_caches(self, group: list[Batch]) -> None:
+        """Each model's fresh vectors into its cache. A vector depends only on the text and the model,
+        so the cache may be filled before the batches are durable: it is, while Milvus writes."""
+        for name, target in self.targets.items():
+            fresh = {h: v for batch in group for h, v in batch.fresh.get(name, {}).items()}
+            if target.cache is not None and fresh:
+                target.cache.set_many(fresh)
+
     def _news(self, group: list[Batch]) -> tuple[list[Entry], list[Plan]]:
         """The entries to write (owned partitions, not superseded) and, per model's collection, the
         final operations and the chunk counts it holds for their documents. Marks each batch's
@@ -227,6 +250,9 @@ class SinkStep:
         return [e for e in mine if not getattr(e, "superseded", False)], list(plans.values())
 
     def process(self, group: list[Batch]) -> None:
+        if self.transactions is not None:
+            self._process_in_transaction(group, self.transactions)
+            return
         now = int(time.time() * 1000)
         entries, plans = self._news(group)
         self.fence.check()  # the Strong reads above may have taken a while
@@ -239,12 +265,7 @@ class SinkStep:
             # Records acknowledged by an earlier attempt (which then failed on Milvus) are not
             # produced again: an outage would otherwise repeat the group's output at every retry.
             delivery = None if all(b.delivered for b in group) else self._produce(entries, now)
-            # A vector depends only on the text and the model, so the cache may be filled before the
-            # batches are durable: do it while Milvus is still writing.
-            for name, target in self.targets.items():
-                fresh = {h: v for batch in group for h, v in batch.fresh.get(name, {}).items()}
-                if target.cache is not None and fresh:
-                    target.cache.set_many(fresh)
+            self._fill_caches(group)
         except BaseException:
             wait([write])  # never leave a write running behind a retry: one writer at a time
             raise
@@ -263,3 +284,64 @@ class SinkStep:
             metrics.SINK_SECONDS.labels("milvus").observe(write.result())  # raises the write's error
         for plan in plans:
             metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
+
+    def _process_in_transaction(self, group: list[Batch], txn: Transactions) -> None:
+        """The group as one transaction: records, Milvus, then offsets and commit (module doc)."""
+        if txn.pending:  # the last attempt's commit timed out: it may still go through, never redo it
+            with txn.lock:
+                txn.finish_pending()
+            self._committed(group)
+            return
+        now = int(time.time() * 1000)
+        entries, plans = self._news(group)
+        self.fence.check()
+        write = self._milvus.submit(self._write_milvus, plans, now)
+        t0 = time.perf_counter()
+        try:
+            txn.begin()
+            delivery = self._produce(entries, now)
+            self._fill_caches(group)
+            delivery.confirm()
+            metrics.SINK_SECONDS.labels("milvus").observe(write.result())  # Milvus first: it raises here
+            with txn.lock:  # a revoke waits for this: no offsets of a partition given away commit
+                offsets = self._owned_offsets(group)
+                txn.commit(offsets)
+            metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
+            for plan in plans:
+                metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
+        except KafkaException as exc:  # a produce refused by the transaction's state
+            wait([write])
+            txn.abort()
+            raise TransientError("kafka", f"{exc}: the transaction was aborted, its batches are redone") from None
+        except BaseException:
+            wait([write])  # never leave a write running behind a retry: one writer at a time
+            if not txn.pending:
+                txn.abort()
+            raise
+        self._committed(group)
+
+    @staticmethod
+    def _written_offsets(group: list[Batch]) -> dict:
+        """The next offset per partition of the group's written entries (``fenced`` ones left out)."""
+        offsets: dict = {}
+        for batch in group:
+            for tp, o in batch.offsets.items():
+                if tp not in batch.fenced:
+                    offsets[tp] = max(offsets.get(tp, 0), o)
+        return offsets
+
+    def _owned_offsets(self, group: list[Batch]) -> list[TopicPartition]:
+        """The group's ``_written_offsets`` to commit; raises :class:`TransientError` when one of their
+        partitions left this member during the transaction (the redo leaves it to its new owner)."""
+        owned = self.fence.owned_now()
+        offsets = self._written_offsets(group)
+        gone = sorted(p for t, p in offsets if (t, p) not in owned)
+        if gone:
+            raise TransientError("fence", f"partitions {gone} were revoked during the transaction: redoing the "
+                                 "group without them")
+        return [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+
+    def _committed(self, group: list[Batch]) -> None:
+        for batch in group:
+            batch.delivered = True
+        self._on_committed(self._written_offsets(group))

@@ -1,0 +1,154 @@
+"""Kafka transactions for ``EMBEDSTREAM_DELIVERY=exactly-once``: one transactional producer per worker.
+
+A transaction holds a group of batches' output and dead-letter records *and* their input offsets
+(``send_offsets_to_transaction`` with the consumer's group metadata), so a ``read_committed``
+reader of the output topic sees a batch's records exactly when its offsets are committed: never
+twice, never without them.
+
+Every error is handled as librdkafka classifies it (``KafkaError.retriable`` /
+``txn_requires_abort`` / ``fatal``):
+
+* **retriable** — the same call again, until ``timeout`` runs out; a commit that still has not
+  finished is *pending*: the next ``commit`` finishes it (never a new transaction meanwhile: the
+  pending one may yet commit);
+* **abortable** — the transaction is aborted and :class:`TransientError` raised: the caller redoes
+  the group in a new transaction (its records went nowhere);
+* **fatal or fenced** — :class:`TransactionsFailed`: another worker with the same
+  ``transactional.id`` took over, or the producer broke; this worker must stop and never write again.
+
+The calls are serialised by ``lock``: the sink holds it from the ownership check to the end of the
+commit, and a revoke takes it once after publishing the smaller ownership, so no transaction
+commits offsets of a partition this member gave away.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from schemas.errors import TransientError
+
+log = logging.getLogger(__name__)
+
+
+class TransactionsFailed(Exception):
+    """The transactional producer is fenced or failed fatally: stop the worker (exit code 4)."""
+
+
+def transactional_id(group_id: str, member: str) -> str:
+    """The ``transactional.id`` of a worker: the group and the member (the static member id, i.e. the
+    pod name under the Helm chart). The same member after a restart fences its predecessor and ends
+    its open transaction."""
+    return f"embedstream-{group_id}-{member}"
+
+
+def _error(exc: KafkaException) -> KafkaError:
+    err = exc.args[0] if exc.args else None
+    if not isinstance(err, KafkaError):
+        raise exc
+    return err
+
+
+class Transactions:
+    """The worker's transactional producer and its state. ``producer`` is what records are produced
+    with (between ``begin`` and ``commit``)."""
+
+    def __init__(self, new_producer: Callable[[], Producer], group_metadata: Callable[[], object],
+                 timeout: float, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.producer = new_producer()
+        self.timeout = timeout
+        self.lock = threading.Lock()
+        self._group_metadata = group_metadata
+        self._sleep = sleep
+        #: A commit that timed out and may still finish: ``finish_pending`` completes it.
+        self.pending = False
+        self._open = False
+        self._retrying(self.producer.init_transactions, "initialising transactions")
+
+    def _retrying(self, call: Callable[[float], object], what: str) -> None:
+        """``call(timeout)`` until it succeeds; retriable errors again until ``timeout`` has passed
+        (then :class:`TransientError`), fatal ones raise :class:`TransactionsFailed`, abortable ones
+        the ``KafkaException`` for the caller to abort."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                call(max(1.0, deadline - time.monotonic()))
+                return
+            except KafkaException as exc:
+                err = _error(exc)
+                if err.fatal() or (not err.retriable() and not err.txn_requires_abort()):
+                    raise TransactionsFailed(f"{what}: {err.str()} ({err.name()}): the transactional producer "
+                                             "cannot go on (fenced by a newer worker with the same "
+                                             "transactional.id, or broken); stopping") from None
+                if err.txn_requires_abort():
+                    raise
+                if time.monotonic() >= deadline:
+                    raise TransientError("kafka", f"{what}: {err.str()}") from None
+                log.warning("%s: %s; retrying", what, err.str())
+                self._sleep(0.5)
+
+    def begin(self) -> None:
+        if self._open:
+            self.abort()
+        self.producer.begin_transaction()
+        self._open = True
+
+    def commit(self, offsets: list[TopicPartition]) -> None:
+        """Add ``offsets`` (next offset per input partition) and commit. Raises :class:`TransientError`
+        after aborting (redo the group) or when the commit is still pending (``finish_pending``)."""
+        try:
+            if offsets:
+                self._retrying(lambda t: self.producer.send_offsets_to_transaction(
+                    offsets, self._group_metadata(), t), "sending the offsets")
+        except KafkaException as exc:
+            self._abort_for(_error(exc))
+        except TransientError:
+            self.abort()
+            raise
+        self.finish_pending()
+
+    def finish_pending(self) -> None:
+        """Commit the open transaction (again, after a timeout): it may have committed meanwhile."""
+        self.pending = True
+        try:
+            self._retrying(self.producer.commit_transaction, "committing the transaction")
+        except KafkaException as exc:
+            self.pending = False
+            self._abort_for(_error(exc))
+        except TransientError as exc:
+            raise TransientError("kafka", f"{str(exc).removeprefix('kafka: ')}; the commit is retried") from None
+        self.pending = self._open = False
+
+    def _abort_for(self, err: KafkaError) -> None:
+        self.abort()
+        raise TransientError("kafka", f"transaction aborted ({err.str()}): its batches are redone")
+
+    def abort(self) -> None:
+        """Abort the open transaction (its records are never seen by read_committed readers)."""
+        if not self._open:
+            return
+        try:
+            self._retrying(self.producer.abort_transaction, "aborting the transaction")
+        except KafkaException as exc:  # an abort that itself needs an abort: the producer is stuck
+            raise TransactionsFailed(f"aborting the transaction: {_error(exc).str()}") from None
+        self._open = False
+
+    def commit_offsets(self, offsets: list[TopicPartition]) -> None:
+        """A transaction of offsets alone (a drained partition's end past a commit marker)."""
+        with self.lock:
+            if self.pending:
+                self.finish_pending()
+            self.begin()
+            self.commit(offsets)
+
+    def close(self, timeout: float) -> None:
+        """Abort what is open and close the producer."""
+        try:
+            self.abort()
+        except (TransactionsFailed, TransientError) as exc:
+            log.warning("closing the transactional producer: %s", exc)
+        self.producer.flush(timeout)

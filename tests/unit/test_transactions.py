@@ -1,0 +1,188 @@
+"""Exactly-once delivery (``connectors.transactions``, the sink's transactions, the committer's):
+each failure class as librdkafka defines it, against a fake transactional producer whose
+``visible`` records are what a read_committed reader sees."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from confluent_kafka import KafkaError
+
+from connectors.transactions import Transactions, TransactionsFailed, transactional_id
+from schemas.errors import TransientError
+from worker.fence import Fence
+from worker.offsets import OffsetCommitter
+from worker.records import Batch, DeadLetter, Source
+from worker.steps.sink import ModelTarget, SinkStep
+from worker.steps.versions import VersionGuard
+
+from .fakes import RecordingMilvusClient, TransactionalProducer
+from .test_sink import _item, _store
+
+RETRIABLE = KafkaError(KafkaError._TIMED_OUT, "timed out", retriable=True)
+ABORTABLE = KafkaError(KafkaError._STATE, "needs an abort", txn_requires_abort=True)
+FENCED = KafkaError(KafkaError._FENCED, "fenced by a newer producer", fatal=True)
+
+
+def _sink(producer, client=None, fence=None, committed=None):
+    if fence is None:
+        fence = Fence(lease_s=60)
+        fence.publish({("docs", p) for p in range(4)})
+    txn = Transactions(lambda: producer, lambda: "group-metadata", timeout=0.2, sleep=lambda _s: time.sleep(0.02))
+    sink = SinkStep({"": ModelTarget(_store(client or RecordingMilvusClient()), "m", 4)}, lambda: producer,
+                    fence=fence, guard=VersionGuard({"docs": "T1"}), output_topic="embeddings",
+                    dlq_topic="documents.dlq", delivery_timeout_s=5, transactions=txn,
+                    on_committed=(committed if committed is not None else {}).update)
+    return sink, txn
+
+
+def _group():
+    first, second = Batch(), Batch()
+    first.add(_item("a", 0, 0.1))
+    first.add(_item("b", 0, 0.2, partition=1))
+    second.add(DeadLetter(Source("docs", 0, 1), b"k", b"bad", None, "decode_error", "not Avro"))
+    second.add(_item("c", 1, 0.3, partition=1))
+    return [first, second]
+
+
+def test_transactional_id_names_the_group_and_the_member():
+    assert transactional_id("embedstream", "worker-0") == "embedstream-embedstream-worker-0"
+
+
+def test_a_group_is_one_transaction_with_its_records_and_offsets():
+    producer, committed = TransactionalProducer(), {}
+    sink, _ = _sink(producer, committed=committed)
+    group = _group()
+    sink.process(group)
+    assert producer.calls == ["init_transactions", "begin_transaction", "send_offsets_to_transaction",
+                              "commit_transaction"]
+    assert sorted(t for t, *_ in producer.visible) == ["documents.dlq", "embeddings", "embeddings", "embeddings"]
+    assert producer.offsets == {("docs", 0): 2, ("docs", 1): 2} == committed
+    assert all(b.delivered for b in group)
+
+
+def test_an_abortable_error_aborts_and_the_redo_is_seen_once():
+    producer = TransactionalProducer({"commit_transaction": [ABORTABLE]})
+    sink, _ = _sink(producer)
+    group = _group()
+    with pytest.raises(TransientError, match="aborted"):
+        sink.process(group)
+    assert producer.visible == [] and producer.offsets == {}
+    assert producer.calls[-1] == "abort_transaction"
+    sink.process(group)  # the pipeline's retry: a new transaction
+    assert len(producer.visible) == 4 and producer.offsets == {("docs", 0): 2, ("docs", 1): 2}
+
+
+def test_a_commit_that_timed_out_is_finished_never_redone():
+    producer = TransactionalProducer({"commit_transaction": [RETRIABLE] * 50})
+    sink, txn = _sink(producer)
+    group = _group()
+    with pytest.raises(TransientError, match="commit is retried"):
+        sink.process(group)
+    assert txn.pending and "abort_transaction" not in producer.calls
+    producer.errors.clear()
+    produced = len(producer.records)
+    sink.process(group)
+    assert len(producer.records) == produced  # nothing produced again
+    assert len(producer.visible) == 4 and not txn.pending
+
+
+def test_retriable_errors_are_retried_in_place():
+    producer = TransactionalProducer({"send_offsets_to_transaction": [RETRIABLE, RETRIABLE]})
+    sink, _ = _sink(producer)
+    sink.process(_group())
+    assert producer.calls.count("send_offsets_to_transaction") == 3 and len(producer.visible) == 4
+
+
+def test_a_fenced_producer_stops_the_worker():
+    producer = TransactionalProducer({"commit_transaction": [FENCED]})
+    sink, _ = _sink(producer)
+    with pytest.raises(TransactionsFailed, match="fenced"):
+        sink.process(_group())
+    assert producer.visible == []
+
+
+def test_fatal_at_start_is_reported():
+    with pytest.raises(TransactionsFailed, match="initialising"):
+        Transactions(lambda: TransactionalProducer({"init_transactions": [FENCED]}), lambda: None, timeout=0.2)
+
+
+def test_a_milvus_outage_aborts_the_transaction():
+    producer, client = TransactionalProducer(), RecordingMilvusClient(fail_upserts=1)
+    sink, _ = _sink(producer, client=client)
+    group = _group()
+    with pytest.raises(TransientError):
+        sink.process(group)
+    assert producer.visible == [] and producer.calls[-1] == "abort_transaction"
+    sink.process(group)
+    assert len(producer.visible) == 4
+
+
+def test_a_partition_revoked_during_the_transaction_is_left_out_of_the_redo():
+    fence = Fence(lease_s=60)
+    fence.publish({("docs", 0), ("docs", 1)})
+    producer = TransactionalProducer()
+    sink, _ = _sink(producer, fence=fence)
+    real_confirm_flush = producer.flush
+
+    def revoke_then_flush(t=None):  # the revoke lands while the records are in flight
+        fence.publish({("docs", 0)})
+        return real_confirm_flush(t)
+
+    producer.flush = revoke_then_flush
+    group = _group()
+    with pytest.raises(TransientError, match=r"partitions \[1\] were revoked"):
+        sink.process(group)
+    assert producer.visible == [] and producer.offsets == {}
+    producer.flush = real_confirm_flush
+    sink.process(group)
+    assert producer.offsets == {("docs", 0): 2}
+    assert sorted(k for _, k, _, _ in producer.visible) == [b"a", b"k"]  # partition 1's b and c left out
+
+
+class _Consumer:
+    def __init__(self):
+        self.commits = 0
+
+    def store_offsets(self, offsets):
+        raise AssertionError("exactly-once never stores offsets in the consumer")
+
+    def commit(self, **_kw):
+        self.commits += 1
+
+
+def test_the_committer_commits_only_through_transactions():
+    producer = TransactionalProducer()
+    txn = Transactions(lambda: producer, lambda: "gm", timeout=0.2)
+    consumer = _Consumer()
+    committer = OffsetCommitter(consumer, 0, transactions=txn)
+    owned = {("docs", 0), ("docs", 1)}
+    committer.committed_by_transaction({("docs", 0): 10})  # the sink's transaction
+    committer.store({("docs", 0): 10}, owned)               # the loop collects the same batch
+    assert committer.commit(sync=True) and producer.calls == ["init_transactions"]
+    committer.store({("docs", 0): 11, ("docs", 1): 5}, owned)  # a drained end past a commit marker
+    assert committer.commit(sync=True)
+    assert producer.offsets == {("docs", 0): 11, ("docs", 1): 5} and consumer.commits == 0
+    committer.store({("docs", 1): 6}, owned)
+    committer.forget([("docs", 1)])                          # revoked before the commit: never committed
+    assert committer.commit(sync=True) and producer.offsets[("docs", 1)] == 5
+
+
+def test_a_revoke_waits_for_the_transaction_committing_now():
+    producer = TransactionalProducer()
+    txn = Transactions(lambda: producer, lambda: "gm", timeout=0.2)
+    committer = OffsetCommitter(_Consumer(), 0, transactions=txn)
+    order = []
+    txn.lock.acquire()
+
+    def sink_commit():
+        order.append("commit")
+        txn.lock.release()
+
+    timer = threading.Timer(0.2, sink_commit)
+    timer.start()
+    committer.barrier()
+    order.append("revoke goes on")
+    assert order == ["commit", "revoke goes on"]
