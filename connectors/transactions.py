@@ -57,12 +57,15 @@ class Transactions:
     """The worker's transactional producer and its state. ``producer`` is what records are produced
     with (between ``begin`` and ``commit``)."""
 
-    def __init__(self, new_producer: Callable[[], Producer], group_metadata: Callable[[], object],
-                 timeout: float, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, new_producer: Callable[[], Producer], timeout: float,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.producer = new_producer()
         self.timeout = timeout
         self.lock = threading.Lock()
-        self._group_metadata = group_metadata
+        #: The consumer's group metadata (member id, generation) as of its last rebalance, set by the
+        #: polling thread: asked for from the sink's thread, librdkafka's ``consumer_group_metadata``
+        #: blocked for good once the consumer had paused its partitions (measured, librdkafka 2.16).
+        self.group_metadata: object | None = None
         self._sleep = sleep
         #: A commit that timed out and may still finish: ``finish_pending`` completes it.
         self.pending = False
@@ -102,8 +105,10 @@ class Transactions:
         after aborting (redo the group) or when the commit is still pending (``finish_pending``)."""
         try:
             if offsets:
+                if self.group_metadata is None:
+                    raise TransientError("kafka", "no group metadata yet (no rebalance has assigned partitions)")
                 self._retrying(lambda t: self.producer.send_offsets_to_transaction(
-                    offsets, self._group_metadata(), t), "sending the offsets")
+                    offsets, self.group_metadata, t), "sending the offsets")
         except KafkaException as exc:
             self._abort_for(_error(exc))
         except TransientError:

@@ -85,6 +85,8 @@ class OffsetCommitter:
         now becomes the line past which a commit means a takeover. (Seen on the local Tansu: a woken
         member reported the partition it still believed it owned, the sticky assignor gave it back,
         and the member that had taken it over and committed it further revoked it.)"""
+        if self.transactions is not None:  # the generation the transactions' offsets are committed under
+            self.transactions.group_metadata = self.consumer.consumer_group_metadata()
         owned = set(owned)
         with self._lock:
             self._known = {tp: o for tp, o in self._known.items() if tp in owned}

@@ -151,7 +151,7 @@ def serve_metrics(settings: Settings, health: metrics.Health) -> None:
                           "EMBEDSTREAM_METRICS_PORT to a free port, or 0 to turn it off") from None
 
 
-def open_transactions(s: Settings, consumer, delivery_timeout_s: float) -> Transactions | None:
+def open_transactions(s: Settings, delivery_timeout_s: float) -> Transactions | None:
     """Exactly-once: the worker's transactional producer, its ``transactional.id`` from the group and
     the static member id (the pod name under the chart), else host and process id (then a killed
     worker's open transaction ends only by the broker's ``transaction.timeout.ms``)."""
@@ -162,8 +162,7 @@ def open_transactions(s: Settings, consumer, delivery_timeout_s: float) -> Trans
     log.info("exactly-once delivery: transactional.id %s", tid)
     conf = {"transactional.id": tid, "transaction.timeout.ms": int(max(60.0, delivery_timeout_s) * 1000)}
     conf.update({k: v for k, v in s.kafka.items() if k == "transaction.timeout.ms"})
-    return Transactions(lambda: make_producer(s.kafka_common(), delivery_timeout_s, **conf),
-                        consumer.consumer_group_metadata, s.kafka_timeout_seconds)
+    return Transactions(lambda: make_producer(s.kafka_common(), delivery_timeout_s, **conf), s.kafka_timeout_seconds)
 
 
 def build_worker(settings: Settings, embedder: Embedder | None = None,
@@ -201,7 +200,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     new_producer = lambda: make_producer(s.kafka_common(), delivery_timeout_s)  # noqa: E731
     chain = build_chain(s, consumer, new_producer, models, caches, stores, fence,
                         topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s),
-                        open_transactions(s, consumer, delivery_timeout_s))
+                        open_transactions(s, delivery_timeout_s))
     max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
     # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without
     # partitions waits two session timeouts (a rejoin) before it counts as idle.

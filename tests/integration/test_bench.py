@@ -61,6 +61,14 @@ def test_bench_quick_writes_json_and_chart(tmp_path, tmp_path_factory):
     assert r["p99_at_50pct_s"] == out["latency"][1]["p99_s"]
     assert r["p99_goal_met"] == (r["p99_at_50pct_s"] <= out["latency_bound_s"])
     assert r["Rpeer"] is None  # no --peer-python given
+    # exactly-once beside at-least-once in the same run: every document through, the ratios as defined
+    dl = out["delivery"]
+    assert dl["S2"]["at_least_once"] == w["S2"]["docs_per_s"] and dl["S2"]["exactly_once"] > 0
+    assert dl["S2"]["docs"] == 40 and dl["io"]["docs"] == w["io"]["docs"]
+    assert r["Reos"] == pytest.approx(dl["S2"]["exactly_once"] / dl["S2"]["at_least_once"])
+    assert r["Reos_io"] == pytest.approx(dl["io"]["exactly_once"] / dl["io"]["at_least_once"])
+    assert dl["p99_at_50pct_s"]["at_least_once"] == r["p99_at_50pct_s"] and dl["p99_at_50pct_s"]["n"] > 0
+    assert "Reos (S2)" in res.stdout
     # long documents: several chunks each, the ratio over the raw encode of the same chunks, and an
     # edit of one paragraph per document mostly served by the cache
     lw = w["long"]

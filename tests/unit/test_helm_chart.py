@@ -138,6 +138,14 @@ def test_chunking_settings_reach_the_worker():
     assert env["EMBEDSTREAM_CHUNKING"]["value"] == "off" and env["EMBEDSTREAM_CHUNK_TOKENS"]["value"] == "128"
 
 
+def test_delivery_reaches_the_worker_with_the_pod_name_for_its_transactional_id():
+    env = env_of(render(BASE))
+    assert env["EMBEDSTREAM_DELIVERY"]["value"] == "at-least-once"
+    env = env_of(render(merge(BASE, {"kafka": {"delivery": "exactly-once"}})))
+    assert env["EMBEDSTREAM_DELIVERY"]["value"] == "exactly-once"
+    assert env["EMBEDSTREAM_GROUP_INSTANCE_ID"]["value"] == "$(POD_NAME)"  # → transactional.id
+
+
 def test_schema_registry_settings_and_secrets_reach_the_worker():
     objs = render(merge(BASE, VALUE_SETS["schema registry, basic auth over TLS"]))
     env = env_of(objs)
@@ -209,6 +217,7 @@ BAD = {
     "lag threshold as text": {"keda": {"lagThreshold": "lots"}},
     "bad offset reset policy": {"keda": {"offsetResetPolicy": "newest"}},
     "unknown output format": {"records": {"outputFormat": "protobuf"}},
+    "unknown delivery": {"kafka": {"delivery": "at-most-once"}},
     "registry url without a scheme": {"schemaRegistry": {"url": "sr:8081"}},
     "unknown model setting": {"models": {"set": {"m": {"colour": "red"}}}},
 }

@@ -30,7 +30,8 @@ def _sink(producer, client=None, fence=None, committed=None):
     if fence is None:
         fence = Fence(lease_s=60)
         fence.publish({("docs", p) for p in range(4)})
-    txn = Transactions(lambda: producer, lambda: "group-metadata", timeout=0.2, sleep=lambda _s: time.sleep(0.02))
+    txn = Transactions(lambda: producer, timeout=0.2, sleep=lambda _s: time.sleep(0.02))
+    txn.group_metadata = "group-metadata"
     sink = SinkStep({"": ModelTarget(_store(client or RecordingMilvusClient()), "m", 4)}, lambda: producer,
                     fence=fence, guard=VersionGuard({"docs": "T1"}), output_topic="embeddings",
                     dlq_topic="documents.dlq", delivery_timeout_s=5, transactions=txn,
@@ -106,7 +107,7 @@ def test_a_fenced_producer_stops_the_worker():
 
 def test_fatal_at_start_is_reported():
     with pytest.raises(TransactionsFailed, match="initialising"):
-        Transactions(lambda: TransactionalProducer({"init_transactions": [FENCED]}), lambda: None, timeout=0.2)
+        Transactions(lambda: TransactionalProducer({"init_transactions": [FENCED]}), timeout=0.2)
 
 
 def test_a_milvus_outage_aborts_the_transaction():
@@ -155,7 +156,8 @@ class _Consumer:
 
 def test_the_committer_commits_only_through_transactions():
     producer = TransactionalProducer()
-    txn = Transactions(lambda: producer, lambda: "gm", timeout=0.2)
+    txn = Transactions(lambda: producer, timeout=0.2)
+    txn.group_metadata = "gm"
     consumer = _Consumer()
     committer = OffsetCommitter(consumer, 0, transactions=txn)
     owned = {("docs", 0), ("docs", 1)}
@@ -172,7 +174,7 @@ def test_the_committer_commits_only_through_transactions():
 
 def test_a_revoke_waits_for_the_transaction_committing_now():
     producer = TransactionalProducer()
-    txn = Transactions(lambda: producer, lambda: "gm", timeout=0.2)
+    txn = Transactions(lambda: producer, timeout=0.2)
     committer = OffsetCommitter(_Consumer(), 0, transactions=txn)
     order = []
     txn.lock.acquire()

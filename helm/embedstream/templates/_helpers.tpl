@@ -82,6 +82,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ .Values.kafka.dlqTopic | quote }}
 - name: EMBEDSTREAM_GROUP_ID
   value: {{ .Values.kafka.groupId | quote }}
+- name: EMBEDSTREAM_DELIVERY
+  value: {{ .Values.kafka.delivery | quote }}
 - name: EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS
   value: {{ .Values.kafka.sessionTimeoutMs | quote }}
 {{- range $k, $v := .Values.kafka.extraProperties }}

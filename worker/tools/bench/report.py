@@ -80,6 +80,16 @@ def ratio_table(out: dict) -> Table:
             f"at {_fmt(lat['rate'], 0)} docs/s ({lat['n']} docs)", None)
     t.add_row("p99 @ 50%", _fmt(r["p99_at_50pct_s"], 3) + (" [green]✓[/]" if r["p99_goal_met"] else " [red]✗[/]"),
               f"≤ {_fmt(out['latency_bound_s'], 3)} s", "max wait + 3 × one batch's compute")
+    dl = out.get("delivery")
+    if dl:
+        row("Reos (S2)", r.get("Reos"), "≥ 0.90", f"exactly-once {_fmt(dl['S2']['exactly_once'], 1)} ÷ at-least-once "
+            f"{_fmt(dl['S2']['at_least_once'], 1)} docs/s (one transaction per group of batches)", met("Reos"))
+        row("Reos (io)", r.get("Reos_io"), "≥ 0.90", f"the same with an instant model: "
+            f"{_fmt(dl['io']['exactly_once'], 0)} ÷ {_fmt(dl['io']['at_least_once'], 0)} docs/s", met("Reos_io"))
+        p99 = dl["p99_at_50pct_s"]
+        t.add_row("p99 @ 50%, exactly-once", _fmt(p99["exactly_once"], 3), "",
+                  f"vs {_fmt(p99['at_least_once'], 3)} s at-least-once; p50 {_fmt(p99['p50_exactly_once'], 3)} s "
+                  f"({p99['n']} docs)")
     prec = out.get("precisions", {})
     for name, p in prec.items():
         t.add_row(f"precision {name}", _fmt(p["docs_per_s"], 1) + " docs/s", "",

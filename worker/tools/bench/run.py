@@ -16,7 +16,7 @@ from worker.tools.bench import measure, workloads
 from worker.tools.dev import LocalStack
 
 GOALS = {"R1": 0.90, "Rpeer": 1.3, "Rdup90": 6.0, "Rio": 0.7, "Rpad": 0.85, "R1_long": 0.90, "Rmix": 0.90,
-         "Rint8": 1.5}
+         "Rint8": 1.5, "Reos": 0.90, "Reos_io": 0.90}
 #: Worker-process CPU per document with an instant model, at most (one process then feeds a device
 #: 30,000+ docs/s).
 CPU_US_PER_DOC_GOAL = 30.0
@@ -76,6 +76,7 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         _long(out, base, emb, sizes, say)
         out["denominators"]["peer_docs_per_s"] = _peer(peer_python, emb, texts["S2"], say)
         _latency(out, base, emb, texts["S2"], sizes, say)
+        _delivery(out, base, emb, texts["S2"], sizes, say)
         if emb.device == "cpu":
             _precisions(out, base, emb, texts["S2"], sizes, say, model)
         if emb.device == "cuda":
@@ -265,6 +266,27 @@ def _latency(out: dict, base: Settings, emb, texts: list[str], sizes: dict, say:
     out["latency_bound_s"] = base.max_batch_wait_ms / 1000 + 3 * batch_compute
 
 
+def _delivery(out: dict, base: Settings, emb, texts: list[str], sizes: dict, say: Callable[[str], None]) -> None:
+    """The cost of exactly-once: S2 end to end, the instant-model io run and p99 at 50 % of the S2
+    peak with ``EMBEDSTREAM_DELIVERY=exactly-once``, beside the at-least-once rows of the same run
+    (default batch settings: one transaction per group of batches reaching the sink)."""
+    eos = base.model_copy(update={"delivery": "exactly-once"})
+    say("exactly-once: S2 worker end to end")
+    s2 = measure.worker_stream(eos, emb, texts, f"s2-eos-{int(time.time())}")
+    say("exactly-once: io with an instant model")
+    fake = FakeEmbedder(dim=emb.dim, model_id=f"instant-eos-{int(time.time())}")
+    io = measure.worker_stream(eos, fake, workloads.mixed_texts(sizes["io"]), "io-eos")
+    peak = out["workloads"]["S2"]["docs_per_s"]
+    say(f"exactly-once: S5 at 50% of peak for {sizes['S5_seconds']:.0f}s")
+    p50, p99, n = measure.latency_run(eos, emb, texts, peak * 0.5, sizes["S5_seconds"], f"s5-eos-{int(time.time())}")
+    alo_p99 = next(lat["p99_s"] for lat in out["latency"] if lat["load"] == 0.5)
+    out["delivery"] = {
+        "S2": {"at_least_once": peak, "exactly_once": s2.docs_per_s, "docs": s2.docs},
+        "io": {"at_least_once": out["workloads"]["io"]["docs_per_s"], "exactly_once": io.docs_per_s, "docs": io.docs},
+        "p99_at_50pct_s": {"at_least_once": alo_p99, "exactly_once": p99, "n": n, "p50_exactly_once": p50},
+    }
+
+
 def _precisions(out: dict, base: Settings, emb, texts: list[str], sizes: dict, say: Callable[[str], None],
                 model: str | None) -> None:
     """On a CPU: the worker end to end on the S2 texts at each precision this CPU runs (fp32, bf16
@@ -343,6 +365,10 @@ def ratios(out: dict) -> dict:
     prec = out.get("precisions", {})
     if "int8" in prec:
         r["Rint8"] = prec["int8"]["docs_per_s"] / max(prec[p]["docs_per_s"] for p in ("fp32", "bf16") if p in prec)
+    delivery = out.get("delivery")
+    if delivery:  # exactly-once ÷ at-least-once docs/s: a cost of at most 10 %
+        r["Reos"] = delivery["S2"]["exactly_once"] / delivery["S2"]["at_least_once"]
+        r["Reos_io"] = delivery["io"]["exactly_once"] / delivery["io"]["at_least_once"]
     half = next((x for x in out["latency"] if x["load"] == 0.5), None)
     r["p99_at_50pct_s"] = half["p99_s"] if half else None
     r["p99_goal_met"] = bool(half and not math.isnan(half["p99_s"]) and half["p99_s"] <= out["latency_bound_s"])

@@ -1,0 +1,123 @@
+"""Scenario 13: ``EMBEDSTREAM_DELIVERY=exactly-once`` under the faults of scenarios 1, 3, 7 and 9.
+
+Every reader here is ``read_committed`` (librdkafka's default, and ``read_topic``'s). The faults
+share streams to keep the suite's time: Milvus frozen, poison pills and SIGTERM + restart in one
+stream, kill -9 + restart in another.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+
+import pytest
+from confluent_kafka import Producer
+
+from connectors.kafka import create_topics, make_admin
+from schemas.codec import Document, decode_embedding, encode_document
+from tests.faults.conftest import PARTITIONS
+from tests.faults.harness import (
+    Expected,
+    WorkerProcess,
+    check_nothing_lost,
+    committed_offsets,
+    committed_total,
+    frozen,
+    produce_bad,
+    produce_docs,
+    record_row,
+    short_docs,
+    wait_until,
+)
+from tests.helpers import read_topic
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+EXACTLY_ONCE = {"EMBEDSTREAM_DELIVERY": "exactly-once"}
+
+
+def _dlq_copies(fs, expected: Expected) -> Counter:
+    return Counter(m.key().decode() for m in read_topic(fs, fs.dlq_topic, expect=len(expected.bad), idle=2.0))
+
+
+def test_exactly_once_through_milvus_frozen_poison_pills_and_sigterm(fs, model, parts, tmp_path):
+    expected = Expected()
+    docs = short_docs(900, "eo")
+    bad = {
+        "eo-bad-avro": (b"\x02\x06abc\xff\x00", "decode_error"),
+        "eo-empty": (encode_document(Document("eo-empty", "  \n ")), "empty_text"),
+        "eo-utf8": (b'{"id": "eo-utf8", "text": "caf\xe9"}', "invalid_utf8"),
+    }
+    for i in range(0, 900, 300):  # bad records interleaved with good ones
+        produce_docs(fs, docs[i:i + 300], expected)
+        produce_bad(fs, dict(list(bad.items())[i // 300:i // 300 + 1]), expected)
+    w = WorkerProcess(fs, tmp_path, "w", EMBEDSTREAM_GROUP_INSTANCE_ID="eo-w", **EXACTLY_ONCE)
+    wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.2 * expected.records, 180, what="20% committed")
+    with frozen(parts["milvus"]):
+        time.sleep(2)  # a transaction past Milvus when the freeze began may still commit
+        during = committed_total(fs, PARTITIONS)
+        time.sleep(6)
+        assert committed_total(fs, PARTITIONS) == during, "offsets were committed while Milvus was down"
+    wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.5 * expected.records, 120, what="50% committed")
+    w.terminate()
+    assert w.wait(fs.shutdown_grace_seconds + 15) == 0, w.log()[-3000:]
+    w2 = WorkerProcess(fs, tmp_path, "w2", ("--stop-when-idle", "3"), EMBEDSTREAM_GROUP_INSTANCE_ID="eo-w",
+                       **EXACTLY_ONCE)
+    assert w2.wait(300) == 0, w2.log()[-3000:]
+    assert "sink: milvus" in w.log(), "the worker never met the Milvus outage"
+    report = check_nothing_lost(fs, model, expected, PARTITIONS)
+    assert report.duplicates == 0, report
+    assert _dlq_copies(fs, expected) == Counter(set(expected.bad))  # each bad record dead-lettered once
+    record_row("13 exactly-once: 3+7+9", "Milvus frozen 8 s, 3 poison pills, SIGTERM at 50%", report, None)
+
+
+def broker_aborts_open_transactions_on_reinit(fs) -> bool:
+    """Whether the broker ends an open transaction as Kafka does when its ``transactional.id``
+    initialises again (aborted: read_committed readers never see its records). Measured on the
+    local Tansu: it makes them visible instead, as if committed."""
+    topic = fs.output_topic + "-probe"
+    tid = f"probe-{uuid.uuid4().hex[:8]}"
+    create_topics(make_admin(fs.kafka_common()), [topic], 1)
+    first = Producer({**fs.kafka_common(), "transactional.id": tid})
+    first.init_transactions(10)
+    first.begin_transaction()
+    first.produce(topic, b"left open")
+    first.flush(10)
+    second = Producer({**fs.kafka_common(), "transactional.id": tid})
+    second.init_transactions(30)  # fences the first and ends its transaction
+    second.begin_transaction()
+    second.produce(topic, b"committed")
+    second.commit_transaction(10)
+    values = [m.value() for m in read_topic(fs, topic, expect=1, idle=2.0)]
+    first.purge()
+    assert b"committed" in values, values
+    return b"left open" not in values
+
+
+def test_exactly_once_through_kill_9(fs, model, tmp_path):
+    """On Kafka a restarted worker's ``init_transactions`` aborts the transaction its killed
+    predecessor left open: 0 duplicates. Tansu shows that transaction's records instead, so there the
+    test asserts what is still true: nothing lost, and every repeat lies in the killed worker's open
+    transaction (after the offsets committed at the kill, no wider than the batches it held)."""
+    expected = Expected()
+    produce_docs(fs, short_docs(900, "ek"), expected)
+    w = WorkerProcess(fs, tmp_path, "w", EMBEDSTREAM_GROUP_INSTANCE_ID="ek-w", **EXACTLY_ONCE)
+    wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.3 * expected.records, 180, what="30% committed")
+    w.kill9()
+    at_kill = committed_offsets(fs, PARTITIONS)
+    w2 = WorkerProcess(fs, tmp_path, "w2", ("--stop-when-idle", "3"), EMBEDSTREAM_GROUP_INSTANCE_ID="ek-w",
+                       **EXACTLY_ONCE)
+    assert w2.wait(300) == 0, w2.log()[-3000:]
+    report = check_nothing_lost(fs, model, expected, PARTITIONS)
+    if broker_aborts_open_transactions_on_reinit(fs):
+        record_row("13 exactly-once: 1", "1 kill -9", report, None)
+        assert report.duplicates == 0, report
+        return
+    window = fs.max_inflight_batches * fs.max_batch_size
+    seen = Counter((r["source_partition"], r["source_offset"])
+                   for r in (decode_embedding(m.value()) for m in read_topic(fs, fs.output_topic)
+                             if m.value() is not None))
+    stray = [(p, o) for (p, o), n in seen.items() if n > 1 and not at_kill[p] <= o < at_kill[p] + window]
+    assert not stray, f"records repeated outside the killed worker's open transaction: {stray[:5]}"
+    record_row("13 exactly-once: 1", "1 kill -9 (Tansu shows the killed open transaction)", report, None)
