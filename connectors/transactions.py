@@ -59,6 +59,7 @@ class Transactions:
 
     def __init__(self, new_producer: Callable[[], Producer], timeout: float,
                  sleep: Callable[[float], None] = time.sleep) -> None:
+        self._new_producer = new_producer
         self.producer = new_producer()
         self.timeout = timeout
         self.lock = threading.Lock()
@@ -70,7 +71,12 @@ class Transactions:
         #: A commit that timed out and may still finish: ``finish_pending`` completes it.
         self.pending = False
         self._open = False
+        self._ready = False
+        self._init()
+
+    def _init(self) -> None:
         self._retrying(self.producer.init_transactions, "initialising transactions")
+        self._ready = True
 
     def _retrying(self, call: Callable[[float], object], what: str) -> None:
         """``call(timeout)`` until it succeeds; retriable errors again until ``timeout`` has passed
@@ -97,6 +103,8 @@ class Transactions:
     def begin(self) -> None:
         if self._open:
             self.abort()
+        if not self._ready:
+            self._init()
         self.producer.begin_transaction()
         self._open = True
 
@@ -140,7 +148,22 @@ class Transactions:
             self._retrying(self.producer.abort_transaction, "aborting the transaction")
         except KafkaException as exc:  # an abort that itself needs an abort: the producer is stuck
             raise TransactionsFailed(f"aborting the transaction: {_error(exc).str()}") from None
+        except TransientError:
+            # Records that timed out make librdkafka bump the producer's epoch before the abort; a
+            # broker that refuses the bump (Tansu: "unknown broker error", for as long as it is asked)
+            # leaves the abort hanging. A new producer with the same transactional.id ends the open
+            # transaction at the broker (Kafka aborts it) and starts from a clean state.
+            self._replace()
         self._open = False
+
+    def _replace(self) -> None:
+        log.warning("the transaction could not be aborted within %.0fs: replacing the transactional producer "
+                    "(the broker ends the open transaction when the new one initialises)", self.timeout)
+        old, self.producer = self.producer, self._new_producer()
+        self._open = self._ready = False
+        old.purge()
+        old.flush(0)
+        self._init()
 
     def commit_offsets(self, offsets: list[TopicPartition]) -> None:
         """A transaction of offsets alone (a drained partition's end past a commit marker)."""

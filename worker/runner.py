@@ -151,10 +151,16 @@ def serve_metrics(settings: Settings, health: metrics.Health) -> None:
                           "EMBEDSTREAM_METRICS_PORT to a free port, or 0 to turn it off") from None
 
 
-def open_transactions(s: Settings, delivery_timeout_s: float) -> Transactions | None:
+def open_transactions(s: Settings) -> Transactions | None:
     """Exactly-once: the worker's transactional producer, its ``transactional.id`` from the group and
     the static member id (the pod name under the chart), else host and process id (then a killed
-    worker's open transaction ends only by the broker's ``transaction.timeout.ms``)."""
+    worker's open transaction ends only by the broker's ``transaction.timeout.ms``).
+
+    Its records may wait ``EMBEDSTREAM_KAFKA_TIMEOUT_SECONDS``, longer than the fence's lease that
+    bounds the at-least-once producer's: a zombie's records wake into a transaction that its commit
+    check (ownership and lease, ``worker.steps.sink``) aborts, so read_committed readers never see
+    them; and a record that times out costs an epoch bump that a broker may refuse (Tansu does)."""
+    delivery_timeout_s = s.kafka_timeout_seconds
     if s.delivery != "exactly-once":
         return None
     member = s.group_instance_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -199,8 +205,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
         "error_cb": health.on_kafka_error})
     new_producer = lambda: make_producer(s.kafka_common(), delivery_timeout_s)  # noqa: E731
     chain = build_chain(s, consumer, new_producer, models, caches, stores, fence,
-                        topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s),
-                        open_transactions(s, delivery_timeout_s))
+                        topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s), open_transactions(s))
     max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
     # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without
     # partitions waits two session timeouts (a rejoin) before it counts as idle.

@@ -121,3 +121,31 @@ def test_exactly_once_through_kill_9(fs, model, tmp_path):
     stray = [(p, o) for (p, o), n in seen.items() if n > 1 and not at_kill[p] <= o < at_kill[p] + window]
     assert not stray, f"records repeated outside the killed worker's open transaction: {stray[:5]}"
     record_row("13 exactly-once: 1", "1 kill -9 (Tansu shows the killed open transaction)", report, None)
+
+
+def test_exactly_once_through_broker_frozen_and_rebalance(fs, model, parts, tmp_path):
+    """Scenarios 2 and 5 in one stream: the broker frozen past the session timeout, then 1 → 3 → 1
+    workers while documents keep arriving."""
+    expected = Expected()
+    docs = short_docs(1200, "eb")
+    produce_docs(fs, docs[:600], expected)
+    a = WorkerProcess(fs, tmp_path, "a", ("--stop-when-idle", "5"), EMBEDSTREAM_GROUP_INSTANCE_ID="eb-a",
+                      **EXACTLY_ONCE)
+    wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.2 * expected.records, 180, what="20% committed")
+    with frozen(parts["broker"]):
+        time.sleep(10)
+    wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.5 * expected.records, 120,
+               what="progress after the broker came back")
+    b = WorkerProcess(fs, tmp_path, "b", EMBEDSTREAM_GROUP_INSTANCE_ID="eb-b", **EXACTLY_ONCE)
+    c = WorkerProcess(fs, tmp_path, "c", EMBEDSTREAM_GROUP_INSTANCE_ID="eb-c", **EXACTLY_ONCE)
+    produce_docs(fs, docs[600:900], expected)
+    wait_until(lambda: "assigned [" in b.log() and "assigned [" in c.log(), 120, what="b and c assigned")
+    produce_docs(fs, docs[900:], expected)
+    time.sleep(3)
+    b.terminate()
+    c.terminate()
+    assert b.wait(60) == 0 and c.wait(60) == 0
+    assert a.wait(300) == 0, a.log()[-3000:]
+    report = check_nothing_lost(fs, model, expected, PARTITIONS)
+    assert report.duplicates == 0, report
+    record_row("13 exactly-once: 2+5", "SIGSTOP broker 10 s, then 1 → 3 → 1 workers", report, None)

@@ -188,3 +188,23 @@ def test_a_revoke_waits_for_the_transaction_committing_now():
     committer.barrier()
     order.append("revoke goes on")
     assert order == ["commit", "revoke goes on"]
+
+
+def test_an_abort_that_cannot_finish_replaces_the_producer():
+    """Tansu refuses the epoch bump librdkafka asks for after records timed out: the abort hangs."""
+    stuck = TransactionalProducer({"commit_transaction": [ABORTABLE], "abort_transaction": [RETRIABLE] * 50})
+    fresh = TransactionalProducer()
+    made = iter([stuck, fresh])
+    txn = Transactions(lambda: next(made), timeout=0.2, sleep=lambda _s: time.sleep(0.02))
+    txn.group_metadata = "gm"
+    fence = Fence(lease_s=60)
+    fence.publish({("docs", 0), ("docs", 1)})
+    sink = SinkStep({"": ModelTarget(_store(RecordingMilvusClient()), "m", 4)}, lambda: stuck, fence=fence,
+                    guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
+                    delivery_timeout_s=5, transactions=txn)
+    group = _group()
+    with pytest.raises(TransientError):
+        sink.process(group)
+    assert txn.producer is fresh and fresh.calls == ["init_transactions"] and stuck.purged
+    sink.process(group)
+    assert stuck.visible == [] and len(fresh.visible) == 4

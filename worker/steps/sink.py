@@ -299,6 +299,7 @@ class SinkStep:
         t0 = time.perf_counter()
         try:
             txn.begin()
+            self.producer = txn.producer  # replaced when an abort could not finish
             delivery = self._produce(entries, now)
             self._fill_caches(group)
             delivery.confirm()

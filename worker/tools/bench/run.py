@@ -13,7 +13,7 @@ from pathlib import Path
 from worker.embedding.fake import FakeEmbedder
 from worker.settings import Settings
 from worker.tools.bench import measure, workloads
-from worker.tools.dev import LocalStack
+from worker.tools.dev import QUICK_JOIN_SESSION, LocalStack
 
 GOALS = {"R1": 0.90, "Rpeer": 1.3, "Rdup90": 6.0, "Rio": 0.7, "Rpad": 0.85, "R1_long": 0.90, "Rmix": 0.90,
          "Rint8": 1.5, "Reos": 0.90, "Reos_io": 0.90}
@@ -48,7 +48,7 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
     try:
         base = Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
                         redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
-                        kafka={"session.timeout.ms": env["EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS"]},
+                        kafka=dict(QUICK_JOIN_SESSION),  # some twenty workers join a group
                         metrics_port=0, log_level="WARNING", device=device, precision=precision, model=model)
         setup_logging(base)
         say("loading the model")
