@@ -58,8 +58,11 @@ class Transactions:
     with (between ``begin`` and ``commit``)."""
 
     def __init__(self, new_producer: Callable[[], Producer], timeout: float,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, keep_open_s: float = 30.0) -> None:
         self._new_producer = new_producer
+        #: How long a transaction may stay open while Milvus is retried (half the broker's
+        #: ``transaction.timeout.ms``, after which the broker would abort it).
+        self.keep_open_s = keep_open_s
         self.producer = new_producer()
         self.timeout = timeout
         self.lock = threading.Lock()
@@ -72,6 +75,10 @@ class Transactions:
         self.pending = False
         self._open = False
         self._ready = False
+        self._began = 0.0
+        #: The group metadata the open transaction began under: its offsets are sent with it, so a
+        #: rebalance during the transaction fails it (Kafka's coordinator refuses an old generation).
+        self._began_metadata: object | None = None
         self._init()
 
     def _init(self) -> None:
@@ -107,16 +114,28 @@ class Transactions:
             self._init()
         self.producer.begin_transaction()
         self._open = True
+        self._began = time.monotonic()
+        self._began_metadata = self.group_metadata
+
+    @property
+    def open(self) -> bool:
+        return self._open
+
+    def open_for(self) -> float:
+        """Seconds since the open transaction began."""
+        return time.monotonic() - self._began
 
     def commit(self, offsets: list[TopicPartition]) -> None:
         """Add ``offsets`` (next offset per input partition) and commit. Raises :class:`TransientError`
         after aborting (redo the group) or when the commit is still pending (``finish_pending``)."""
         try:
             if offsets:
-                if self.group_metadata is None:
+                if self._began_metadata is None:
                     raise TransientError("kafka", "no group metadata yet (no rebalance has assigned partitions)")
+                if self.group_metadata is not self._began_metadata:  # Kafka refuses the old one; any broker
+                    raise TransientError("kafka", "the group rebalanced during the transaction")
                 self._retrying(lambda t: self.producer.send_offsets_to_transaction(
-                    offsets, self.group_metadata, t), "sending the offsets")
+                    offsets, self._began_metadata, t), "sending the offsets")
         except KafkaException as exc:
             self._abort_for(_error(exc))
         except TransientError:

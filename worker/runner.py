@@ -166,9 +166,10 @@ def open_transactions(s: Settings) -> Transactions | None:
     member = s.group_instance_id or f"{socket.gethostname()}-{os.getpid()}"
     tid = transactional_id(s.group_id, member)
     log.info("exactly-once delivery: transactional.id %s", tid)
-    conf = {"transactional.id": tid, "transaction.timeout.ms": int(max(60.0, delivery_timeout_s) * 1000)}
-    conf.update({k: v for k, v in s.kafka.items() if k == "transaction.timeout.ms"})
-    return Transactions(lambda: make_producer(s.kafka_common(), delivery_timeout_s, **conf), s.kafka_timeout_seconds)
+    txn_timeout_ms = int(s.kafka.get("transaction.timeout.ms", max(60.0, delivery_timeout_s) * 1000))
+    conf = {"transactional.id": tid, "transaction.timeout.ms": txn_timeout_ms}
+    return Transactions(lambda: make_producer(s.kafka_common(), delivery_timeout_s, **conf), s.kafka_timeout_seconds,
+                        keep_open_s=txn_timeout_ms / 2000)
 
 
 def build_worker(settings: Settings, embedder: Embedder | None = None,

@@ -110,13 +110,47 @@ def test_fatal_at_start_is_reported():
         Transactions(lambda: TransactionalProducer({"init_transactions": [FENCED]}), timeout=0.2)
 
 
-def test_a_milvus_outage_aborts_the_transaction():
+def test_a_milvus_outage_keeps_the_transaction_open_and_the_retry_writes_milvus_alone():
     producer, client = TransactionalProducer(), RecordingMilvusClient(fail_upserts=1)
-    sink, _ = _sink(producer, client=client)
+    sink, txn = _sink(producer, client=client)
+    group = _group()
+    with pytest.raises(TransientError, match="milvus"):
+        sink.process(group)
+    assert txn.open and producer.visible == [] and "abort_transaction" not in producer.calls
+    produced = len(producer.records)
+    sink.process(group)
+    assert len(producer.records) == produced  # the records were not produced again
+    assert len(producer.visible) == 4 and producer.calls.count("commit_transaction") == 1
+    assert sorted(client.rows) == ["a#0", "b#0", "c#0"]
+
+
+def test_a_milvus_outage_longer_than_half_the_transaction_timeout_aborts_it():
+    producer, client = TransactionalProducer(), RecordingMilvusClient(fail_upserts=1)
+    sink, txn = _sink(producer, client=client)
+    txn.keep_open_s = 0.0
     group = _group()
     with pytest.raises(TransientError):
         sink.process(group)
+    assert not txn.open and producer.calls[-1] == "abort_transaction"
+    sink.process(group)
+    assert len(producer.visible) == 4
+
+
+def test_a_rebalance_during_the_transaction_aborts_it():
+    producer = TransactionalProducer()
+    sink, txn = _sink(producer)
+    real_flush = producer.flush
+
+    def rebalance_then_flush(t=None):
+        txn.group_metadata = "the next generation"  # set by the polling thread's assign callback
+        return real_flush(t)
+
+    producer.flush = rebalance_then_flush
+    group = _group()
+    with pytest.raises(TransientError, match="rebalanced"):
+        sink.process(group)
     assert producer.visible == [] and producer.calls[-1] == "abort_transaction"
+    producer.flush = real_flush
     sink.process(group)
     assert len(producer.visible) == 4
 

@@ -13,9 +13,9 @@ Milvus writes, best-effort; it never fails a batch.
 
 With ``EMBEDSTREAM_DELIVERY=exactly-once`` (``transactions``) a group is one Kafka transaction: its
 output and dead-letter records and its input offsets commit together, after Milvus acknowledged
-its writes; any failure aborts the transaction and the group is redone whole in a new one
-(``connectors.transactions`` says how each kind of error is met). The offsets are then committed
-here, not by the polling thread.
+its writes. A Milvus outage keeps the transaction open (the retry writes Milvus alone); any other
+failure aborts it and the group is redone whole in a new one (``connectors.transactions`` says how
+each kind of Kafka error is met). The offsets are then committed here, not by the polling thread.
 
 Nothing older is written over something newer (why this is sound: ``worker.fence`` and
 ``worker.steps.versions``):
@@ -127,6 +127,8 @@ class SinkStep:
         #: Exactly-once: the transactional producer, and who learns of the offsets it committed.
         self.transactions = transactions
         self._on_committed = on_committed
+        #: Exactly-once: the group whose records are in the open transaction while Milvus is retried.
+        self._carried: tuple | None = None
         self.producer = transactions.producer if transactions is not None else new_producer()
         self.dlq_value_limit = dlq_value_limit
         self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
@@ -286,24 +288,40 @@ class SinkStep:
             metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
 
     def _process_in_transaction(self, group: list[Batch], txn: Transactions) -> None:
-        """The group as one transaction: records, Milvus, then offsets and commit (module doc)."""
+        """The group as one transaction: records, Milvus, then offsets and commit (module doc).
+
+        A Milvus outage does not abort it: its records stay in the open transaction and the retry
+        writes Milvus alone, then commits (an abort would cost the redo, and a broker without
+        aborted-transaction filtering, like Tansu, would show the aborted records), for at most half
+        the transaction timeout; any other failure aborts it and the retry redoes the group."""
         if txn.pending:  # the last attempt's commit timed out: it may still go through, never redo it
             with txn.lock:
                 txn.finish_pending()
             self._committed(group)
             return
-        now = int(time.time() * 1000)
-        entries, plans = self._news(group)
-        self.fence.check()
+        carried = self._carried if self._carried is not None and self._carried[0] is group and txn.open else None
+        if carried is not None:
+            _, entries, plans, now = carried
+        else:
+            now = int(time.time() * 1000)
+            entries, plans = self._news(group)
+            self.fence.check()
         write = self._milvus.submit(self._write_milvus, plans, now)
         t0 = time.perf_counter()
+        keep_open = False
         try:
-            txn.begin()
-            self.producer = txn.producer  # replaced when an abort could not finish
-            delivery = self._produce(entries, now)
-            self._fill_caches(group)
-            delivery.confirm()
-            metrics.SINK_SECONDS.labels("milvus").observe(write.result())  # Milvus first: it raises here
+            if carried is None:
+                txn.begin()
+                self.producer = txn.producer  # replaced when an abort could not finish
+                delivery = self._produce(entries, now)
+                self._fill_caches(group)
+                delivery.confirm()
+            try:
+                metrics.SINK_SECONDS.labels("milvus").observe(write.result())  # Milvus first: it raises here
+            except TransientError:
+                keep_open = txn.open_for() < txn.keep_open_s
+                self._carried = (group, entries, plans, now) if keep_open else None
+                raise
             with txn.lock:  # a revoke waits for this: no offsets of a partition given away commit
                 offsets = self._owned_offsets(group)
                 txn.commit(offsets)
@@ -312,13 +330,17 @@ class SinkStep:
                 metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
         except KafkaException as exc:  # a produce refused by the transaction's state
             wait([write])
+            self._carried = None
             txn.abort()
             raise TransientError("kafka", f"{exc}: the transaction was aborted, its batches are redone") from None
         except BaseException:
             wait([write])  # never leave a write running behind a retry: one writer at a time
-            if not txn.pending:
-                txn.abort()
+            if not keep_open:
+                self._carried = None
+                if not txn.pending:
+                    txn.abort()
             raise
+        self._carried = None
         self._committed(group)
 
     @staticmethod
