@@ -194,6 +194,18 @@ def wait_until(predicate, timeout: float, every: float = 0.25, what: str = "cond
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def two_join_then_leave(s: Settings, tmp_path: Path, **env: str) -> None:
+    """Scenario 5's middle: workers b and c join the group (1 → 3), stay 4 s past their assignment,
+    then leave by SIGTERM (3 → 1) and exit 0."""
+    b = WorkerProcess(s, tmp_path, "b", **env)
+    c = WorkerProcess(s, tmp_path, "c", **env)
+    wait_until(lambda: "assigned [" in b.log() and "assigned [" in c.log(), 120, what="b and c assigned")
+    time.sleep(4)
+    b.terminate()
+    c.terminate()
+    assert b.wait(60) == 0 and c.wait(60) == 0
+
+
 @contextmanager
 def frozen(pid: int):
     """SIGSTOP a process for the duration of the block (SIGCONT even if the block fails)."""

@@ -20,6 +20,7 @@ from tests.faults.harness import (
     produce_tombstones,
     record_row,
     short_docs,
+    two_join_then_leave,
     wait_until,
 )
 from tests.helpers import fresh_settings, read_topic
@@ -42,13 +43,7 @@ def test_rebalance_one_three_one_while_producing(fs, model, tmp_path):
     a = WorkerProcess(fs, tmp_path, "a", ("--stop-when-idle", "5"))
     producer.start()
     wait_until(lambda: committed_total(fs, PARTITIONS) >= 300, 180, what="first commits")
-    b = WorkerProcess(fs, tmp_path, "b")
-    c = WorkerProcess(fs, tmp_path, "c")
-    wait_until(lambda: "assigned [" in b.log() and "assigned [" in c.log(), 120, what="b and c assigned")
-    time.sleep(4)
-    b.terminate()
-    c.terminate()
-    assert b.wait(60) == 0 and c.wait(60) == 0
+    two_join_then_leave(fs, tmp_path)
     producer.join(120)
     assert a.wait(300) == 0, a.log()[-3000:]
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
