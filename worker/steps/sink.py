@@ -129,7 +129,8 @@ class SinkStep:
         self._on_committed = on_committed
         #: Exactly-once: the group whose records are in the open transaction while Milvus is retried.
         self._carried: tuple | None = None
-        self.producer = transactions.producer if transactions is not None else new_producer()
+        #: At-least-once: the idempotent producer (exactly-once produces with the transactions').
+        self._producer = new_producer() if transactions is None else None
         self.dlq_value_limit = dlq_value_limit
         self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
 
@@ -143,11 +144,19 @@ class SinkStep:
         if self.producer.flush(self.delivery_timeout_s) == 0:
             self.producer.close()
 
+    @property
+    def producer(self) -> Producer:
+        """The producer records go out with: the transactions' one (it may be replaced) or our own."""
+        if self.transactions is not None:
+            return self.transactions.producer
+        assert self._producer is not None
+        return self._producer
+
     def _replace_producer(self) -> None:
         """Drop a producer that can deliver nothing more (``DeliveryBatch.broken``) for a new one; what
         the old one still held is purged (the group is retried whole)."""
         log.warning("the producer was fenced or failed fatally: replacing it before the retry")
-        old, self.producer = self.producer, self._new_producer()
+        old, self._producer = self.producer, self._new_producer()
         old.purge()
         old.flush(0)
 
@@ -312,7 +321,6 @@ class SinkStep:
         try:
             if carried is None:
                 txn.begin()
-                self.producer = txn.producer  # replaced when an abort could not finish
                 delivery = self._produce(entries, now)
                 self._fill_caches(group)
                 delivery.confirm()
@@ -328,17 +336,14 @@ class SinkStep:
             metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
             for plan in plans:
                 metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
-        except KafkaException as exc:  # a produce refused by the transaction's state
-            wait([write])
-            self._carried = None
-            txn.abort()
-            raise TransientError("kafka", f"{exc}: the transaction was aborted, its batches are redone") from None
-        except BaseException:
+        except BaseException as exc:
             wait([write])  # never leave a write running behind a retry: one writer at a time
             if not keep_open:
                 self._carried = None
                 if not txn.pending:
                     txn.abort()
+            if isinstance(exc, KafkaException):  # a produce refused by the transaction's state
+                raise TransientError("kafka", f"{exc}: the transaction was aborted, its batches are redone") from None
             raise
         self._carried = None
         self._committed(group)
