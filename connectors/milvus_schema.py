@@ -135,8 +135,8 @@ def upsert_request(collection: str, rows: ChunkRows, model: str, updated_at: int
     vec.float_vector.MergeFromString(packed_floats(rows.vectors))
     strings("model", [model] * n)
     strings("content_hash", rows.hashes)
-    column("metadata", schema_pb2.JSON).scalars.json_data.data.extend(
-        [json.dumps(m, separators=(",", ":")).encode() for m in rows.metadata])
+    column("metadata", schema_pb2.JSON).scalars.json_data.data.extend(  # most documents have none
+        [json.dumps(m, separators=(",", ":")).encode() if m else b"{}" for m in rows.metadata])
     longs("updated_at", [updated_at] * n)
     strings("source", rows.sources)
     longs("source_offset", rows.offsets)

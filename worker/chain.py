@@ -99,6 +99,8 @@ def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Prod
                     output=output_format(s.output_format, s.output_topic, registry),
                     transactions=transactions, on_committed=committer.committed_by_transaction)
     chunkers = {n: chunker_for(s, m, model=n) for n, m in handles.items()}
+    # Past this many characters a text may make too many chunks for some model: its record is kept.
+    safe_chars = min(c.safe_chars for c in chunkers.values())
     embed = Stage("embed", embed_by_model({                                          # 5 per model:
         n: in_turn(chunkers[n].process,                                              #   chunk (tokenizer:
                    EmbedStep(m, caches[n], model=n).process)                         #   embed thread only)
@@ -109,7 +111,7 @@ def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Prod
     ], backoff_max=s.retry_backoff_max_seconds, release=sink.close)
     intake = Intake(
         Validator(s.max_text_bytes, models.resolve,                                  # 1 Item | Delete | DeadLetter
-                  lambda chars: any(c.may_exceed(chars) for c in chunkers.values()), #   (key = identity,
+                  lambda chars: chars > safe_chars,                                  #   (key = identity,
                   registry=registry, key_field=s.key_field),                         #   model by name)
         lambda texts, model: handles[model].estimate_tokens(                         # 2 token estimate
             texts, chunked=s.chunking == "tokens"),

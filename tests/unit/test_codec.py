@@ -73,6 +73,19 @@ def test_embedding_round_trip(rec):
     assert decode_embedding(encode_embedding(rec)) == rec
 
 
+def test_avro_longs_are_fastavros_bytes_at_the_edges_of_the_table():
+    """``_long`` looks small values up in a table and builds the others: both are Avro's bytes."""
+    import fastavro
+
+    from schemas.codec import _long
+
+    edges = [0, 1, -1, 63, -64, 64, -65, 8191, -8192, 8192, -8193, 2**31, -(2**31), 2**63 - 1, -(2**63)]
+    for n in edges + list(range(-9000, 9000, 7)):
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, "long", n)
+        assert _long(n) == buf.getvalue(), n
+
+
 def test_a_record_from_before_chunking_reads_as_one_whole_chunk():
     """The schema evolved compatibly: bytes written with the old schema resolve against the new one
     (the chunk fields take their defaults), and old readers skip the new fields."""

@@ -97,12 +97,20 @@ class Chunker:
         #: content hash → (spans, chunk hashes) of long texts, least recently used dropped first.
         self._plans: OrderedDict[str, tuple[list[tuple[int, int]], list[str]]] = OrderedDict()
 
-    def may_exceed(self, chars: int) -> bool:
-        """Whether a text of ``chars`` characters might yield more than ``max_chunks`` chunks (its
-        record is then kept, to be dead-lettered whole). Each chunk but the last advances at least
-        three quarters of the budget less the overlap, and a token is at least one character."""
+    @property
+    def safe_chars(self) -> float:
+        """No text of at most this many characters yields more than ``max_chunks`` chunks (a longer
+        one's record is kept, to be dead-lettered whole if it does; infinite with chunking off). Each
+        chunk but the last advances at least three quarters of the budget less the overlap, and a
+        token is at least one character."""
+        if self.mode != "tokens":
+            return float("inf")
         step = max(1, (3 * self.max_tokens) // 4 - min(self.overlap, self.max_tokens // 2))
-        return self.mode == "tokens" and chars > self.max_tokens + step * (self.max_chunks - 1)
+        return self.max_tokens + step * (self.max_chunks - 1)
+
+    def may_exceed(self, chars: int) -> bool:
+        """Whether a text of ``chars`` characters might yield more than ``max_chunks`` chunks."""
+        return chars > self.safe_chars
 
     def spans(self, texts: list[str]) -> list[list[tuple[int, int]]]:
         """The chunk spans of each text: ``[(0, len(text))]`` for a text no longer in characters than
