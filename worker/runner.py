@@ -23,7 +23,7 @@ from connectors.registry import SchemaRegistry, client_conf
 from connectors.transactions import Transactions, transactional_id
 from schemas.codec import DOCUMENT_SCHEMA_TEXT
 from schemas.errors import ConfigError
-from worker import metrics
+from worker import heap, metrics
 from worker.assignment import Assignment
 from worker.chain import build_chain
 from worker.embedding.base import Embedder
@@ -192,6 +192,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
         stores[name] = (store_factory or open_store)(s, collection_of(s, name, model))
         stores[name].prepare(alias_of(s, name), model.model_id, model.dim)
         caches[name] = open_cache(s, model)
+    heap.settle()  # the models' objects out of the collector's walks (worker.heap)
     health = metrics.Health(s.healthz_max_tick_age_seconds)
     health.model_loaded = True
     serve_metrics(s, health)

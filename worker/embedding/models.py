@@ -23,7 +23,6 @@ one that calls a model.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import logging
 import threading
@@ -37,7 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.errors import ConfigError, TransientError
-from worker import metrics
+from worker import heap, metrics
 from worker.embedding.base import Embedder
 
 log = logging.getLogger(__name__)
@@ -257,6 +256,8 @@ class ModelSet:
         t0 = time.monotonic()
         model = self._load(spec)
         model.warmup()
+        if heap.settled():  # a model loaded mid-stream joins the frozen heap (worker.heap)
+            heap.settle()
         self.loads += 1
         metrics.MODEL_LOADS.labels(name).inc()
         log.info("model %s loaded in %.1fs (%s)", name, time.monotonic() - t0, model.model_id)
@@ -278,7 +279,7 @@ class ModelSet:
         metrics.MODEL_EVICTIONS.labels(name).inc()
         log.info("model %s unloaded (EMBEDSTREAM_MODEL_MEMORY_MB: %s resident)", name,
                  ", ".join(self._resident) or "none")
-        gc.collect()
+        heap.release()
         try:
             import torch
 
