@@ -499,7 +499,7 @@ def migrate(
 
 @app.command()
 def bench(
-    quick: Annotated[bool, typer.Option("--quick", help="Small workloads: the whole run in about two minutes")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="Small workloads: the whole run in under 3 minutes")] = False,
     device: opt.Device = None,
     precision: opt.Precision = None,
     peer_python: Annotated[str | None, typer.Option(

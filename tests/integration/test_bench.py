@@ -39,6 +39,8 @@ def test_bench_quick_writes_json_and_chart(tmp_path, tmp_path_factory):
     assert r["Rdup90"] == pytest.approx(w["S4_90"]["docs_per_s"] / w["S4_0"]["docs_per_s"])
     assert r["Rio"] == pytest.approx(w["io"]["docs_per_s"] / d["milvus_upsert_rows_per_s"])
     assert 0 < w["io"]["cpu_us_per_doc"] < 1e6  # some CPU per document, less than a second of it
+    # (the row counts the busy time; the whole run adds the start-up and the group join)
+    assert w["io"]["cpu_us_per_doc"] < w["io"]["cpu_us_per_doc_whole_run"]
     cpu = out["cpu_per_doc"]  # S1 and S2 texts, with the cache and without, the io row among them
     assert {k: set(v) for k, v in cpu.items()} == {"S1": {"cache", "no_cache"}, "S2": {"cache", "no_cache"}}
     assert all(0 < us < 1e6 for v in cpu.values() for us in v.values())
@@ -51,8 +53,11 @@ def test_bench_quick_writes_json_and_chart(tmp_path, tmp_path_factory):
     assert w["S2_registry"]["docs"] == 40 and 0 < w["io_registry"]["cpu_us_per_doc"] < 1e6
     assert r["R1_S2_registry"] == pytest.approx(w["S2_registry"]["docs_per_s"] / d["raw_S2"]["docs_per_s"])
     assert 0 < r["Rpad"] <= 1 and 0 < w["S2"]["tokens_real"] <= w["S2"]["tokens_padded"]
-    # 90 % repeats: a repeated text is not embedded again (from the cache, or deduplicated in its group)
-    assert w["S4_0"]["cached"] == 0 and 0 < w["S4_90"]["tokens_real"] < 0.5 * w["S4_0"]["tokens_real"]
+    # Repeats: a repeated text is not embedded again (from the cache, or deduplicated in its group). The
+    # distinct texts of the 90 % stream are among the 50 % stream's, and those among the 0 % stream's
+    # (one seed, an empty cache at each start), so the model's tokens fall with each.
+    t0, t50, t90 = (w[k]["tokens_real"] for k in ("S4_0", "S4_50", "S4_90"))
+    assert w["S4_0"]["cached"] == 0 and 0 < t90 < t50 < t0
     # the worker's vectors against raw encode at the same precision (int8 quantizes activations per batch)
     assert out["quality"]["min_cosine"] >= min(0.99, cosine_floor(out["precision"]))
     assert out["quality"]["mean_cosine"] >= out["quality"]["min_cosine"]
@@ -63,8 +68,10 @@ def test_bench_quick_writes_json_and_chart(tmp_path, tmp_path_factory):
     assert r["Rpeer"] is None  # no --peer-python given
     # exactly-once beside at-least-once in the same run: every document through, the ratios as defined
     dl = out["delivery"]
-    assert dl["S2"]["at_least_once"] == w["S2"]["docs_per_s"] and dl["S2"]["exactly_once"] > 0
+    # (each pair measured back to back, each exactly-once run with its documents per transaction)
+    assert all(dl[k]["at_least_once"] > 0 and dl[k]["exactly_once"] > 0 for k in ("S2", "io"))
     assert dl["S2"]["docs"] == 40 and dl["io"]["docs"] == w["io"]["docs"]
+    assert all(1 <= dl[k]["docs_per_transaction"] <= dl[k]["docs"] for k in ("S2", "io"))
     assert r["Reos"] == pytest.approx(dl["S2"]["exactly_once"] / dl["S2"]["at_least_once"])
     assert r["Reos_io"] == pytest.approx(dl["io"]["exactly_once"] / dl["io"]["at_least_once"])
     assert dl["p99_at_50pct_s"]["at_least_once"] == r["p99_at_50pct_s"] and dl["p99_at_50pct_s"]["n"] > 0

@@ -8,14 +8,16 @@ from worker.tools.corpus import stdlib_docstrings
 
 #: Workload sizes (documents) for a full run and for --quick. The io run (instant model) and S4 (whose
 #: 90 % run is short) get more documents than S2, so that they last long enough to outweigh the
-#: pipeline's fill and drain (S4 at 90 %: Rdup90 5.4 with 3,000 documents, 7.2-7.5 with 5,000).
+#: pipeline's fill and drain (S4 at 90 %: Rdup90 5.4 with 3,000 documents, 7.2-7.5 with 5,000; the
+#: io run: 800 documents were 0.15 s of work, too little to compare two runs by; even --quick gives
+#: it 4,000, about half a second more per run).
 FULL = {"S1": 3000, "S2": 3000, "S4": 5000, "io": 6000, "upsert_rows": 10_000, "S5_seconds": 30.0,
         "quality_texts": 500, "raw_batch_sizes": (32, 64, 128), "long": None, "precision_queries": 200,
         "two_models": None}
 #: ``long``: how many long documents (``corpus.long_documents``, the shortest of them; None: all).
 #: ``two_models``: how many of the S2 texts the two-model runs take (None: all). --quick measures one
 #: raw batch size: 32, the best of 32/64/128 for S1 and S2 in the full CPU run (docs/bench/bench.json).
-QUICK = {"S1": 400, "S2": 400, "S4": 300, "io": 800, "upsert_rows": 2000, "S5_seconds": 4.0,
+QUICK = {"S1": 400, "S2": 400, "S4": 300, "io": 4000, "upsert_rows": 2000, "S5_seconds": 4.0,
          "quality_texts": 200, "raw_batch_sizes": (32,), "long": 3, "precision_queries": 100, "two_models": 200}
 
 
