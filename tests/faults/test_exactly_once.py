@@ -37,6 +37,9 @@ from tests.helpers import read_topic
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 EXACTLY_ONCE = {"EMBEDSTREAM_DELIVERY": "exactly-once"}
+#: Without the cache: the scenarios' texts are hot from earlier ones, and with them a stream can be
+#: committed whole before its fault begins; uncached, the model sets the pace and the fault lands mid-stream.
+UNCACHED = {**EXACTLY_ONCE, "EMBEDSTREAM_REDIS_URL": ""}
 
 
 def _dlq_copies(fs, expected: Expected) -> Counter:
@@ -45,16 +48,16 @@ def _dlq_copies(fs, expected: Expected) -> Counter:
 
 def test_exactly_once_through_milvus_frozen_poison_pills_and_sigterm(fs, model, parts, tmp_path):
     expected = Expected()
-    docs = short_docs(900, "eo")
+    docs = short_docs(1500, "eo")
     bad = {
         "eo-bad-avro": (b"\x02\x06abc\xff\x00", "decode_error"),
         "eo-empty": (encode_document(Document("eo-empty", "  \n ")), "empty_text"),
         "eo-utf8": (b'{"id": "eo-utf8", "text": "caf\xe9"}', "invalid_utf8"),
     }
-    for i in range(0, 900, 300):  # bad records interleaved with good ones
-        produce_docs(fs, docs[i:i + 300], expected)
-        produce_bad(fs, dict(list(bad.items())[i // 300:i // 300 + 1]), expected)
-    w = WorkerProcess(fs, tmp_path, "w", EMBEDSTREAM_GROUP_INSTANCE_ID="eo-w", **EXACTLY_ONCE)
+    for i in range(0, 1500, 500):  # bad records interleaved with good ones
+        produce_docs(fs, docs[i:i + 500], expected)
+        produce_bad(fs, dict(list(bad.items())[i // 500:i // 500 + 1]), expected)
+    w = WorkerProcess(fs, tmp_path, "w", EMBEDSTREAM_GROUP_INSTANCE_ID="eo-w", **UNCACHED)
     wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.2 * expected.records, 180, what="20% committed")
     with frozen(parts["milvus"]):
         time.sleep(2)  # a transaction past Milvus when the freeze began may still commit
@@ -65,7 +68,7 @@ def test_exactly_once_through_milvus_frozen_poison_pills_and_sigterm(fs, model, 
     w.terminate()
     assert w.wait(fs.shutdown_grace_seconds + 15) == 0, w.log()[-3000:]
     w2 = WorkerProcess(fs, tmp_path, "w2", ("--stop-when-idle", "3"), EMBEDSTREAM_GROUP_INSTANCE_ID="eo-w",
-                       **EXACTLY_ONCE)
+                       **UNCACHED)
     assert w2.wait(300) == 0, w2.log()[-3000:]
     assert "sink: milvus" in w.log(), "the worker never met the Milvus outage"
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
@@ -120,15 +123,13 @@ def test_exactly_once_through_kill_9(fs, model, tmp_path):
     transaction (after the offsets committed at the kill, no wider than the batches it held)."""
     expected = Expected()
     produce_docs(fs, short_docs(900, "ek"), expected)
-    # Without the cache (its texts are hot from earlier scenarios) the model sets the pace, and the
-    # kill lands in the middle of the stream, most likely inside a transaction.
-    uncached = {**EXACTLY_ONCE, "EMBEDSTREAM_REDIS_URL": ""}
-    w = WorkerProcess(fs, tmp_path, "w", EMBEDSTREAM_GROUP_INSTANCE_ID="ek-w", **uncached)
+    # (uncached: the kill lands in the middle of the stream, most likely inside a transaction)
+    w = WorkerProcess(fs, tmp_path, "w", EMBEDSTREAM_GROUP_INSTANCE_ID="ek-w", **UNCACHED)
     wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.3 * expected.records, 180, what="30% committed")
     w.kill9()
     at_kill = committed_offsets(fs, PARTITIONS)
     w2 = WorkerProcess(fs, tmp_path, "w2", ("--stop-when-idle", "3"), EMBEDSTREAM_GROUP_INSTANCE_ID="ek-w",
-                       **uncached)
+                       **UNCACHED)
     assert w2.wait(300) == 0, w2.log()[-3000:]
     assert sum(at_kill.values()) < expected.records, "the kill came after the last commit"
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
@@ -159,8 +160,7 @@ def test_exactly_once_through_broker_frozen_and_rebalance(fs, model, parts, tmp_
 
     # No static membership here: Tansu once held a static member's join for over 120 s in this
     # scenario. The transactional ids are then host-pid ones (no restarts in this stream).
-    uncached = {**EXACTLY_ONCE, "EMBEDSTREAM_REDIS_URL": ""}  # the model sets the pace: the freeze lands mid-stream
-    a = WorkerProcess(fs, tmp_path, "a", ("--stop-when-idle", "5"), **uncached)
+    a = WorkerProcess(fs, tmp_path, "a", ("--stop-when-idle", "5"), **UNCACHED)
     wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.2 * expected.records, 180, what="20% committed")
     at_freeze = committed_offsets(fs, PARTITIONS)
     with frozen(parts["broker"]):
@@ -169,7 +169,7 @@ def test_exactly_once_through_broker_frozen_and_rebalance(fs, model, parts, tmp_
                what="progress after the broker came back")  # 600 produced: 20 % is not all of them
     producer = threading.Thread(target=trickle)
     producer.start()
-    two_join_then_leave(fs, tmp_path, **uncached)
+    two_join_then_leave(fs, tmp_path, **UNCACHED)
     producer.join(120)
     assert a.wait(300) == 0, a.log()[-3000:]
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
