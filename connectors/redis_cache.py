@@ -56,13 +56,19 @@ def unpack_vector(raw: bytes | None, dim: int) -> np.ndarray | None:
 class RedisCache:
     """``get_many`` / ``set_many`` over one Redis; failures are misses, logged at most every 10 s."""
 
-    def __init__(self, url: str, model_id: str, dim: int, ttl_seconds: int, timeout_ms: int = 150) -> None:
-        import redis
+    def __init__(self, url: str, model_id: str, dim: int, ttl_seconds: int, timeout_ms: int = 150,
+                 client=None) -> None:
+        """``client``: a ready Redis client to use instead of connecting to ``url`` (tests)."""
+        if client is None:
+            import redis
 
-        self._redis = redis.Redis.from_url(url, socket_timeout=timeout_ms / 1000,
-                                           socket_connect_timeout=timeout_ms / 1000, retry=None,
-                                           health_check_interval=0)
+            client = redis.Redis.from_url(url, socket_timeout=timeout_ms / 1000,
+                                          socket_connect_timeout=timeout_ms / 1000, retry=None,
+                                          health_check_interval=0)
+        self._redis = client
         self.model_id = model_id
+        #: Every key of this model: ``cache_key(model_id, hash)`` is this + the hash.
+        self._prefix = cache_key(model_id, "")
         self.dim = dim
         self.ttl = ttl_seconds
         self.errors = 0
@@ -82,7 +88,7 @@ class RedisCache:
         if not hashes:
             return []
         try:
-            raws = self._redis.mget([cache_key(self.model_id, h) for h in hashes])
+            raws = self._redis.mget([self._prefix + h for h in hashes])
         except Exception as exc:  # any Redis or socket error is a miss, by contract
             self._failed("read", exc)
             return [None] * len(hashes)
@@ -93,8 +99,7 @@ class RedisCache:
         if not entries:
             return True
         try:
-            prefix = cache_key(self.model_id, "")
-            self._set_many(keys=[prefix + h for h in entries],
+            self._set_many(keys=[self._prefix + h for h in entries],
                            args=[self.ttl, *(pack_vector(vec) for vec in entries.values())])
             return True
         except Exception as exc:

@@ -8,7 +8,7 @@ import uuid
 import numpy as np
 import pytest
 
-from connectors.redis_cache import _SET_MANY, RedisCache, cache_key
+from connectors.redis_cache import RedisCache, cache_key
 
 
 class DictRedis:
@@ -44,11 +44,7 @@ class DictRedis:
 
 def _cache(kind, stack_env, model: str, dim: int = 4, down: bool = False) -> RedisCache:
     if kind == "fake":
-        cache = RedisCache.__new__(RedisCache)
-        cache._redis, cache.model_id, cache.dim, cache.ttl = DictRedis(down), model, dim, 60
-        cache._set_many = cache._redis.register_script(_SET_MANY)
-        cache.errors, cache._last_log = 0, 0.0
-        return cache
+        return RedisCache("", model, dim, 60, client=DictRedis(down))
     url = "redis://127.0.0.1:1/0" if down else stack_env["EMBEDSTREAM_REDIS_URL"]
     return RedisCache(url, model, dim, 60, timeout_ms=200)
 

@@ -152,13 +152,13 @@ def test_too_many_chunks_turns_the_record_into_a_dead_letter_with_its_original_b
     assert "EMBEDSTREAM_MAX_CHUNKS" in dead.message and len(fine.chunks) == 1
 
 
-def test_may_exceed_is_a_bound_no_text_of_fewer_characters_breaks():
+def test_safe_chars_is_a_bound_no_text_of_fewer_characters_breaks():
     chunker = Chunker(FakeEmbedder(), "tokens", max_tokens=10, overlap=2, max_chunks=5)
-    limit = next(n for n in range(1, 10_000) if chunker.may_exceed(n))
+    limit = next(n for n in range(1, 10_000) if n > chunker.safe_chars)
     # the most chunks a text of limit - 1 characters can make: one-character tokens
     worst = " ".join("x" * ((limit - 1) // 2))
     assert len(plan_chunks(worst, _words(worst), 10, 2)) <= 5
-    assert not Chunker(FakeEmbedder(), "off", 10, 2, 5).may_exceed(10**9)
+    assert not 10**9 > Chunker(FakeEmbedder(), "off", 10, 2, 5).safe_chars
 
 
 def test_off_keeps_one_chunk_and_counts_what_the_model_cuts():

@@ -108,10 +108,6 @@ class Chunker:
         step = max(1, (3 * self.max_tokens) // 4 - min(self.overlap, self.max_tokens // 2))
         return self.max_tokens + step * (self.max_chunks - 1)
 
-    def may_exceed(self, chars: int) -> bool:
-        """Whether a text of ``chars`` characters might yield more than ``max_chunks`` chunks."""
-        return chars > self.safe_chars
-
     def spans(self, texts: list[str]) -> list[list[tuple[int, int]]]:
         """The chunk spans of each text: ``[(0, len(text))]`` for a text no longer in characters than
         the budget (never tokenized); the others tokenized together in one call and planned."""
