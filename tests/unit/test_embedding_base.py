@@ -44,3 +44,21 @@ def test_a_document_prompt_costs_tokens_and_chunk_room_and_names_its_cache():
 
     assert model_prompts(St, None, None) == ("passage: ", "query: ")
     assert model_prompts(St, "", "find: ") == ("", "find: ")  # overrides win, "" is none
+
+
+def test_offsets_over_counts_words_and_gives_offsets_only_past_the_limit():
+    texts = ["one two three", "a  b\tc\nd e\u2028f", "x" * 50, ""]
+    model = FakeEmbedder()
+    full = model.token_offsets(texts)
+    assert model.offsets_over(texts, 3) == [None, full[1], None, None]
+    assert model.offsets_over(texts, 2) == [full[0], full[1], None, None]
+    assert len(full[1]) == 6  # the word regex and str.split agree on what whitespace is
+
+
+def test_offsets_over_asks_a_tokenizer_of_its_own_for_its_tokens():
+    class Characters(FakeEmbedder):
+        def token_offsets(self, texts):
+            return [[(i, i + 1) for i in range(len(t))] for t in texts]
+
+    # one word of five tokens: more than a limit of 3 though str.split counts 1
+    assert Characters().offsets_over(["abcde", "ab"], 3) == [[(i, i + 1) for i in range(5)], None]

@@ -64,6 +64,16 @@ class Embedder(abc.ABC):
         own); a real model answers with its tokenizer. Call it from the embed thread only."""
         return [[m.span() for m in _WORD.finditer(t)] for t in texts]
 
+    def offsets_over(self, texts: list[str], limit: int) -> list[list[tuple[int, int]] | None]:
+        """For each text, its :meth:`token_offsets` if it has more than ``limit`` tokens, else None
+        (it fits whole: where its tokens lie is not needed). Most long texts still fit, so the words
+        of this class's own tokenizer are first only counted (``str.split`` finds the same words as
+        the regex, without a span object each); a subclass with a tokenizer of its own is asked for
+        its offsets. Embed thread only."""
+        if type(self).token_offsets is not Embedder.token_offsets:
+            return [o if len(o) > limit else None for o in self.token_offsets(texts)]
+        return [[m.span() for m in _WORD.finditer(t)] if len(t.split()) > limit else None for t in texts]
+
     @property
     def chunk_room(self) -> int:
         """Tokens of document text one forward pass takes: the max length less the special tokens

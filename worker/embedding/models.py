@@ -180,6 +180,9 @@ class LazyModel(Embedder):
     def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
         return self._models.acquire(self.name).token_offsets(texts)
 
+    def offsets_over(self, texts: list[str], limit: int) -> list[list[tuple[int, int]] | None]:
+        return self._models.acquire(self.name).offsets_over(texts, limit)
+
     def warmup(self) -> None:
         self._models.acquire(self.name).warmup()
 

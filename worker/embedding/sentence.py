@@ -165,6 +165,8 @@ class SentenceTransformerEmbedder(Embedder):
         self.prompt_tokens = len(self._tokenizer(self.document_prompt, add_special_tokens=False)["input_ids"]) \
             if self.document_prompt else 0
         self._prompt_lengths: dict[str, int] = {}
+        #: Token ids of whole texts that ``offsets_over`` tokenized last (``_ids`` reuses them).
+        self._known_ids: dict[str, list[int]] = {}
         from sentence_transformers.models import Normalize
 
         # Run the modules ourselves, minus Normalize: we normalise in float32 (see module doc).
@@ -232,6 +234,31 @@ class SentenceTransformerEmbedder(Embedder):
         backend.no_padding()
         return [list(enc.offsets) for enc in backend.encode_batch(texts, add_special_tokens=False)]
 
+    def offsets_over(self, texts: list[str], limit: int) -> list[list[tuple[int, int]] | None]:
+        """As :meth:`Embedder.offsets_over`, tokenizing each text once. The ids of a text that fits
+        the model whole are kept for ``embed`` (until the next call here), so the chunk step's long
+        texts that stay one chunk are not tokenized a second time: the same ids the model's own
+        tokenizing would give (the text is whole, nothing is truncated), so the same vectors. Not
+        with a document prompt: the model then tokenizes prompt and text together."""
+        backend = getattr(self._tokenizer, "_tokenizer", None)
+        if backend is None:
+            return super().offsets_over(texts, limit)
+        backend.no_truncation()
+        backend.no_padding()
+        out: list[list[tuple[int, int]] | None] = []
+        known: dict[str, list[int]] = {}
+        for text, enc in zip(texts, backend.encode_batch(texts, add_special_tokens=False)):
+            if len(enc.ids) > limit:
+                out.append(list(enc.offsets))
+                continue
+            out.append(None)
+            if not self.document_prompt:
+                ids = backend.post_process(enc).ids  # the special tokens added, as tokenize() adds them
+                if len(ids) <= self.max_seq_length:
+                    known[text] = ids
+        self._known_ids = known
+        return out
+
     def prompt_length(self, prompt: str) -> int:
         """The prompt's tokens as the pooling counts them: with the leading special token, without a
         trailing one (what sentence-transformers hands a pooling that leaves the prompt out)."""
@@ -281,6 +308,16 @@ class SentenceTransformerEmbedder(Embedder):
     def embed_query(self, texts: list[str]) -> np.ndarray:
         return self._embed(texts, self.query_prompt)
 
+    def _ids(self, texts: list[str]) -> list[list[int]]:
+        """``tokenize(texts)``, taking the ids :meth:`offsets_over` kept where it has them."""
+        known = self._known_ids
+        if not known:
+            return self.tokenize(texts)
+        found = [known.get(t) for t in texts]
+        todo = [i for i, seq in enumerate(found) if seq is None]
+        fresh = dict(zip(todo, self.tokenize([texts[i] for i in todo]))) if todo else {}
+        return [seq if seq is not None else fresh[i] for i, seq in enumerate(found)]
+
     def _embed(self, texts: list[str], prompt: str) -> np.ndarray:
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
@@ -288,7 +325,7 @@ class SentenceTransformerEmbedder(Embedder):
         # Tokenized once; each forward pass pads its own length-sorted slice. Results are copied off
         # the device only at the end: on a GPU the passes queue up and the CPU pads the next slice
         # while the GPU computes this one (a copy per pass would wait for each).
-        ids = self.tokenize([prompt + t for t in texts] if prompt else texts)
+        ids = self.tokenize([prompt + t for t in texts]) if prompt else self._ids(texts)
         extra = {"prompt_length": self.prompt_length(prompt)} if prompt else {}
         done = [(group, self.normalise(self.run({**self.pad([ids[i] for i in group]), **extra})))
                 for group in split_by_budget([len(seq) for seq in ids], self.sub_batch_size, self.sub_batch_tokens)]

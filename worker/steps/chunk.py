@@ -79,7 +79,8 @@ class Chunker:
 
     A text no longer in characters than a chunk's token budget fits whatever the tokenizer does
     (a token covers at least one character) and becomes one chunk without tokenizing: the short
-    texts of most workloads pay nothing. Longer ones are tokenized together in one call. With
+    texts of most workloads pay nothing. Longer ones go to the model together in one call
+    (``Embedder.offsets_over``), which answers with token offsets only for those that do not fit. With
     ``mode="off"`` every text stays one chunk and the model truncates it, as before chunking, but
     what was cut is counted. A text that would yield more than ``max_chunks`` chunks becomes a
     dead letter (``too_many_chunks``) in its batch, written whole to the DLQ instead of half to
@@ -114,8 +115,9 @@ class Chunker:
         out = [[(0, len(t))] for t in texts]
         long = [i for i, t in enumerate(texts) if len(t) > self.max_tokens]
         if long:
-            for i, offsets in zip(long, self.embedder.token_offsets([texts[i] for i in long])):
-                out[i] = plan_chunks(texts[i], offsets, self.max_tokens, self.overlap)
+            for i, offsets in zip(long, self.embedder.offsets_over([texts[i] for i in long], self.max_tokens)):
+                if offsets is not None:
+                    out[i] = plan_chunks(texts[i], offsets, self.max_tokens, self.overlap)
         return out
 
     def process(self, group: list[Batch]) -> None:
@@ -155,8 +157,8 @@ class Chunker:
         for it in items:
             it.chunks = [_whole(it)]
         long = [it.text for it in items if len(it.text) > self.max_tokens]
-        for offsets in self.embedder.token_offsets(long) if long else []:
-            if len(offsets) > self.max_tokens:
+        for offsets in self.embedder.offsets_over(long, self.max_tokens) if long else []:
+            if offsets is not None:
                 metrics.DOCUMENTS_TRUNCATED.inc()
                 metrics.TOKENS_TRUNCATED.inc(len(offsets) - self.max_tokens)
 
