@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import fastavro
 import numpy as np
 
+from schemas.document_reader import read_document
 from schemas.errors import DecodeError
 
 SCHEMA_DIR = Path(__file__).resolve().parent
@@ -244,6 +245,9 @@ def _avro_document(rec: dict[str, Any]) -> Document:
 
 
 def _schemaless_document(value: bytes, framed: FramedReader | None) -> Document:
+    fields = read_document(value)  # the common case, by hand; any doubt goes to fastavro below
+    if fields is not None:
+        return Document(*fields)
     try:
         return _avro_document(_read_avro(value, _DOCUMENT_READER, "document.avsc"))
     except DecodeError as exc:

@@ -181,3 +181,66 @@ def test_hand_written_embedding_encoder_matches_fastavro(rec):
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, EMBEDDING_SCHEMA, rec)
     assert encode_embedding(rec) == buf.getvalue()
+
+
+# -- the hand-written document reader: the same fields as fastavro, or no answer at all -----------
+
+def _fastavro_fields(value: bytes):
+    """fastavro's reading of ``value`` as the reader's field tuple, or None where it refuses."""
+    import fastavro
+
+    from schemas.codec import _DOCUMENT_READER
+
+    buf = io.BytesIO(value)
+    try:
+        rec = fastavro.schemaless_reader(buf, _DOCUMENT_READER)
+    except Exception:
+        return None
+    if buf.tell() != len(value) or not isinstance(rec, dict):
+        return None
+    return rec["id"], rec["text"], rec["model"], dict(rec["metadata"] or {}), rec["event_time"]
+
+
+any_longs = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+
+
+@given(documents, any_longs)
+@settings(max_examples=300)
+def test_hand_reader_reads_every_valid_record_as_fastavro_does(doc, event_time):
+    from schemas.document_reader import read_document
+
+    for d in (doc, Document(doc.id, doc.text, doc.model, doc.metadata, event_time)):
+        value = encode_document(d)
+        assert read_document(value) == _fastavro_fields(value) == (d.id, d.text, d.model, d.metadata, d.event_time)
+
+
+@given(documents, st.data())
+@settings(max_examples=400)
+def test_hand_reader_accepts_no_damaged_record_that_fastavro_refuses(doc, data):
+    from schemas.document_reader import read_document
+
+    value = bytearray(encode_document(doc))
+    how = data.draw(st.sampled_from(["cut", "flip", "append"]))
+    if how == "cut":
+        value = value[: data.draw(st.integers(0, len(value) - 1))]
+    elif how == "flip":
+        value[data.draw(st.integers(0, len(value) - 1))] = data.draw(st.integers(0, 255))
+    else:
+        value += data.draw(st.binary(min_size=1, max_size=8))
+    mine, theirs = read_document(bytes(value)), _fastavro_fields(bytes(value))
+    assert mine is None or mine == theirs
+
+
+def test_hand_reader_reads_a_map_written_in_sized_blocks():
+    from schemas.codec import _long, _string
+    from schemas.document_reader import read_document
+
+    # id, text, model null, a map block of -2 entries with its byte size, a block of 1, end, no time
+    entries = _string("a") + _string("1") + _string("b") + _string("2")
+    value = (_string("doc") + _string("text") + _long(0) + _long(-2) + _long(len(entries)) + entries
+             + _long(1) + _string("c") + _string("3") + _long(0) + _long(0))
+    want = ("doc", "text", None, {"a": "1", "b": "2", "c": "3"}, None)
+    assert read_document(value) == _fastavro_fields(value) == want
+    assert read_document(value + b"\x00") is None
+    no_branch_2 = _string("doc") + _string("text") + _long(2)  # the model union has branches 0 and 1
+    assert read_document(no_branch_2) is None

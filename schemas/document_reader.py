@@ -1,0 +1,83 @@
+"""A reader written by hand for schemaless ``document.avsc`` records: the input's common case.
+
+The polling thread decodes every input record; fastavro's generic reader took ~3 µs of a record's
+~4 µs there (a file object, a schema walk, a dict), this reader ~1.2 µs. It only ever answers for a
+record that is whole and valid: anything else (truncated, trailing bytes, a union branch that does
+not exist, invalid UTF-8, a long past 64 bits) gets None, and the caller reads the value with
+fastavro, whose error says what is wrong. So a value this reader accepts is one fastavro reads to
+the same fields, and every error still comes from one place.
+"""
+
+from __future__ import annotations
+
+#: A field list: id, text, model (None: the worker's default), metadata, event_time (epoch ms or None).
+Fields = tuple[str, str, "str | None", dict[str, str], "int | None"]
+
+
+class _Invalid(Exception):
+    """Not a record this reader vouches for (fastavro will say why)."""
+
+
+def _long(b: bytes, i: int) -> tuple[int, int]:
+    """The zig-zag varint at ``b[i]`` → ``(value, next index)``: a 64-bit long, at most 10 bytes."""
+    byte = b[i]
+    if byte < 0x80:
+        return (byte >> 1) ^ -(byte & 1), i + 1
+    n, shift = byte & 0x7F, 7
+    while True:
+        i += 1
+        byte = b[i]
+        n |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            if n >> 64:
+                raise _Invalid
+            return (n >> 1) ^ -(n & 1), i + 1
+        shift += 7
+        if shift > 63:
+            raise _Invalid
+
+
+def _string(b: bytes, i: int) -> tuple[str, int]:
+    n, i = _long(b, i)
+    end = i + n
+    if n < 0 or end > len(b):
+        raise _Invalid
+    return b[i:end].decode("utf-8"), end
+
+
+def read_document(value: bytes) -> Fields | None:
+    """The fields of the schemaless ``document.avsc`` record that is all of ``value``, or None when
+    it is not one (read it with fastavro for the reason)."""
+    try:
+        doc_id, i = _string(value, 0)
+        text, i = _string(value, i)
+        branch, i = _long(value, i)
+        if branch == 0:
+            model = None
+        elif branch == 1:
+            model, i = _string(value, i)
+        else:
+            raise _Invalid
+        metadata: dict[str, str] = {}
+        while True:
+            count, i = _long(value, i)
+            if count == 0:
+                break
+            if count < 0:  # a block with its size in bytes first
+                _, i = _long(value, i)
+                count = -count
+            for _ in range(count):
+                k, i = _string(value, i)
+                metadata[k], i = _string(value, i)
+        branch, i = _long(value, i)
+        if branch == 0:
+            event_time = None
+        elif branch == 1:
+            event_time, i = _long(value, i)
+        else:
+            raise _Invalid
+    except (_Invalid, IndexError, UnicodeDecodeError):
+        return None
+    if i != len(value):
+        return None
+    return doc_id, text, model, metadata, event_time
