@@ -45,19 +45,23 @@ def _string(b: bytes, i: int) -> tuple[str, int]:
     return b[i:end].decode("utf-8"), end
 
 
+def _optional(read, b: bytes, i: int):
+    """A ``["null", T]`` union at ``b[i]``: branch 0 is None, branch 1 a value ``read`` reads."""
+    branch, i = _long(b, i)
+    if branch == 0:
+        return None, i
+    if branch == 1:
+        return read(b, i)
+    raise _Invalid
+
+
 def read_document(value: bytes) -> Fields | None:
     """The fields of the schemaless ``document.avsc`` record that is all of ``value``, or None when
     it is not one (read it with fastavro for the reason)."""
     try:
         doc_id, i = _string(value, 0)
         text, i = _string(value, i)
-        branch, i = _long(value, i)
-        if branch == 0:
-            model = None
-        elif branch == 1:
-            model, i = _string(value, i)
-        else:
-            raise _Invalid
+        model, i = _optional(_string, value, i)
         metadata: dict[str, str] = {}
         while True:
             count, i = _long(value, i)
@@ -69,13 +73,7 @@ def read_document(value: bytes) -> Fields | None:
             for _ in range(count):
                 k, i = _string(value, i)
                 metadata[k], i = _string(value, i)
-        branch, i = _long(value, i)
-        if branch == 0:
-            event_time = None
-        elif branch == 1:
-            event_time, i = _long(value, i)
-        else:
-            raise _Invalid
+        event_time, i = _optional(_long, value, i)
     except (_Invalid, IndexError, UnicodeDecodeError):
         return None
     if i != len(value):
