@@ -21,6 +21,11 @@ PACKAGED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 _WORD = re.compile(r"\S+")
 
 
+def _word_spans(text: str) -> list[tuple[int, int]]:
+    """The character span of each word (a run of non-whitespace) of ``text``."""
+    return [m.span() for m in _WORD.finditer(text)]
+
+
 class Embedder(abc.ABC):
     """A text embedding model: ``embed`` returns float32, L2-normalised rows, one per text."""
 
@@ -62,7 +67,7 @@ class Embedder(abc.ABC):
         """The character span of each token of each text, special tokens left out, nothing
         truncated: where the chunk step may cut. Here: words (a model without a tokenizer of its
         own); a real model answers with its tokenizer. Call it from the embed thread only."""
-        return [[m.span() for m in _WORD.finditer(t)] for t in texts]
+        return [_word_spans(t) for t in texts]
 
     def offsets_over(self, texts: list[str], limit: int) -> list[list[tuple[int, int]] | None]:
         """For each text, its :meth:`token_offsets` if it has more than ``limit`` tokens, else None
@@ -72,7 +77,7 @@ class Embedder(abc.ABC):
         its offsets. Embed thread only."""
         if type(self).token_offsets is not Embedder.token_offsets:
             return [o if len(o) > limit else None for o in self.token_offsets(texts)]
-        return [[m.span() for m in _WORD.finditer(t)] if len(t.split()) > limit else None for t in texts]
+        return [_word_spans(t) if len(t.split()) > limit else None for t in texts]
 
     @property
     def chunk_room(self) -> int:

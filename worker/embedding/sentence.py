@@ -223,16 +223,25 @@ class SentenceTransformerEmbedder(Embedder):
         return self._tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self.max_seq_length,
                                return_attention_mask=False, return_token_type_ids=False)["input_ids"]
 
-    def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
-        """Character spans of each text's tokens (no special tokens, nothing truncated), from the
-        tokenizer's Rust backend. Its truncation and padding settings are shared state that each
-        ``tokenize`` call sets again, so they are cleared here, on the same (embed) thread."""
+    def _encodings(self, texts: list[str]) -> list | None:
+        """The Rust backend's encodings of ``texts`` (no special tokens, nothing truncated); None for
+        a slow tokenizer, which has no offsets. The backend's truncation and padding settings are
+        shared state that each ``tokenize`` call sets again, so they are cleared here, on the same
+        (embed) thread."""
         backend = getattr(self._tokenizer, "_tokenizer", None)
-        if backend is None:  # a slow tokenizer has no offsets: cut between words
-            return super().token_offsets(texts)
+        if backend is None:
+            return None
         backend.no_truncation()
         backend.no_padding()
-        return [list(enc.offsets) for enc in backend.encode_batch(texts, add_special_tokens=False)]
+        return backend.encode_batch(texts, add_special_tokens=False)
+
+    def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
+        """Character spans of each text's tokens (no special tokens, nothing truncated), from the
+        tokenizer's Rust backend; a slow tokenizer's cut between words."""
+        encodings = self._encodings(texts)
+        if encodings is None:
+            return super().token_offsets(texts)
+        return [list(enc.offsets) for enc in encodings]
 
     def offsets_over(self, texts: list[str], limit: int) -> list[list[tuple[int, int]] | None]:
         """As :meth:`Embedder.offsets_over`, tokenizing each text once. The ids of a text that fits
@@ -240,14 +249,13 @@ class SentenceTransformerEmbedder(Embedder):
         texts that stay one chunk are not tokenized a second time: the same ids the model's own
         tokenizing would give (the text is whole, nothing is truncated), so the same vectors. Not
         with a document prompt: the model then tokenizes prompt and text together."""
-        backend = getattr(self._tokenizer, "_tokenizer", None)
-        if backend is None:
+        encodings = self._encodings(texts)
+        if encodings is None:
             return super().offsets_over(texts, limit)
-        backend.no_truncation()
-        backend.no_padding()
+        backend = self._tokenizer._tokenizer
         out: list[list[tuple[int, int]] | None] = []
         known: dict[str, list[int]] = {}
-        for text, enc in zip(texts, backend.encode_batch(texts, add_special_tokens=False)):
+        for text, enc in zip(texts, encodings):
             if len(enc.ids) > limit:
                 out.append(list(enc.offsets))
                 continue
