@@ -3,42 +3,81 @@ an unreachable Redis is only misses (counted), never an exception."""
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 
+import hiredis
 import numpy as np
 import pytest
+import redis
 
-from connectors.redis_cache import RedisCache, cache_key
+from connectors.redis_cache import RedisCache, bulk_strings, cache_key, pack_vector, packed_values
 
 
 class DictRedis:
-    """The Redis calls RedisCache makes (MGET, its SET-many script), over a dict."""
+    """A Redis client whose server is a dict: its pool's connections read the commands RedisCache
+    packs (MGET, EVALSHA of its SET-many script) as RESP, the way a server parses them."""
 
     def __init__(self, down: bool = False) -> None:
-        self.data: dict[str, bytes] = {}
-        self.ttls: dict[str, int] = {}
+        self.data: dict[bytes, bytes] = {}
+        self.ttls: dict[bytes, int] = {}
+        self.scripts: set[bytes] = set()
         self.down = down
+        self.connection_pool = self
 
-    def mget(self, keys):
+    # -- the pool
+    def get_connection(self):
         if self.down:
-            raise ConnectionError("refused")
-        return [self.data.get(k) for k in keys]
+            raise redis.ConnectionError("refused")
+        return _DictConnection(self)
 
-    def register_script(self, source: str):
+    def release(self, conn) -> None:
+        pass
+
+    def script_load(self, source: str) -> bytes:
         assert "redis.call('SET', key, ARGV[i + 1], 'EX', ttl)" in source
-
-        def run(keys, args):
-            if self.down:
-                raise ConnectionError("refused")
-            ttl, *values = args
-            assert len(values) == len(keys)
-            for key, value in zip(keys, values):
-                self.data[key], self.ttls[key] = value, ttl
-            return len(keys)
-
-        return run
+        sha = hashlib.sha1(source.encode()).hexdigest().encode()
+        self.scripts.add(sha)
+        return sha
 
     def close(self):
+        pass
+
+
+class _DictConnection:
+    def __init__(self, server: DictRedis) -> None:
+        self.server = server
+        self.reply: object = None
+
+    def send_packed_command(self, parts: list[bytes], check_health: bool = True) -> None:
+        reader = hiredis.Reader()
+        reader.feed(b"".join(parts))
+        command = reader.gets()
+        assert reader.gets() is False, "one command at a time, nothing left over"
+        name, *args = command
+        data, ttls = self.server.data, self.server.ttls
+        if name == b"MGET":
+            self.reply = [data.get(k) for k in args]
+        elif name == b"EVALSHA":
+            sha, n, *rest = args
+            if sha not in self.server.scripts:
+                self.reply = redis.exceptions.NoScriptError("No matching script.")
+                return
+            n = int(n)
+            keys, (ttl, *values) = rest[:n], rest[n:]
+            assert len(values) == n
+            for key, value in zip(keys, values):
+                data[key], ttls[key] = value, int(ttl)
+            self.reply = n
+        else:
+            raise AssertionError(f"unexpected command {name!r}")
+
+    def read_response(self):
+        if isinstance(self.reply, Exception):
+            raise self.reply
+        return self.reply
+
+    def disconnect(self) -> None:
         pass
 
 
@@ -90,3 +129,66 @@ def test_set_many_writes_every_entry_with_the_ttl_and_survives_a_script_flush(st
     raw.script_flush()
     assert cache.set_many({"again": np.ones(4, np.float32)})
     assert cache.get_many(["again"])[0] is not None and cache.errors == 0
+
+
+def test_set_many_writes_the_packed_vector_of_each_key_with_the_ttl_loading_the_script_once():
+    """The one buffer set_many lays out holds, for each key, exactly ``pack_vector`` of its vector
+    (parsed as RESP, as a server reads it); a server without the script is given it, then written."""
+    server = DictRedis()
+    cache = RedisCache("", "model-é", 3, 77, client=server)
+    rng = np.random.default_rng(1)
+    vecs = {h: rng.standard_normal(3).astype(np.float32) for h in ("x", "a" * 64, "ß-not-hex", "")}
+    assert not server.scripts
+    assert cache.set_many(vecs) and cache.errors == 0
+    assert len(server.scripts) == 1
+    assert server.data == {cache_key("model-é", h).encode(): pack_vector(v) for h, v in vecs.items()}
+    assert set(server.ttls.values()) == {77}
+    got = cache.get_many([*vecs, "missing"])
+    assert all(np.array_equal(g, v) for g, v in zip(got, vecs.values())) and got[-1] is None
+
+
+def test_packed_values_are_the_bulk_strings_of_each_packed_vector():
+    rng = np.random.default_rng(2)
+    for n, dim in ((1, 1), (3, 384), (257, 8)):
+        vectors = list(rng.standard_normal((n, dim)).astype(np.float32))
+        assert packed_values(vectors, dim) == bulk_strings(pack_vector(v) for v in vectors)
+
+
+@pytest.mark.integration
+def test_a_reply_that_came_too_late_never_answers_the_next_command(tmp_path):
+    """A read that timed out (Redis frozen) closes its connection: once Redis answers again, the next
+    read gets its own reply, never the late one (which would hand one text's vector to another)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from worker.tools.dev import free_port, redis_server_bin
+
+    port = free_port()
+    proc = subprocess.Popen([redis_server_bin(), "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis.from_url(url, socket_timeout=0.5).ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+        cache = RedisCache(url, "m", 4, 60, timeout_ms=200)
+        a = np.array([1, 2, 3, 4], np.float32)
+        assert cache.set_many({"a": a})
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            assert cache.get_many(["a"]) == [None] and cache.errors == 1
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(0.2)  # the late reply to the timed-out MGET reaches its socket meanwhile
+        got = cache.get_many(["b", "a"])
+        assert got[0] is None and np.array_equal(got[1], a) and cache.errors == 1
+    finally:
+        proc.kill()
+        proc.wait()
