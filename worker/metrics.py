@@ -7,7 +7,48 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
+
+
+class BatchHistogram:
+    """A Prometheus histogram fed a batch of observations at once (``observe_many``): for a value per
+    record, where ``Histogram.observe`` costs a lock, a search and an increment per value (1.1 µs
+    of the polling thread a document, with the rest of ``RunStats.account``). Exposed as
+    prometheus_client exposes a histogram: ``_bucket`` (cumulative, ``le``), ``_count``, ``_sum``."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry=REGISTRY) -> None:
+        self.name, self.documentation = name, documentation
+        self._bounds = np.array([*buckets, np.inf])
+        self._counts = np.zeros(len(self._bounds), np.int64)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_many(self, values) -> None:
+        """Count each of ``values`` (finite numbers) in the bucket of the first bound ≥ it."""
+        v = np.asarray(values, dtype=np.float64)
+        if not v.size:
+            return
+        counts = np.bincount(np.searchsorted(self._bounds, v, side="left"), minlength=len(self._bounds))
+        with self._lock:
+            self._counts += counts
+            self._sum += float(v.sum())
+
+    def observe(self, value: float) -> None:
+        self.observe_many((value,))
+
+    def describe(self) -> list:
+        return [HistogramMetricFamily(self.name, self.documentation)]
+
+    def collect(self) -> list:
+        with self._lock:
+            cumulative, total = np.cumsum(self._counts), self._sum
+        return [HistogramMetricFamily(self.name, self.documentation, sum_value=total, buckets=[
+            (floatToGoString(b), int(c)) for b, c in zip(self._bounds, cumulative)])]
+
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _TOKEN_BUCKETS = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
@@ -25,8 +66,8 @@ BATCH_TOKENS = Histogram("embedstream_batch_tokens", "Tokens per batch", buckets
 EMBED_SECONDS = Histogram("embedstream_embed_seconds", "Model time per call (one group of batches)",
                           buckets=_SECONDS)
 # Record timestamp on the input topic → its output acknowledged.
-END_TO_END_SECONDS = Histogram("embedstream_end_to_end_seconds", "Input record timestamp to sinks confirmed",
-                               buckets=_SECONDS)
+END_TO_END_SECONDS = BatchHistogram("embedstream_end_to_end_seconds", "Input record timestamp to sinks confirmed",
+                                    buckets=_SECONDS)
 # Cache lookups: hit | miss | error.
 CACHE_REQUESTS = Counter("embedstream_cache_requests_total", "Cache lookups by result", ["result"])
 # Wall time of each sink write, once per group of batches: milvus | output (output and DLQ records).

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from worker import metrics
 from worker.records import Batch, DeadLetter, Delete, Item
 
@@ -77,6 +79,7 @@ class RunStats:
         self.last_done_at = time.monotonic()
         self.last_done_cpu = time.process_time()
         items = deletes = superseded = fenced = 0
+        stamps = []
         for e in batch.entries:
             if batch.fenced and e.source.tp in batch.fenced:
                 fenced += 1
@@ -92,12 +95,14 @@ class RunStats:
                     self.chunked += 1
                     self.cached += all(ch.cached for ch in e.chunks)
                 if e.source.timestamp_ms:
-                    metrics.END_TO_END_SECONDS.observe(max(0.0, (now_ms - e.source.timestamp_ms) / 1000))
+                    stamps.append(e.source.timestamp_ms)
             elif isinstance(e, Delete):
                 deletes += 1
             elif isinstance(e, DeadLetter):
                 self.dlq_reasons[e.reason] = self.dlq_reasons.get(e.reason, 0) + 1
                 metrics.DLQ_MESSAGES.labels(e.reason).inc()
+        if stamps:
+            metrics.END_TO_END_SECONDS.observe_many(np.maximum(0.0, (now_ms - np.array(stamps, np.float64)) / 1000))
         dead = len(batch) - items - deletes - superseded - fenced
         self.embedded += items
         self.deleted += deletes

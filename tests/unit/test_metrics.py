@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
-from prometheus_client import REGISTRY
+import numpy as np
+from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 
-from worker.metrics import Health, record_lag_from_stats
+from worker.metrics import BatchHistogram, Health, record_lag_from_stats
 
 
 def _lag(topic: str, partition: str) -> float | None:
@@ -33,3 +34,31 @@ def test_health_needs_a_recent_tick_and_readiness_needs_model_and_partitions():
     assert h.ready()
     h.last_tick -= 61
     assert not h.alive()
+
+
+def test_a_batch_histogram_exposes_what_a_histogram_observing_one_value_at_a_time_does():
+    """Same buckets (a value on a bound counts in it), count and sum, same exposition text."""
+    values = [0.0, 0.005, 0.0051, 0.01, 0.3, 1.0, 2.5, 59.9, 60.0, 61.0, 1e9]
+    values += list(np.random.default_rng(0).exponential(2.0, 500))
+    buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    batched = BatchHistogram("h_seconds", "doc", buckets, registry=ours)
+    single = Histogram("h_seconds", "doc", buckets=buckets, registry=theirs)
+    batched.observe_many(values[:7])
+    batched.observe_many([])
+    batched.observe(values[7])
+    batched.observe_many(np.array(values[8:]))
+    for v in values:
+        single.observe(v)
+
+    def samples(reg):
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for m in reg.collect() for s in m.samples if not s.name.endswith("_created")}
+
+    got, want = samples(ours), samples(theirs)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert abs(got[key] - value) <= 1e-9 * max(1.0, abs(value)), key
+    text = [ln for ln in generate_latest(ours).decode().splitlines() if "_sum" not in ln]
+    assert text == [ln for ln in generate_latest(theirs).decode().splitlines()
+                    if "_sum" not in ln and "_created" not in ln]
