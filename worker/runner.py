@@ -193,6 +193,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
         stores[name].prepare(alias_of(s, name), model.model_id, model.dim)
         caches[name] = open_cache(s, model)
     heap.settle()  # the models' objects out of the collector's walks (worker.heap)
+    heap.keep_pages()  # a group's megabyte buffers reuse the heap's pages (worker.heap)
     health = metrics.Health(s.healthz_max_tick_age_seconds)
     health.model_loaded = True
     serve_metrics(s, health)
