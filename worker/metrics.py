@@ -93,9 +93,9 @@ MODEL_INFO = Gauge("embedstream_model_info", "The model in use", ["model", "prec
 # Transient failures of outside systems, retried: kafka | milvus.
 RETRIES = Counter("embedstream_retries_total", "Transient failures retried", ["system"])
 # Long documents: how they were split (chunking on) or cut (chunking off).
-CHUNKS_PER_DOCUMENT = Histogram("embedstream_chunks_per_document",
-                                "Chunks per document longer in characters than one chunk's tokens",
-                                buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256, 512))
+CHUNKS_PER_DOCUMENT = BatchHistogram("embedstream_chunks_per_document",
+                                     "Chunks per document longer in characters than one chunk's tokens",
+                                     buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128, 256, 512))
 DOCUMENTS_CHUNKED = Counter("embedstream_documents_chunked_total", "Documents split into more than one chunk")
 DOCUMENTS_TRUNCATED = Counter("embedstream_documents_truncated_total",
                               "Documents cut to the model's max length (EMBEDSTREAM_CHUNKING=off)")

@@ -111,12 +111,20 @@ def test_a_long_text_becomes_chunks_and_one_that_fits_after_tokenizing_stays_who
     model = CountingTokenizer()
     long_text = " ".join(f"word{i}" for i in range(30))
     fits = "a b c d e f g h i j"  # 19 characters over a 10-token budget, but 10 tokens
-    batch = _batch(long_text, fits)
+    batch = _batch(long_text, fits, "short")
+    metric = "embedstream_chunks_per_document"
+    sample = REGISTRY.get_sample_value
+    before = [sample(f"{metric}_bucket", {"le": le}) for le in ("1.0", "4.0", "+Inf")]
+    chunked = sample("embedstream_documents_chunked_total")
     Chunker(model, "tokens", max_tokens=10, overlap=2, max_chunks=8).process([batch])
-    doc, whole = batch.items
+    doc, whole, _ = batch.items
     assert model.tokenized == 2 and len(doc.chunks) == 4 and [c.index for c in doc.chunks] == [0, 1, 2, 3]
     assert all(c.text == long_text[c.start:c.end] and c.hash == content_hash(c.text) for c in doc.chunks)
     assert [(c.start, c.end, c.hash) for c in whole.chunks] == [(0, len(fits), "h1")]
+    # the two long documents are counted by their chunks (4 and 1); the short one is not
+    after = [sample(f"{metric}_bucket", {"le": le}) for le in ("1.0", "4.0", "+Inf")]
+    assert [a - b for a, b in zip(after, before)] == [1, 2, 2]
+    assert sample("embedstream_documents_chunked_total") - chunked == 1
 
 
 def test_a_repeated_long_text_is_tokenized_once_and_gets_the_same_chunks():

@@ -137,6 +137,7 @@ class Chunker:
             found[h] = plans[h] = (spans, [content_hash(text[a:b]) for a, b in spans] if len(spans) > 1 else [h])
             if len(plans) > PLAN_MEMO_SIZE:
                 plans.popitem(last=False)
+        counts: list[int] = []  # chunks of each long document, observed at once
         for batch, pos, it in items:
             if len(it.text) <= self.max_tokens:
                 it.chunks = [_whole(it)]
@@ -149,8 +150,10 @@ class Chunker:
                 it.chunks = [_whole(it)]
             else:
                 it.chunks = [Chunk(i, a, b, it.text[a:b], h) for i, ((a, b), h) in enumerate(zip(spans, hashes))]
-                metrics.DOCUMENTS_CHUNKED.inc()
-            metrics.CHUNKS_PER_DOCUMENT.observe(len(it.chunks))
+            counts.append(len(it.chunks))
+        if counts:
+            metrics.CHUNKS_PER_DOCUMENT.observe_many(counts)
+            metrics.DOCUMENTS_CHUNKED.inc(sum(n > 1 for n in counts))
 
     def _truncate(self, items: list[Item]) -> None:
         """``mode="off"``: every text one chunk; the tokens the model will cut are counted."""
