@@ -166,12 +166,13 @@ class DeliveryBatch:
                 self.broken = True
 
     def produce(self, topic: str, key: bytes | str | None, value: bytes | None, headers=None) -> None:
-        deadline = time.monotonic() + self._timeout
+        deadline = None
         while True:
             try:
                 self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=self._on_delivery)
                 return
             except BufferError:
+                deadline = deadline or time.monotonic() + self._timeout
                 if time.monotonic() > deadline:
                     raise TransientError("kafka", "producer queue stayed full (broker not accepting)") from None
                 self._producer.poll(0.05)

@@ -83,6 +83,13 @@ class ModelTarget:
     model_id: str
     dim: int
     cache: RedisCache | None = None
+    #: The headers of an output record, by whether it came from a cache (built once: the producer
+    #: copies them at each ``produce``).
+    headers: dict[bool, list[tuple[str, bytes]]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.headers = {cached: [("embedstream.model", self.header), ("embedstream.cached", b"true" if cached
+                                                                        else b"false")] for cached in (True, False)}
 
     @property
     def header(self) -> bytes:
@@ -215,9 +222,7 @@ class SinkStep:
                            "source_partition": e.source.partition, "source_offset": e.source.offset,
                            "metadata": e.metadata, "embedded_at": now, "chunk_index": ch.index,
                            "chunk_count": count, "span_start": ch.start, "span_end": ch.end}
-                    delivery.produce(self.output_topic, key, self.output.encode(rec),
-                                     [("embedstream.model", target.header),
-                                      ("embedstream.cached", b"true" if ch.cached else b"false")])
+                    delivery.produce(self.output_topic, key, self.output.encode(rec), target.headers[ch.cached])
             elif isinstance(e, Delete):
                 delivery.produce(self.output_topic, e.id.encode(), None, [("embedstream.model", self._delete_header)])
             else:
