@@ -510,6 +510,9 @@ def bench(
     output: Annotated[Path, typer.Option(help="Where to write bench.json and bench.png")] = Path("."),
     state_dir: opt.StateDir = Path(".embedstream/bench"),
     broker: opt.Broker = "tansu",
+    cpu: Annotated[bool, typer.Option("--cpu", help="Only the CPU/doc rows, each thread's share beside them: "
+                                      "an instant model, no model loaded, about a minute (--docs: documents a run, "
+                                      "default 20,000). Writes cpu.json")] = False,
 ) -> None:
     """Measure the workloads of benchmarks.md on a local stack of its own and print the ratio table.
 
@@ -517,21 +520,29 @@ def bench(
     an instant model (what Kafka + Redis + Milvus cost), Milvus bulk upserts, and optionally the
     infinity-emb engine. Writes bench.json and bench.png.
     """
-    from worker.tools.bench.report import ratio_table, write_chart, write_json
-    from worker.tools.bench.run import run_bench
+    from worker.tools.bench.report import cpu_table, ratio_table, write_chart, write_json
+    from worker.tools.bench.run import run_bench, run_cpu
 
-    s = settings_or_exit(device=device, precision=precision)
-    if s.models is not None:
+    s = None if cpu else settings_or_exit(device=device, precision=precision)
+    if s is not None and s.models is not None:
         raise fail("bench measures one model (EMBEDSTREAM_MODEL); unset EMBEDSTREAM_MODELS")
     with console.status("benchmarking…") as status:
         def say(message: str) -> None:
             status.update(message)
             err.print(f"[dim]{message}[/]")
 
-        out = run_bench(quick=quick, device=s.device, precision=s.precision, peer_python=peer_python, docs=docs,
-                        latency_seconds=latency_seconds, state_dir=state_dir, say=say, model=s.model,
-                        broker=broker)
+        if s is None:
+            out = run_cpu(docs=docs or 20_000, state_dir=state_dir, say=say, broker=broker)
+        else:
+            out = run_bench(quick=quick, device=s.device, precision=s.precision, peer_python=peer_python,
+                            docs=docs, latency_seconds=latency_seconds, state_dir=state_dir, say=say, model=s.model,
+                            broker=broker)
     output.mkdir(parents=True, exist_ok=True)
+    if s is None:
+        write_json(out, output / "cpu.json")
+        console.print(cpu_table(out))
+        err.print(f"wrote {output / 'cpu.json'}")
+        return
     write_json(out, output / "bench.json")
     write_chart(out, output / "bench.png")
     console.print(ratio_table(out))

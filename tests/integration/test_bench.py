@@ -97,3 +97,23 @@ def test_bench_quick_writes_json_and_chart(tmp_path, tmp_path_factory):
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "R1" in res.stdout and "Rdup90" in res.stdout and "CPU/doc" in res.stdout and "long docs" in res.stdout
     assert "registry" in res.stdout and "Rmix" in res.stdout
+
+
+def test_bench_cpu_prints_each_run_and_its_threads(tmp_path):
+    """`bench --cpu`: the four CPU/doc runs (S1 and S2, with the cache and without), each with its
+    threads' shares, no model loaded."""
+    res = run_cli(["bench", "--cpu", "--docs", "300", "--output", str(tmp_path), "--state-dir",
+                   str(tmp_path / "stack")], {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads((tmp_path / "cpu.json").read_text())
+    assert out["docs"] == 300
+    assert {k: set(v) for k, v in out["cpu_per_doc"].items()} == {"S1": {"cache", "no_cache"},
+                                                                  "S2": {"cache", "no_cache"}}
+    for name, by_cache in out["cpu_threads"].items():
+        for cache, threads in by_cache.items():
+            assert {"polling", "embed", "sink", "milvus-write", "other"} <= set(threads), (name, cache)
+            assert all(v >= 0 for v in threads.values()) and threads["polling"] > 0 and threads["sink"] > 0
+            # the shares cover the whole run (start-up included): at least the busy figure
+            assert sum(threads.values()) >= out["cpu_per_doc"][name][cache] * 0.99
+    assert "S2, no cache" in res.stdout and "milvus-write" in res.stdout and "busy" in res.stdout
+    assert "loading the model" not in res.stderr

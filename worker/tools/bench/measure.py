@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +48,10 @@ class StreamResult:
     cpu_run_seconds: float = 0.0
     #: Groups of batches the sink wrote (with exactly-once: transactions with records).
     sink_groups: int = 0
+    #: ``worker_stream(threads=True)``: CPU seconds of the run by thread (``thread_cpu``): "polling"
+    #: (the loop's own thread), each thread of the worker that ended, and "other" (the rest of the
+    #: process: librdkafka's and gRPC's threads, and the worker's that outlived the run).
+    thread_cpu: dict[str, float] = field(default_factory=dict)
 
     @property
     def docs_per_s(self) -> float:
@@ -58,6 +64,38 @@ class StreamResult:
     @property
     def docs_per_group(self) -> float:
         return self.docs / self.sink_groups if self.sink_groups else 0.0
+
+
+def _thread_group(name: str, module: str = "") -> str:
+    """``milvus-write_0`` → ``milvus-write``; ``Thread-3 (serve_forever)`` → ``serve_forever``; a
+    thread whose target is gRPC's (``module``) → ``grpc``."""
+    if module.startswith("grpc"):
+        return "grpc"
+    m = re.fullmatch(r"Thread-\d+ \((.*)\)", name)
+    return m.group(1) if m else re.sub(r"[_-]\d+$", "", name)
+
+
+@contextmanager
+def thread_cpu(into: dict[str, float]) -> Iterator[None]:
+    """Add to ``into`` the CPU seconds of each thread that ends inside the block, by
+    ``_thread_group`` of its name, read by the thread itself as it ends (``time.thread_time``):
+    ``Thread.run`` is wrapped while the block runs (a measuring tool's patch, never the worker's)."""
+    original, lock = threading.Thread.run, threading.Lock()
+
+    def run(thread: threading.Thread) -> None:
+        module = getattr(getattr(thread, "_target", None), "__module__", "") or ""  # run() deletes _target
+        try:
+            original(thread)
+        finally:
+            with lock:
+                group = _thread_group(thread.name, module)
+                into[group] = into.get(group, 0.0) + time.thread_time()
+
+    threading.Thread.run = run  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        threading.Thread.run = original  # type: ignore[method-assign]
 
 
 def raw_encode(embedder, texts: list[str], batch_sizes=(32, 64, 128)) -> tuple[float, int]:
@@ -145,13 +183,13 @@ class InstantStore(MilvusStore):
 
 def worker_stream(base: Settings, embedder: Embedder | None, texts: list[str], prefix: str,
                   cold: bool = True, registry_url: str | None = None, models: list[str] | None = None,
-                  instant_sink: bool = False) -> StreamResult:
+                  instant_sink: bool = False, threads: bool = False) -> StreamResult:
     """Backlog ``texts`` on a fresh topic, then run the worker until drained: docs/s end to end.
     ``cold``: empty the cache first. ``registry_url``: the input framed by confluent-kafka's
     ``AvroSerializer`` and the output ``avro-registry`` (the registry user's path). ``embedder``
     None: the models of ``base.models``, the texts asking for ``models`` in turn. ``instant_sink``:
     no Redis and a Milvus that keeps nothing (the worker's own ceiling: broker in, model, output
-    topic out)."""
+    topic out). ``threads``: also each thread's CPU (``StreamResult.thread_cpu``)."""
     from worker.runner import build_worker
     from worker.wire import document_encoder
 
@@ -164,18 +202,24 @@ def worker_stream(base: Settings, embedder: Embedder | None, texts: list[str], p
     produce_texts(s, texts, prefix, document_encoder("avro-registry" if registry_url else "avro", s, s.input_topic),
                   models)
     real0, pad0 = model_tokens()
-    worker = build_worker(s, embedder=embedder, store_factory=InstantStore if instant_sink else None)
-    cpu0 = time.process_time()
-    # The backlog was produced before the worker started, so the input is at its end (every partition
-    # at EOF) once drained: a short idle ends the run (busy time is measured: the idle is not in docs/s).
-    stats = worker.run(stop_when_idle=0.3)
-    cpu = time.process_time() - cpu0
+    by_thread: dict[str, float] = {}
+    with thread_cpu(by_thread) if threads else nullcontext():
+        worker = build_worker(s, embedder=embedder, store_factory=InstantStore if instant_sink else None)
+        cpu0, polling0 = time.process_time(), time.thread_time()
+        # The backlog was produced before the worker started, so the input is at its end (every
+        # partition at EOF) once drained: a short idle ends the run (busy time is measured: the idle
+        # is not in docs/s).
+        stats = worker.run(stop_when_idle=0.3)
+        cpu, polling = time.process_time() - cpu0, time.thread_time() - polling0
+    if threads:
+        by_thread = {"polling": polling, **by_thread}
+        by_thread["other"] = max(0.0, cpu - sum(by_thread.values()))
     if not instant_sink:
         drop_collection(s)
     real1, pad1 = model_tokens()
     groups = sum(stage.groups for stage in worker.chain.pipeline.stages if stage.name == "sink")
     return StreamResult(stats.done, stats.busy_seconds, stats.cached, int(real1 - real0), int(pad1 - pad0),
-                        stats.busy_cpu_seconds, cpu, groups)
+                        stats.busy_cpu_seconds, cpu, groups, by_thread)
 
 
 def milvus_bulk_upsert(uri: str, rows: int = 10_000, dim: int = 384, batch: int = 1000) -> tuple[float, float]:

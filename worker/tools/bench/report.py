@@ -114,6 +114,31 @@ def ratio_table(out: dict) -> Table:
     return t
 
 
+#: Columns of the CPU table, in pipeline order (any other thread comes before "other").
+_THREAD_ORDER = ("polling", "embed", "sink", "milvus-write", "grpc")
+
+
+def cpu_table(out: dict) -> Table:
+    """``run_cpu``'s figures, a column a run: its CPU per document while busy, against the goal, then
+    each thread's share over the whole run (start-up included, so the shares add up to a little more)."""
+    runs = [(name, cache) for name, by_cache in out["cpu_per_doc"].items() for cache in by_cache]
+    names: list[str] = []
+    for name, cache in runs:
+        names += [n for n in out["cpu_threads"][name][cache] if n not in names]
+    known = [n for n in _THREAD_ORDER if n in names]
+    rest = sorted(n for n in names if n not in _THREAD_ORDER and n != "other")
+    t = Table("µs a document", *(f"{name}, {cache.replace('_', ' ')}" for name, cache in runs),
+              title=f"[bold]embedstream bench --cpu[/] — instant model, {out['docs']:,} documents a run",
+              title_justify="left", caption="busy: the worker process, first record to last batch done (the "
+              f"bench's CPU/doc row; goal ≤ {CPU_US_PER_DOC_GOAL:.0f} µs); the threads: each over the whole run; "
+              "other: librdkafka's threads, and the worker's that outlived the run", caption_justify="left")
+    busy = [out["cpu_per_doc"][name][cache] for name, cache in runs]
+    t.add_row("busy", *(_fmt(us, 1) + (" [green]✓[/]" if us <= CPU_US_PER_DOC_GOAL else " [red]✗[/]") for us in busy))
+    for thread in [*known, *rest, *(["other"] if "other" in names else [])]:
+        t.add_row(thread, *(_fmt(out["cpu_threads"][name][cache].get(thread), 1) for name, cache in runs))
+    return t
+
+
 def write_json(out: dict, path: Path) -> None:
     path.write_text(json.dumps(out, indent=2, default=float))
 

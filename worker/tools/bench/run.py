@@ -141,29 +141,66 @@ def _throughput(out: dict, base: Settings, emb, texts: dict, sizes: dict, say: C
                 "cpu_us_per_doc": fast.cpu_us_per_doc}
 
 
+def _cpu_per_doc(base: Settings, dim: int, texts: dict[str, list[str]], say: Callable[[str], None],
+                 threads: bool = False) -> tuple[dict, dict, dict[str, measure.StreamResult]]:
+    """The worker with an instant model on each of ``texts`` (by workload name), with the cache and
+    without: its CPU per document (``{name: {"cache" | "no_cache": µs}}``), the same by thread when
+    ``threads`` (µs a document over the whole run, start-up included), and each run's result."""
+    cpu: dict[str, dict[str, float]] = {}
+    by_thread: dict[str, dict[str, dict[str, float]]] = {}
+    results: dict[str, measure.StreamResult] = {}
+    for name, wl_texts in texts.items():
+        for cache in (True, False):
+            key = "cache" if cache else "no_cache"
+            say(f"io: {len(wl_texts)} {name}, {key.replace('_', ' ')} with an instant model")
+            fake = FakeEmbedder(dim=dim, model_id=f"instant-{name.lower()}-{int(cache)}-{int(time.time())}")
+            s = base if cache else base.model_copy(update={"redis_url": None})
+            res = measure.worker_stream(s, fake, wl_texts, f"io-{name.lower()}-{int(cache)}", threads=threads)
+            cpu.setdefault(name, {})[key] = res.cpu_us_per_doc
+            results[f"{name}_{key}"] = res
+            if threads:
+                by_thread.setdefault(name, {})[key] = {t: 1e6 * v / max(1, res.docs) for t, v in res.thread_cpu.items()}
+    return cpu, by_thread, results
+
+
 def _io_path(out: dict, base: Settings, dim: int, sizes: dict, say: Callable[[str], None]) -> None:
     """The worker with an instant model: its docs/s against Milvus bulk upserts (the Rio
     denominators), and its own CPU per document (``cpu_per_doc``) on S1 and S2 texts, with the cache
     and without it (the S2 run with the cache is the ``io`` row)."""
     texts = {"S2": workloads.mixed_texts(sizes["io"]), "S1": workloads.short_texts(min(sizes["io"], 4000))}
-    cpu: dict[str, dict[str, float]] = {}
-    for name in ("S2", "S1"):
-        for cache in (True, False):
-            label = f"{name}, {'cache' if cache else 'no cache'}"
-            say(f"io: {len(texts[name])} {label} with an instant model")
-            fake = FakeEmbedder(dim=dim, model_id=f"instant-{name.lower()}-{int(cache)}-{int(time.time())}")
-            s = base if cache else base.model_copy(update={"redis_url": None})
-            res = measure.worker_stream(s, fake, texts[name], f"io-{name.lower()}-{int(cache)}")
-            cpu.setdefault(name, {})["cache" if cache else "no_cache"] = res.cpu_us_per_doc
-            if name == "S2" and cache:
-                out["workloads"]["io"] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds,
-                                          "cpu_us_per_doc": cpu["S2"]["cache"],
-                                          "cpu_us_per_doc_whole_run": 1e6 * res.cpu_run_seconds / max(1, res.docs)}
-    out["cpu_per_doc"] = cpu
+    out["cpu_per_doc"], _, results = _cpu_per_doc(base, dim, texts, say)
+    res = results["S2_cache"]
+    out["workloads"]["io"] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds,
+                              "cpu_us_per_doc": res.cpu_us_per_doc,
+                              "cpu_us_per_doc_whole_run": 1e6 * res.cpu_run_seconds / max(1, res.docs)}
     say("io denominator: milvus-lite bulk upsert")
     rows, columnar = measure.milvus_bulk_upsert(base.milvus_uri or "", rows=sizes["upsert_rows"], dim=dim)
     out["denominators"]["milvus_upsert_rows_per_s"] = rows
     out["denominators"]["milvus_upsert_columnar_rows_per_s"] = columnar
+
+
+def run_cpu(*, docs: int, state_dir: Path, say: Callable[[str], None], broker: str = "tansu",
+            dim: int = 384) -> dict:
+    """Only the CPU/doc rows, with each thread's share: an instant model (no model is loaded) on
+    ``docs`` distinct S1 and S2 texts, with the cache and without, on a local stack of its own."""
+    from worker.runner import setup_logging
+
+    stack = LocalStack(state_dir, broker=broker)
+    env, _ = stack.up(partitions=6)
+    try:
+        base = Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
+                        redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
+                        kafka=dict(QUICK_JOIN_SESSION), metrics_port=0, log_level="WARNING")
+        setup_logging(base)
+        texts = {"S2": workloads.distinct(workloads.mixed_texts(6000), docs),
+                 "S1": workloads.distinct(workloads.short_texts(4000), docs)}
+        cpu, by_thread, _ = _cpu_per_doc(base, dim, texts, say, threads=True)
+        return {"machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+                            "cores": os.cpu_count(), "broker": broker},
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "docs": docs, "cpu_per_doc": cpu,
+                "cpu_threads": by_thread}
+    finally:
+        stack.down()
 
 
 def _registry(out: dict, base: Settings, emb, texts: list[str], sizes: dict, url: str,

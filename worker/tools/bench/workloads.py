@@ -45,6 +45,12 @@ def mixed_texts(n: int, seed: int = 2) -> list[str]:
     return texts[:n]
 
 
+def distinct(texts: list[str], n: int) -> list[str]:
+    """``n`` distinct texts from ``texts`` taken in turn, each pass after the first with a number
+    appended (more documents than the corpus holds, none a repeat)."""
+    return [texts[i % len(texts)] + (f" ({i // len(texts)})" if i >= len(texts) else "") for i in range(n)]
+
+
 def with_repeats(n: int, fraction: float, seed: int = 3) -> list[str]:
     """S4: ``n`` texts of which ``fraction`` repeat earlier ones (Zipf-like: a few repeat often)."""
     rng = random.Random(seed)

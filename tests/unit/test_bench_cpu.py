@@ -1,0 +1,70 @@
+"""The bench's CPU tooling without a stack: each thread's CPU read as it ends, grouped by name; the
+patch it needs gone after the block; distinct texts past the corpus; the table of ``bench --cpu``."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rich.console import Console
+
+from worker.tools.bench import workloads
+from worker.tools.bench.measure import _thread_group, thread_cpu
+from worker.tools.bench.report import cpu_table
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_thread_names_group_by_what_they_run():
+    assert _thread_group("milvus-write_0") == "milvus-write"
+    assert _thread_group("Thread-12 (serve_forever)") == "serve_forever"
+    assert _thread_group("sink") == "sink" and _thread_group("fence-beat") == "fence-beat"
+    assert _thread_group("Thread-7 (_run)", "grpc._cython.cygrpc") == "grpc"
+
+
+def test_each_thread_that_ends_in_the_block_adds_its_own_cpu_under_its_group():
+    into: dict[str, float] = {}
+    original = threading.Thread.run
+    with thread_cpu(into):
+        threads = [threading.Thread(target=_spin, args=(0.05,), name=f"spin_{i}") for i in range(2)]
+        threads.append(threading.Thread(target=time.sleep, args=(0.1,), name="sleeper"))
+
+        def poll() -> None:
+            _spin(0.01)
+
+        poll.__module__ = "grpc._cython.cygrpc"  # as gRPC's own threads run
+        threads.append(threading.Thread(target=poll))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert threading.Thread.run is original  # the patch is gone
+    assert set(into) == {"spin", "sleeper", "grpc"}
+    assert 0.09 <= into["spin"] < 0.5 and into["sleeper"] < 0.02  # CPU, not wall time
+    after = threading.Thread(target=_spin, args=(0.01,), name="later")
+    after.start()
+    after.join()
+    assert "later" not in into
+
+
+def test_distinct_texts_go_past_the_corpus_without_a_repeat():
+    texts = workloads.distinct(["a", "b", "c"], 8)
+    assert texts[:3] == ["a", "b", "c"] and len(set(texts)) == 8 and texts[3] == "a (1)"
+
+
+def test_the_cpu_table_shows_each_run_against_the_goal_and_its_threads_in_pipeline_order():
+    threads = {"other": 3.0, "sink": 9.0, "polling": 7.0, "metrics": 0.1, "embed": 4.0, "milvus-write": 3.0}
+    out = {"docs": 20_000, "cpu_per_doc": {"S2": {"cache": 28.4, "no_cache": 31.0}},
+           "cpu_threads": {"S2": {"cache": threads, "no_cache": {**threads, "embed": 2.5}}}}
+    console = Console(width=80, record=True)
+    console.print(cpu_table(out))
+    lines = console.export_text().splitlines()
+    rows = [line.split("│")[1:-1] for line in lines if line.startswith("│")]
+    table = {cells[0].strip(): [c.strip() for c in cells[1:]] for cells in rows}
+    assert list(table) == ["busy", "polling", "embed", "sink", "milvus-write", "metrics", "other"]
+    assert table["busy"] == ["28.4 ✓", "31.0 ✗"] and table["embed"] == ["4.0", "2.5"]
+    assert "S2, cache" in "".join(lines) and "S2, no cache" in "".join(lines)
