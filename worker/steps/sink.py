@@ -177,7 +177,7 @@ class SinkStep:
             doc_ids=[it.id for it, _ in chunks], chunk_index=[ch.index for _, ch in chunks],
             chunk_count=[len(it.chunks) for it, _ in chunks], span_start=[ch.start for _, ch in chunks],
             span_end=[ch.end for _, ch in chunks], excerpts=[ch.text[:EXCERPT_CHARS] for _, ch in chunks],
-            vectors=np.stack(vectors), hashes=[ch.hash for _, ch in chunks],
+            vectors=np.array(vectors), hashes=[ch.hash for _, ch in chunks],
             metadata=[it.metadata for it, _ in chunks], sources=[self.guard.source(it.source) for it, _ in chunks],
             offsets=[it.source.offset for it, _ in chunks])
 
