@@ -167,7 +167,8 @@ def _io_path(out: dict, base: Settings, dim: int, sizes: dict, say: Callable[[st
     """The worker with an instant model: its docs/s against Milvus bulk upserts (the Rio
     denominators), and its own CPU per document (``cpu_per_doc``) on S1 and S2 texts, with the cache
     and without it (the S2 run with the cache is the ``io`` row)."""
-    texts = {"S2": workloads.mixed_texts(sizes["io"]), "S1": workloads.short_texts(min(sizes["io"], 4000))}
+    texts = {"S2": workloads.io_texts(sizes["io"]),
+             "S1": workloads.distinct(workloads.short_texts(min(sizes["io"], 4000)), sizes["io"])}
     out["cpu_per_doc"], _, results = _cpu_per_doc(base, dim, texts, say)
     res = results["S2_cache"]
     out["workloads"]["io"] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds,
@@ -192,8 +193,7 @@ def run_cpu(*, docs: int, state_dir: Path, say: Callable[[str], None], broker: s
                         redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
                         kafka=dict(QUICK_JOIN_SESSION), metrics_port=0, log_level="WARNING")
         setup_logging(base)
-        texts = {"S2": workloads.distinct(workloads.mixed_texts(6000), docs),
-                 "S1": workloads.distinct(workloads.short_texts(4000), docs)}
+        texts = {"S2": workloads.io_texts(docs), "S1": workloads.distinct(workloads.short_texts(4000), docs)}
         cpu, by_thread, _ = _cpu_per_doc(base, dim, texts, say, threads=True)
         return {"machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
                             "cores": os.cpu_count(), "broker": broker},
@@ -212,7 +212,7 @@ def _registry(out: dict, base: Settings, emb, texts: list[str], sizes: dict, url
     out["workloads"]["S2_registry"] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds}
     say("io with registry-framed Avro in and out (instant model)")
     fake = FakeEmbedder(dim=emb.dim, model_id=f"instant-r-{int(time.time())}")
-    io = measure.worker_stream(base, fake, workloads.mixed_texts(sizes["io"]), "io-r", registry_url=url)
+    io = measure.worker_stream(base, fake, workloads.io_texts(sizes["io"]), "io-r", registry_url=url)
     out["workloads"]["io_registry"] = {"docs": io.docs, "docs_per_s": io.docs_per_s, "seconds": io.seconds,
                                        "cpu_us_per_doc": io.cpu_us_per_doc}
 
@@ -314,7 +314,7 @@ def _delivery(out: dict, base: Settings, emb, texts: list[str], sizes: dict, say
     at-least-once row of the same run. Default batch settings: one transaction per group of batches
     reaching the sink; ``docs_per_transaction`` says how large they were."""
     eos = base.model_copy(update={"delivery": "exactly-once"})
-    io_texts = workloads.mixed_texts(sizes["io"])
+    io_texts = workloads.io_texts(sizes["io"])
     pairs = {}
     for name, model, docs in (("S2", emb, texts), ("io", None, io_texts)):
         runs = {}

@@ -10,8 +10,8 @@ from worker.tools.corpus import stdlib_docstrings
 #: 90 % run is short) get more documents than S2, so that they last long enough to outweigh the
 #: pipeline's fill and drain (S4 at 90 %: Rdup90 5.4 with 3,000 documents, 7.2-7.5 with 5,000; the
 #: io run: 800 documents were 0.15 s of work, too little to compare two runs by; even --quick gives
-#: it 4,000, about half a second more per run).
-FULL = {"S1": 3000, "S2": 3000, "S4": 5000, "io": 6000, "upsert_rows": 10_000, "S5_seconds": 30.0,
+#: it 4,000, about half a second more per run; the full run 20,000, past the corpus: ``io_texts``).
+FULL = {"S1": 3000, "S2": 3000, "S4": 5000, "io": 20_000, "upsert_rows": 10_000, "S5_seconds": 30.0,
         "quality_texts": 500, "raw_batch_sizes": (32, 64, 128), "long": None, "precision_queries": 200,
         "two_models": None}
 #: ``long``: how many long documents (``corpus.long_documents``, the shortest of them; None: all).
@@ -49,6 +49,11 @@ def distinct(texts: list[str], n: int) -> list[str]:
     """``n`` distinct texts from ``texts`` taken in turn, each pass after the first with a number
     appended (more documents than the corpus holds, none a repeat)."""
     return [texts[i % len(texts)] + (f" ({i // len(texts)})" if i >= len(texts) else "") for i in range(n)]
+
+
+def io_texts(n: int) -> list[str]:
+    """The io runs' texts (instant model): S2's docstrings, distinct past the corpus."""
+    return distinct(mixed_texts(min(n, 6000)), n)
 
 
 def with_repeats(n: int, fraction: float, seed: int = 3) -> list[str]:
