@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch on this machine's disk; an unpinned torch pulls a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-fast test-gpu demo bench bench-quick bench-gpu bench-peer-env dev-up dev-down lint clean
+.PHONY: setup test test-fast test-gpu demo bench bench-quick bench-cpu bench-gpu bench-peer-env dev-up dev-down lint clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,10 @@ bench: setup
 
 bench-quick: setup
 	$(BIN)/embedstream bench --quick
+
+# Only the CPU/doc rows, each thread's share beside them (an instant model: about a minute).
+bench-cpu: setup
+	$(BIN)/embedstream bench --cpu
 
 # infinity-emb (the peer of the bench) in a virtualenv of its own: it pins an older sentence-transformers.
 bench-peer-env:
