@@ -2,7 +2,7 @@
 #   GPU (default): docker build -t embedstream:gpu .
 #   CPU:           docker build -t embedstream:cpu --build-arg BASE=python:3.11-slim --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu \
 #                    --build-arg EXTRAS=int8 .
-#   EXTRAS=int8 adds onnxruntime (EMBEDSTREAM_PRECISION=int8) and exports the int8 model at build time.
+#   EXTRAS=int8 adds OpenVINO and onnxruntime (EMBEDSTREAM_PRECISION=int8) and exports the int8 model at build time.
 #   The model is downloaded once at build time and baked in at /opt/model (scale-from-zero pods
 #   start without a download); pick another with --build-arg MODEL=<hub name>.
 # Not built in this repository's CI: the machines it runs on have no Docker engine.

@@ -29,7 +29,7 @@ def test_the_gate_needs_both_the_mean_and_the_worst_cosine():
     assert q.mean > 0.95 and q.min < int8.MIN_COSINE and not q.passes
 
 
-def test_auto_runs_bf16_where_the_cpu_has_it_else_int8_with_vnni_where_onnxruntime_is_installed(monkeypatch):
+def test_auto_runs_bf16_where_the_cpu_has_it_else_int8_with_vnni_where_an_engine_is_installed(monkeypatch):
     from worker.embedding import cpu, sentence
 
     assert sentence.pick_precision("auto", "cuda") == "fp16"
@@ -37,14 +37,22 @@ def test_auto_runs_bf16_where_the_cpu_has_it_else_int8_with_vnni_where_onnxrunti
     monkeypatch.setattr(sentence, "cpu_has_bf16", lambda: True)
     assert sentence.pick_precision("auto", "cpu") == "bf16"
     monkeypatch.setattr(sentence, "cpu_has_bf16", lambda: False)
-    monkeypatch.setattr(int8, "available", lambda: True)
+    monkeypatch.setattr(int8, "engine", lambda: "openvino")
     monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2", "avx512_vnni"}))
     assert sentence.pick_precision("auto", "cpu") == "int8"
     monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2"}))  # 7-bit int8 only: too close to its gate
     assert sentence.pick_precision("auto", "cpu") == "fp32"
     monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2", "avx512_vnni"}))
-    monkeypatch.setattr(int8, "available", lambda: False)
+    monkeypatch.setattr(int8, "engine", lambda: None)
     assert sentence.pick_precision("auto", "cpu") == "fp32"
+
+
+def test_calibration_texts_are_stable_docstrings_and_their_first_words_never_the_gate_s_texts():
+    texts = int8.calibration_texts()
+    assert texts == int8.calibration_texts() and len(texts) == int8.CALIBRATION_TEXTS
+    words = texts[-int8.CALIBRATION_TEXTS // 5:]
+    assert all(1 <= len(t.split()) <= 3 for t in words) and all(len(t) >= 20 for t in texts[:len(texts) - len(words)])
+    assert not set(texts) & set(int8.CHECK_TEXTS)
 
 
 def test_weights_are_7_bit_on_cpus_without_vnni_and_the_export_is_keyed_by_it(monkeypatch, tmp_path):
@@ -57,6 +65,7 @@ def test_weights_are_7_bit_on_cpus_without_vnni_and_the_export_is_keyed_by_it(mo
     monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2", "avx512_vnni", "avx512_bf16"}))
     assert not int8.reduce_range() and cpu.has_bf16()
     assert int8.model_key(tmp_path) != seven  # a disk shared by two kinds of CPU keeps both exports
+    assert int8.model_key(tmp_path, "openvino") not in (seven, int8.model_key(tmp_path))  # nor two engines
 
 
 def test_cpu_flags_are_read_from_the_flags_line():

@@ -1,8 +1,8 @@
 """sentence-transformers models, with the precision chosen for the device.
 
 Precision ``auto``: fp16 on CUDA; bf16 on a CPU with avx512_bf16 or AMX (about 2.5x fp32 there, with
-cosine ≥ 0.998 to fp32); on other CPUs with VNNI int8 (``worker.embedding.int8``: onnxruntime, about
-2x fp32, gated against fp32 at start-up) where onnxruntime is installed, else fp32 (fp16 on a CPU is
+cosine ≥ 0.998 to fp32); on other CPUs with VNNI int8 (``worker.embedding.int8``: OpenVINO or
+onnxruntime, about 2x fp32, gated against fp32 at start-up) where one is installed, else fp32 (fp16 on a CPU is
 slower than fp32). Whatever the precision, the pooled output is cast to float32 *before* it is normalised:
 normalising in bf16 leaves norms off by up to ~0.4 %.
 
@@ -52,10 +52,12 @@ def pick_precision(precision: str, device: str) -> str:
     """The precision ``auto`` resolves to on ``device``; explicit choices are returned unchanged.
 
     On a CPU: bf16 where it has bf16 instructions; else int8 where it has int8 dot-product (VNNI)
-    instructions and onnxruntime is installed (about 2x fp32 there; on a CPU with bf16 it measured
-    0.8-1.5x bf16, so bf16 stays); else fp32. Without VNNI, int8 needs 7-bit weights to stay within
-    its gate, and then measured 1.3-1.5x fp32 with a min cosine to fp32 of 0.974-0.986 (AVX2 EPYC,
-    400 texts): too close to the gate's 0.97 for a default; EMBEDSTREAM_PRECISION=int8 still runs it."""
+    instructions and an int8 engine is installed (about 2x fp32 there); else fp32. On a CPU with bf16,
+    onnxruntime's int8 measured 0.8-1.5x bf16 and OpenVINO's static int8 1.5-1.9x, within the gate;
+    bf16 stays the default there until the bench compares int8 with an int8 raw encode and peer.
+    Without VNNI, onnxruntime's int8 needs 7-bit weights to stay within its gate, and then measured
+    1.3-1.5x fp32 with a min cosine to fp32 of 0.974-0.986 (AVX2 EPYC, 400 texts): too close to the
+    gate's 0.97 for a default; EMBEDSTREAM_PRECISION=int8 still runs it."""
     if precision != "auto":
         return precision
     if device == "cuda":

@@ -95,7 +95,8 @@ def ratio_table(out: dict) -> Table:
                   f"({p99['n']} docs)")
     prec = out.get("precisions", {})
     for name, p in prec.items():
-        t.add_row(f"precision {name}", _fmt(p["docs_per_s"], 1) + " docs/s", "",
+        label = f"precision {name}" + (f" ({p['engine']})" if p.get("engine") else "")
+        t.add_row(label, _fmt(p["docs_per_s"], 1) + " docs/s", "",
                   f"worker on S2; vs fp32: cosine mean {p['mean_cosine']:.4f} min {p['min_cosine']:.4f}, "
                   f"top-10 overlap {p['top10_overlap']:.2f} ({p['queries']} queries)")
     if "Rint8" in r:

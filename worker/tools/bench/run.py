@@ -336,15 +336,17 @@ def _delivery(out: dict, base: Settings, emb, texts: list[str], sizes: dict, say
 def _precisions(out: dict, base: Settings, emb, texts: list[str], sizes: dict, say: Callable[[str], None],
                 model: str | None) -> None:
     """On a CPU: the worker end to end on the S2 texts at each precision this CPU runs (fp32, bf16
-    where it has bf16 instructions, int8 where onnxruntime is installed), in the same run, each with
-    its quality against fp32 (``precision_quality``). The run's own precision reuses its S2 row."""
+    where it has bf16 instructions, int8 where an int8 engine is installed), in the same run, each with
+    its quality against fp32 (``precision_quality``; measured on texts the int8 export was not
+    calibrated on). The run's own precision reuses its S2 row."""
     from worker.embedding import int8
     from worker.embedding.sentence import SentenceTransformerEmbedder, cpu_has_bf16
 
     wanted = ["fp32", *(["bf16"] if cpu_has_bf16() else []), *(["int8"] if int8.available() else [])]
     ref = emb if emb.precision == "fp32" else SentenceTransformerEmbedder(model, "fp32", "cpu")
     queries = workloads.short_texts(sizes["precision_queries"], seed=11)
-    docs = texts[:sizes["quality_texts"]]
+    calibrated = set(int8.calibration_texts())
+    docs = [t for t in texts if t not in calibrated][:sizes["quality_texts"]]
     rows = out["precisions"] = {}
     for precision in wanted:
         say(f"precision {precision}: quality against fp32, then the worker on {len(texts)} S2 texts")
@@ -354,7 +356,8 @@ def _precisions(out: dict, base: Settings, emb, texts: list[str], sizes: dict, s
             rate = out["workloads"]["S2"]["docs_per_s"]
         else:
             rate = measure.worker_stream(base, this, texts, f"p-{precision}-{int(time.time())}").docs_per_s
-        rows[precision] = {"docs_per_s": rate, **precision_quality(this, ref, docs, queries)}
+        rows[precision] = {"docs_per_s": rate, **precision_quality(this, ref, docs, queries),
+                           **({"engine": int8.engine()} if precision == "int8" else {})}
 
 
 def precision_quality(emb, ref, texts: list[str], queries: list[str], k: int = 10) -> dict:
