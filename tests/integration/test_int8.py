@@ -92,3 +92,19 @@ def test_the_worker_runs_int8_on_the_real_stack(stack, int8_model, fp32_model):
     stored = np.array([docs[i][0]["vector"] for i in ids], dtype=np.float32)
     ref = fp32_model.embed([texts[i] for i in ids])
     assert (stored * ref).sum(1).min() >= int8.MIN_COSINE
+
+
+def test_the_bench_s_raw_encode_runs_the_int8_model(int8_model, fp32_model):
+    from worker.tools.bench import measure
+    from worker.tools.corpus import sample_documents
+
+    texts = [d.text[:1000] for d in sample_documents(40, prefix="r")]
+    st = int8_model.sentence_transformer
+    with measure.library_encode_at_int8(int8_model):
+        library = st.encode(texts, normalize_embeddings=True)
+    assert (library * int8_model.embed(texts)).sum(1).min() > 0.999  # the same int8 model, batched its way
+    assert "forward" not in vars(st[0])  # torch's transformer again once closed
+    torch_fp32 = st.encode(texts, normalize_embeddings=True)
+    assert (torch_fp32 * fp32_model.embed(texts)).sum(1).min() > 0.999
+    with measure.library_encode_at_int8(fp32_model):  # nothing to swap at other precisions
+        assert "forward" not in vars(fp32_model.sentence_transformer[0])

@@ -29,19 +29,26 @@ def test_the_gate_needs_both_the_mean_and_the_worst_cosine():
     assert q.mean > 0.95 and q.min < int8.MIN_COSINE and not q.passes
 
 
-def test_auto_runs_bf16_where_the_cpu_has_it_else_int8_with_vnni_where_an_engine_is_installed(monkeypatch):
+def test_auto_runs_openvino_int8_with_vnni_else_bf16_else_onnxruntime_int8_with_vnni(monkeypatch):
     from worker.embedding import cpu, sentence
 
     assert sentence.pick_precision("auto", "cuda") == "fp16"
     assert sentence.pick_precision("int8", "cpu") == "int8"
+    monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2", "avx512_vnni", "avx512_bf16"}))
     monkeypatch.setattr(sentence, "cpu_has_bf16", lambda: True)
-    assert sentence.pick_precision("auto", "cpu") == "bf16"
-    monkeypatch.setattr(sentence, "cpu_has_bf16", lambda: False)
     monkeypatch.setattr(int8, "engine", lambda: "openvino")
+    assert sentence.pick_precision("auto", "cpu") == "int8"  # static int8: faster than bf16, within the gate
+    monkeypatch.setattr(int8, "engine", lambda: "onnxruntime")
+    assert sentence.pick_precision("auto", "cpu") == "bf16"  # dynamic int8: no faster than bf16
+    assert sentence.fallback_precision() == "bf16"
+    monkeypatch.setattr(sentence, "cpu_has_bf16", lambda: False)
     monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2", "avx512_vnni"}))
     assert sentence.pick_precision("auto", "cpu") == "int8"
+    assert sentence.fallback_precision() == "fp32"
     monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2"}))  # 7-bit int8 only: too close to its gate
     assert sentence.pick_precision("auto", "cpu") == "fp32"
+    monkeypatch.setattr(int8, "engine", lambda: "openvino")
+    assert sentence.pick_precision("auto", "cpu") == "fp32"  # no int8 dot products: not measured, not picked
     monkeypatch.setattr(cpu, "flags", lambda: frozenset({"avx2", "avx512_vnni"}))
     monkeypatch.setattr(int8, "engine", lambda: None)
     assert sentence.pick_precision("auto", "cpu") == "fp32"

@@ -1,8 +1,9 @@
 """sentence-transformers models, with the precision chosen for the device.
 
-Precision ``auto``: fp16 on CUDA; bf16 on a CPU with avx512_bf16 or AMX (about 2.5x fp32 there, with
-cosine ≥ 0.998 to fp32); on other CPUs with VNNI int8 (``worker.embedding.int8``: OpenVINO or
-onnxruntime, about 2x fp32, gated against fp32 at start-up) where one is installed, else fp32 (fp16 on a CPU is
+Precision ``auto``: fp16 on CUDA; on a CPU with VNNI where OpenVINO is installed int8
+(``worker.embedding.int8``: static int8, about 1.5x bf16 and 2.5x fp32, gated against fp32 at
+start-up); else bf16 on a CPU with avx512_bf16 or AMX (about 2.5x fp32 there, with cosine ≥ 0.998 to
+fp32); else on CPUs with VNNI int8 by onnxruntime where it is installed (about 2x fp32), else fp32 (fp16 on a CPU is
 slower than fp32). Whatever the precision, the pooled output is cast to float32 *before* it is normalised:
 normalising in bf16 leaves norms off by up to ~0.4 %.
 
@@ -51,22 +52,31 @@ def pick_device(device: str) -> str:
 def pick_precision(precision: str, device: str) -> str:
     """The precision ``auto`` resolves to on ``device``; explicit choices are returned unchanged.
 
-    On a CPU: bf16 where it has bf16 instructions; else int8 where it has int8 dot-product (VNNI)
-    instructions and an int8 engine is installed (about 2x fp32 there); else fp32. On a CPU with bf16,
-    onnxruntime's int8 measured 0.8-1.5x bf16 and OpenVINO's static int8 1.5-1.9x, within the gate;
-    bf16 stays the default there until the bench compares int8 with an int8 raw encode and peer.
-    Without VNNI, onnxruntime's int8 needs 7-bit weights to stay within its gate, and then measured
-    1.3-1.5x fp32 with a min cosine to fp32 of 0.974-0.986 (AVX2 EPYC, 400 texts): too close to the
-    gate's 0.97 for a default; EMBEDSTREAM_PRECISION=int8 still runs it."""
+    On CUDA fp16. On a CPU with int8 dot-product (VNNI or AMX) instructions where OpenVINO is
+    installed, int8: its static int8 ran the worker 1.56x as fast as bf16 end to end here (the full
+    bench, S2), within the gate (cosine to fp32 mean 0.997, min 0.99; top-10 overlap 0.94). Else bf16
+    where the CPU has bf16 instructions; else int8 with VNNI where onnxruntime is installed (about 2x
+    fp32 there; on a CPU with bf16 it measured 0.8-1.5x bf16, so bf16 goes first); else fp32. Without
+    VNNI, onnxruntime's int8 needs 7-bit weights to stay within its gate, and then measured 1.3-1.5x
+    fp32 with a min cosine to fp32 of 0.974-0.986 (AVX2 EPYC, 400 texts): too close to the gate's
+    0.97 for a default; EMBEDSTREAM_PRECISION=int8 still runs it. An int8 export that fails its gate
+    at start-up makes ``auto`` run :func:`fallback_precision` instead."""
     if precision != "auto":
         return precision
     if device == "cuda":
         return "fp16"
-    if cpu_has_bf16():
-        return "bf16"
     from worker.embedding import int8
 
+    if cpu.has_vnni() and int8.engine() == "openvino":
+        return "int8"
+    if cpu_has_bf16():
+        return "bf16"
     return "int8" if cpu.has_vnni() and int8.available() else "fp32"
+
+
+def fallback_precision() -> str:
+    """What ``auto`` runs on a CPU when the int8 export fails its gate: bf16 where the CPU has it, else fp32."""
+    return "bf16" if cpu_has_bf16() else "fp32"
 
 
 def model_prompts(st, document_prompt: str | None, query_prompt: str | None) -> tuple[str, str]:
@@ -181,6 +191,7 @@ class SentenceTransformerEmbedder(Embedder):
         gpu = self.device == "cuda"
         self.sub_batch_size = sub_batch_size or (256 if gpu else 128)
         self.sub_batch_tokens = sub_batch_tokens or (262_144 if gpu else 4096)
+        self.int8_transformer = None
         self._real_tokens = metrics.MODEL_TOKENS.labels("real")
         self._padded_tokens = metrics.MODEL_TOKENS.labels("padded")
         if self.precision == "int8":
@@ -189,8 +200,10 @@ class SentenceTransformerEmbedder(Embedder):
             except ConfigError as exc:
                 if precision != "auto":
                     raise
-                log.warning("%s: auto runs fp32 instead", exc)
-                self.precision = "fp32"
+                self.precision = fallback_precision()
+                log.warning("%s: auto runs %s instead", exc, self.precision)
+                if self.precision == "bf16":
+                    self.sentence_transformer.to(torch.bfloat16)
         log.info("model %s loaded: dim=%d precision=%s device=%s%s", self.model_id, self.dim, self.precision,
                  self.device, "".join(f", {what} prompt {p!r}" for what, p in (("document", self.document_prompt),
                                                                              ("query", self.query_prompt)) if p))
@@ -210,6 +223,9 @@ class SentenceTransformerEmbedder(Embedder):
             raise ConfigError(f"EMBEDSTREAM_PRECISION=int8: the int8 model drifts from float32 (cosine mean "
                               f"{quality.mean:.4f}, min {quality.min:.4f}; the gate is {int8.MIN_MEAN_COSINE} and "
                               f"{int8.MIN_COSINE}): use bf16 or fp32 for this model")
+        #: The int8 transformer this embedder runs (None at other precisions), for tools that run the
+        #: library's own ``encode`` through it (the bench's raw encode).
+        self.int8_transformer = self._modules[0]
         log.info("int8 checked against fp32 on %d texts: cosine mean %.4f, min %.4f", quality.texts, quality.mean,
                  quality.min)
 

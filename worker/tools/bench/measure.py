@@ -98,18 +98,37 @@ def thread_cpu(into: dict[str, float]) -> Iterator[None]:
         threading.Thread.run = original  # type: ignore[method-assign]
 
 
+@contextmanager
+def library_encode_at_int8(embedder):
+    """While open, ``embedder.sentence_transformer.encode`` runs the embedder's int8 transformer when
+    it has one (its first module's ``forward`` shadowed on the instance: the library still tokenizes,
+    batches and pools), so the raw encode is taken at the worker's own precision."""
+    int8_module = getattr(embedder, "int8_transformer", None)
+    if int8_module is None:
+        yield
+        return
+    first = embedder.sentence_transformer[0]
+    first.forward = lambda features, **_kwargs: int8_module(features)
+    try:
+        yield
+    finally:
+        del first.forward
+
+
 def raw_encode(embedder, texts: list[str], batch_sizes=(32, 64, 128)) -> tuple[float, int]:
-    """``SentenceTransformer.encode`` docs/s at its best batch size (after one warm-up pass)."""
+    """``SentenceTransformer.encode`` docs/s at its best batch size (after one warm-up pass), at the
+    embedder's precision (int8: through its int8 transformer, ``library_encode_at_int8``)."""
     model = embedder.sentence_transformer
     clean = [normalise_text(t) for t in texts]
-    model.encode(clean[:64], batch_size=32)
-    best, best_bs = 0.0, batch_sizes[0]
-    for bs in batch_sizes:
-        t0 = time.perf_counter()
-        model.encode(clean, batch_size=bs, convert_to_numpy=True, normalize_embeddings=True)
-        rate = len(clean) / (time.perf_counter() - t0)
-        if rate > best:
-            best, best_bs = rate, bs
+    with library_encode_at_int8(embedder):
+        model.encode(clean[:64], batch_size=32)
+        best, best_bs = 0.0, batch_sizes[0]
+        for bs in batch_sizes:
+            t0 = time.perf_counter()
+            model.encode(clean, batch_size=bs, convert_to_numpy=True, normalize_embeddings=True)
+            rate = len(clean) / (time.perf_counter() - t0)
+            if rate > best:
+                best, best_bs = rate, bs
     return best, best_bs
 
 
@@ -271,6 +290,16 @@ asyncio.run(main())
 _PEER_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
+def peer_dtype(precision: str) -> str:
+    """infinity's dtype for the worker's ``precision``; for int8, its best on this CPU (bfloat16 where
+    the CPU has it, else float32): its ONNX engine, the int8 one, does not install beside it here."""
+    from worker.embedding.sentence import cpu_has_bf16
+
+    if precision == "int8":
+        return "bfloat16" if cpu_has_bf16() else "float32"
+    return _PEER_DTYPES[precision]
+
+
 def peer_engine(peer_python: str, model_path: str, texts: list[str], device: str, precision: str,
                 workdir: Path) -> float | None:
     """infinity-emb's in-process engine in its own virtualenv; None when it is not runnable."""
@@ -279,7 +308,7 @@ def peer_engine(peer_python: str, model_path: str, texts: list[str], device: str
     script = workdir / "peer.py"
     script.write_text(PEER_SCRIPT)
     try:
-        out = subprocess.run([peer_python, str(script), str(data), model_path, device, _PEER_DTYPES[precision]],
+        out = subprocess.run([peer_python, str(script), str(data), model_path, device, peer_dtype(precision)],
                              capture_output=True, text=True, timeout=900, env={"HF_HUB_OFFLINE": "1",
                                                                                "PATH": "/usr/bin:/bin"})
     except (OSError, subprocess.TimeoutExpired) as exc:
