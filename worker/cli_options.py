@@ -33,9 +33,10 @@ GroupInstanceId = Annotated[str | None, _setting("group_instance_id", "Static me
 Model = Annotated[str | None, _setting("model", "sentence-transformers model path or name",
                                        "the packaged all-MiniLM-L6-v2")]
 Precision = Annotated[str | None, _setting(
-    "precision", "auto|fp32|fp16|bf16|int8; auto = fp16 on CUDA, bf16 on CPUs with avx512_bf16/AMX, else "
-                 "int8 on CPUs with VNNI where onnxruntime is installed, else fp32; int8 = the model "
-                 "quantized and run by onnxruntime, on CPUs")]
+    "precision", "auto|fp32|fp16|bf16|int8; auto = fp16 on CUDA; on CPUs with VNNI int8 by OpenVINO where "
+                 "it is installed (embedstream[int8]), else bf16 on CPUs with avx512_bf16/AMX, else int8 by "
+                 "onnxruntime on CPUs with VNNI, else fp32; int8 = the model quantized once (OpenVINO, else "
+                 "onnxruntime) and cached on disk, on CPUs")]
 Device = Annotated[str | None, _setting("device", "auto|cpu|cuda")]
 MaxBatchSize = Annotated[int | None, _setting("max_batch_size", "Close a batch at this many records")]
 MaxBatchTokens = Annotated[int | None, _setting("max_batch_tokens", "Close a batch at this many tokens")]

@@ -108,3 +108,17 @@ def test_the_bench_s_raw_encode_runs_the_int8_model(int8_model, fp32_model):
     assert (torch_fp32 * fp32_model.embed(texts)).sum(1).min() > 0.999
     with measure.library_encode_at_int8(fp32_model):  # nothing to swap at other precisions
         assert "forward" not in vars(fp32_model.sentence_transformer[0])
+
+
+def test_the_int8_warmup_runs_the_largest_forward_passes_once(int8_model, fp32_model):
+    from worker.tools.bench.measure import model_tokens
+
+    before = model_tokens()[1]  # padded tokens through the models so far
+    fp32_model.warmup()
+    small = model_tokens()[1] - before
+    assert small < 10  # one short text
+    before = model_tokens()[1]
+    int8_model.warmup()
+    shapes = int8_model.largest_shapes()
+    assert shapes == [(16, 256), (128, 32)]  # the packaged model's: 256 tokens, 4,096 a pass, 128 texts
+    assert model_tokens()[1] - before == small + sum(count * length for count, length in shapes)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from schemas.errors import ConfigError
@@ -28,6 +30,23 @@ def test_forward_passes_are_cut_by_count_budget_and_padding():
     assert [3] in groups  # the long one alone: it would pad the short ones to 200
     for g in groups:  # sorted by length inside a pass
         assert [lengths[i] for i in g] == sorted(lengths[i] for i in g)
+
+
+def test_the_warmup_shapes_bound_every_forward_pass_the_budget_makes():
+    from types import SimpleNamespace
+
+    from worker.embedding.sentence import SentenceTransformerEmbedder
+
+    rng = random.Random(7)
+    for longest, texts, tokens in ((256, 128, 4096), (512, 256, 262_144), (128, 32, 4096)):
+        model = SimpleNamespace(max_seq_length=longest, sub_batch_size=texts, sub_batch_tokens=tokens)
+        shapes = SentenceTransformerEmbedder.largest_shapes(model)
+        most_texts, most_tokens = max(c for c, _ in shapes), max(n for _, n in shapes)
+        most_cells = max(c * n for c, n in shapes)
+        lengths = [rng.randint(1, longest) for _ in range(3000)]
+        for group in split_by_budget(lengths, texts, tokens):
+            count, length = len(group), max(lengths[i] for i in group)
+            assert count <= most_texts and length <= most_tokens and count * length <= most_cells
 
 
 def test_a_document_prompt_costs_tokens_and_chunk_room_and_names_its_cache():
