@@ -348,6 +348,7 @@ def _precisions(out: dict, base: Settings, emb, texts: list[str], sizes: dict, s
     calibrated = set(int8.calibration_texts())
     docs = [t for t in texts if t not in calibrated][:sizes["quality_texts"]]
     rows = out["precisions"] = {}
+    ref_vectors = reference_vectors(ref, docs, queries)
     for precision in wanted:
         say(f"precision {precision}: quality against fp32, then the worker on {len(texts)} S2 texts")
         this = emb if precision == emb.precision else ref if precision == "fp32" else \
@@ -356,23 +357,30 @@ def _precisions(out: dict, base: Settings, emb, texts: list[str], sizes: dict, s
             rate = out["workloads"]["S2"]["docs_per_s"]
         else:
             rate = measure.worker_stream(base, this, texts, f"p-{precision}-{int(time.time())}").docs_per_s
-        rows[precision] = {"docs_per_s": rate, **precision_quality(this, ref, docs, queries),
+        rows[precision] = {"docs_per_s": rate, **precision_quality(this, ref_vectors, docs, queries),
                            **({"engine": int8.engine()} if precision == "int8" else {})}
 
 
-def precision_quality(emb, ref, texts: list[str], queries: list[str], k: int = 10) -> dict:
-    """``emb`` against ``ref`` (the same model in fp32): cosine of their vectors of ``texts`` (mean,
-    min), and how many of each query's ``k`` nearest texts they agree on (mean share)."""
+def precision_quality(emb, ref_vectors: tuple, texts: list[str], queries: list[str], k: int = 10) -> dict:
+    """``emb`` against the same model in fp32 (its vectors of ``texts`` and ``queries``, as
+    :func:`reference_vectors` gives them): cosine of their vectors of ``texts`` (mean, min), and how
+    many of each query's ``k`` nearest texts they agree on (mean share)."""
     import numpy as np
 
-    a, b = emb.embed(texts), ref.embed(texts)
+    b, qb = ref_vectors
+    a = emb.embed(texts)
     cos = (a * b).sum(1)  # both L2-normalised
-    qa, qb = emb.embed_query(queries), ref.embed_query(queries)
+    qa = emb.embed_query(queries)
     near_a = np.argsort(-(qa @ a.T), axis=1)[:, :k]
     near_b = np.argsort(-(qb @ b.T), axis=1)[:, :k]
     overlap = float(np.mean([len(set(x) & set(y)) / k for x, y in zip(near_a, near_b)]))
     return {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()), "top10_overlap": overlap,
             "texts": len(texts), "queries": len(queries)}
+
+
+def reference_vectors(ref, texts: list[str], queries: list[str]) -> tuple:
+    """``ref``'s vectors of ``texts`` and of ``queries``: computed once for every precision compared."""
+    return ref.embed(texts), ref.embed_query(queries)
 
 
 def quality_gate(emb, texts: list[str], model: str | None = None) -> dict:
