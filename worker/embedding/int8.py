@@ -315,8 +315,9 @@ class OpenVinoTransformer:
         return features
 
 
-def load(st, model_path: str | Path) -> OnnxTransformer | OpenVinoTransformer:
-    """The int8 transformer of the sentence-transformers model ``st`` (loaded from ``model_path``) on
+def load(st, model_path: str | Path, max_length: int) -> OnnxTransformer | OpenVinoTransformer:
+    """The int8 transformer of the sentence-transformers model ``st`` (loaded from ``model_path``; its
+    texts at most ``max_length`` tokens, what calibration truncates to) on
     :func:`engine`: from the cache, else exported now (tens of seconds, logged). Raises ConfigError
     when no engine is installed or the model's first module is not a Hugging Face transformer."""
     engine_name = engine()
@@ -333,8 +334,7 @@ def load(st, model_path: str | Path) -> OnnxTransformer | OpenVinoTransformer:
         log.info("exporting the model to ONNX and quantizing it to int8 with %s (once; kept in %s)", engine_name, dest)
         t0 = time.perf_counter()
         try:
-            path = export(transformer, st.tokenizer, dest, engine_name,
-                          int(getattr(st, "max_seq_length", None) or 512))
+            path = export(transformer, st.tokenizer, dest, engine_name, max_length)
         except OSError as exc:
             raise ConfigError(f"EMBEDSTREAM_PRECISION=int8: cannot write the exported model under {dest} ({exc}): "
                               "set XDG_CACHE_HOME to a writable folder") from None

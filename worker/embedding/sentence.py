@@ -67,11 +67,12 @@ def pick_precision(precision: str, device: str) -> str:
         return "fp16"
     from worker.embedding import int8
 
-    if cpu.has_vnni() and int8.engine() == "openvino":
+    int8_engine = int8.engine() if cpu.has_vnni() else None
+    if int8_engine == "openvino":
         return "int8"
     if cpu_has_bf16():
         return "bf16"
-    return "int8" if cpu.has_vnni() and int8.available() else "fp32"
+    return "int8" if int8_engine else "fp32"
 
 
 def fallback_precision() -> str:
@@ -209,12 +210,13 @@ class SentenceTransformerEmbedder(Embedder):
                                                                              ("query", self.query_prompt)) if p))
 
     def _use_int8(self, path: str) -> None:
-        """Swap the transformer for its int8 ONNX export (``worker.embedding.int8``), after checking
+        """Swap the transformer for its int8 export (``worker.embedding.int8``), after checking
         that export against this model in float32; a drift past the gate stops the start."""
         from worker.embedding import int8
 
         fp32 = self._embed(int8.CHECK_TEXTS, "")
-        original, self._modules[0] = self._modules[0], int8.load(self.sentence_transformer, path)
+        quantized = int8.load(self.sentence_transformer, path, self.max_seq_length)
+        original, self._modules[0] = self._modules[0], quantized
         quality = int8.check_quality(self._embed(int8.CHECK_TEXTS, ""), fp32)
         #: Cosine of this model's int8 vectors to its float32 ones on ``int8.CHECK_TEXTS``.
         self.int8_quality = quality
@@ -337,9 +339,8 @@ class SentenceTransformerEmbedder(Embedder):
         super().warmup()
         if self.precision != "int8":
             return
-        token = self.tokenize(["warmup"])[0][-1]  # what the ids are does not matter, only the shape
-        for count, length in self.largest_shapes():
-            self.run(self.pad([[token] * length] * count))
+        for count, length in self.largest_shapes():  # what the ids are does not matter, only the shape
+            self.run(self.pad([[self._pad_id] * length] * count))
 
     def largest_shapes(self) -> list[tuple[int, int]]:
         """``(texts, tokens each)`` of the two largest forward passes :func:`split_by_budget` makes:

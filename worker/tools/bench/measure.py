@@ -293,11 +293,9 @@ _PEER_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 def peer_dtype(precision: str) -> str:
     """infinity's dtype for the worker's ``precision``; for int8, its best on this CPU (bfloat16 where
     the CPU has it, else float32): its ONNX engine, the int8 one, does not install beside it here."""
-    from worker.embedding.sentence import cpu_has_bf16
+    from worker.embedding.sentence import fallback_precision
 
-    if precision == "int8":
-        return "bfloat16" if cpu_has_bf16() else "float32"
-    return _PEER_DTYPES[precision]
+    return _PEER_DTYPES[fallback_precision() if precision == "int8" else precision]
 
 
 def peer_engine(peer_python: str, model_path: str, texts: list[str], device: str, precision: str,
