@@ -9,7 +9,7 @@ import pytest
 from schemas.errors import ConfigError
 from worker.embedding.base import resolve_model_path
 from worker.embedding.fake import FakeEmbedder
-from worker.embedding.sentence import split_by_budget
+from worker.embedding.passes import PASS_TOKENS, split_by_budget, split_by_cost
 
 
 def test_estimate_counts_special_tokens_and_caps_at_the_model_max():
@@ -22,9 +22,14 @@ def test_a_model_path_without_a_model_says_what_to_fix(tmp_path):
         resolve_model_path(str(tmp_path))
 
 
-def test_forward_passes_are_cut_by_count_budget_and_padding():
+PACKERS = {"greedy": split_by_budget,
+           "least cost": lambda lengths, texts, tokens: split_by_cost(lengths, texts, tokens, PASS_TOKENS["int8"])}
+
+
+@pytest.mark.parametrize("packer", PACKERS.values(), ids=PACKERS.keys())
+def test_forward_passes_are_cut_by_count_budget_and_padding(packer):
     lengths = [10, 12, 11, 200, 9, 13]
-    groups = split_by_budget(lengths, max_texts=3, max_tokens=1000)
+    groups = packer(lengths, 3, 1000)
     assert sorted(i for g in groups for i in g) == list(range(6))  # every text once
     assert all(len(g) <= 3 for g in groups)
     assert [3] in groups  # the long one alone: it would pad the short ones to 200
@@ -32,7 +37,8 @@ def test_forward_passes_are_cut_by_count_budget_and_padding():
         assert [lengths[i] for i in g] == sorted(lengths[i] for i in g)
 
 
-def test_the_warmup_shapes_bound_every_forward_pass_the_budget_makes():
+@pytest.mark.parametrize("packer", PACKERS.values(), ids=PACKERS.keys())
+def test_the_warmup_shapes_bound_every_forward_pass_the_budget_makes(packer):
     from types import SimpleNamespace
 
     from worker.embedding.sentence import SentenceTransformerEmbedder
@@ -44,9 +50,52 @@ def test_the_warmup_shapes_bound_every_forward_pass_the_budget_makes():
         most_texts, most_tokens = max(c for c, _ in shapes), max(n for _, n in shapes)
         most_cells = max(c * n for c, n in shapes)
         lengths = [rng.randint(1, longest) for _ in range(3000)]
-        for group in split_by_budget(lengths, texts, tokens):
+        groups = packer(lengths, texts, tokens)
+        assert sorted(i for g in groups for i in g) == list(range(3000))
+        for group in groups:
             count, length = len(group), max(lengths[i] for i in group)
             assert count <= most_texts and length <= most_tokens and count * length <= most_cells
+
+
+def _cost(lengths, passes, pass_tokens):
+    return sum(pass_tokens + len(p) * max(lengths[i] for i in p) for p in passes)
+
+
+def _least_cost(lengths, texts, tokens, pass_tokens):
+    """Every cut of the sorted lengths within the bounds, tried: the least cost."""
+    from itertools import combinations
+
+    s = sorted(lengths)
+    best = None
+    for k in range(len(s)):
+        for cuts in combinations(range(1, len(s)), k):
+            bounds = [0, *cuts, len(s)]
+            slices = [s[a:b] for a, b in zip(bounds, bounds[1:])]
+            if all(len(p) == 1 or (len(p) <= texts and len(p) * p[-1] <= tokens) for p in slices):
+                cost = sum(pass_tokens + len(p) * p[-1] for p in slices)
+                best = cost if best is None else min(best, cost)
+    return best
+
+
+def test_the_least_cost_cut_is_the_cheapest_of_every_cut_within_the_bounds():
+    rng = random.Random(3)
+    for _ in range(60):
+        lengths = [rng.choice((rng.randint(1, 20), rng.randint(1, 300))) for _ in range(rng.randint(1, 8))]
+        texts, tokens, pass_tokens = rng.randint(1, 5), rng.choice((64, 256, 1000)), rng.choice((0, 32, 128, 512))
+        passes = split_by_cost(lengths, texts, tokens, pass_tokens)
+        assert sorted(i for p in passes for i in p) == list(range(len(lengths)))
+        assert _cost(lengths, passes, pass_tokens) == _least_cost(lengths, texts, tokens, pass_tokens)
+
+
+def test_the_least_cost_cut_pads_less_than_the_greedy_one_on_mixed_lengths():
+    rng = random.Random(11)
+    lengths = [int(min(256, rng.lognormvariate(3.5, 1.0))) + 2 for _ in range(600)]
+    greedy, least = split_by_budget(lengths, 128, 4096), split_by_cost(lengths, 128, 4096, PASS_TOKENS["int8"])
+    assert _cost(lengths, least, PASS_TOKENS["int8"]) < _cost(lengths, greedy, PASS_TOKENS["int8"])
+    assert _cost(lengths, least, 0) < _cost(lengths, greedy, 0)  # fewer padded tokens, not only fewer passes
+    # Free passes: no padding at all (each pass holds texts of one length); costly ones: the fewest.
+    assert _cost(lengths, split_by_cost(lengths, 128, 4096, 0), 0) == sum(lengths)
+    assert len(split_by_cost(lengths, 128, 4096, 10**9)) <= len(greedy)
 
 
 def test_a_document_prompt_costs_tokens_and_chunk_room_and_names_its_cache():

@@ -7,8 +7,8 @@ fp32); else on CPUs with VNNI int8 by onnxruntime where it is installed (about 2
 slower than fp32). Whatever the precision, the pooled output is cast to float32 *before* it is normalised:
 normalising in bf16 leaves norms off by up to ~0.4 %.
 
-Texts are run in sub-batches cut from the length-sorted list by a token budget, so short texts are
-not padded to the longest one of the batch.
+Texts are run in forward passes cut from the length-sorted list within a token budget
+(``worker.embedding.passes``), so short texts are not padded to the longest one of the batch.
 
 Prompts and truncation follow sentence-transformers' own ``encode_document`` / ``encode_query``: the
 document prompt is the model's ``document`` (else ``passage``, else ``corpus``) prompt; the query
@@ -28,6 +28,7 @@ from schemas.errors import ConfigError
 from worker import metrics
 from worker.embedding import cpu
 from worker.embedding.base import Embedder, resolve_model_path
+from worker.embedding.passes import PASS_TOKENS, split_by_budget, split_by_cost
 
 log = logging.getLogger(__name__)
 
@@ -93,30 +94,6 @@ def model_prompts(st, document_prompt: str | None, query_prompt: str | None) -> 
     if query_prompt is None:
         query_prompt = prompts.get("query") or ""
     return document_prompt, query_prompt
-
-
-def split_by_budget(lengths: list[int], max_texts: int, max_tokens: int, min_fill: float = 0.8) -> list[list[int]]:
-    """Indices of ``lengths`` sorted by length, cut into groups for the model.
-
-    A group holds at most ``max_texts`` texts, its padded cost (count × longest) stays within
-    ``max_tokens``, and adding a text must keep real ÷ padded tokens ≥ ``min_fill`` (so one long
-    text does not pad many short ones). A text alone over the budget still gets a group of its own.
-    """
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    groups: list[list[int]] = []
-    current: list[int] = []
-    real = 0
-    for i in order:
-        longest = lengths[i]  # sorted ascending: the newcomer is the longest
-        n = len(current) + 1
-        if current and (n > max_texts or n * longest > max_tokens or (real + longest) < min_fill * n * longest):
-            groups.append(current)
-            current, real = [], 0
-        current.append(i)
-        real += longest
-    if current:
-        groups.append(current)
-    return groups
 
 
 class SentenceTransformerEmbedder(Embedder):
@@ -343,12 +320,19 @@ class SentenceTransformerEmbedder(Embedder):
             self.run(self.pad([[self._pad_id] * length] * count))
 
     def largest_shapes(self) -> list[tuple[int, int]]:
-        """``(texts, tokens each)`` of the two largest forward passes :func:`split_by_budget` makes:
+        """``(texts, tokens each)`` of the two largest forward passes :meth:`passes` makes:
         the longest texts the model takes, as many as the token budget holds; and the most texts a
         pass takes, as long as the budget lets them be."""
         longest = self.max_seq_length
         return [(max(1, min(self.sub_batch_size, self.sub_batch_tokens // longest)), longest),
                 (self.sub_batch_size, max(2, min(longest, self.sub_batch_tokens // self.sub_batch_size)))]
+
+    def passes(self, lengths: list[int]) -> list[list[int]]:
+        """The forward passes of texts of ``lengths`` tokens (``worker.embedding.passes``): on a CPU the
+        cut of least cost at this precision, on CUDA the greedy one."""
+        if self.device == "cuda":
+            return split_by_budget(lengths, self.sub_batch_size, self.sub_batch_tokens)
+        return split_by_cost(lengths, self.sub_batch_size, self.sub_batch_tokens, PASS_TOKENS[self.precision])
 
     # -- the whole ---------------------------------------------------------------------------
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -377,7 +361,7 @@ class SentenceTransformerEmbedder(Embedder):
         ids = self.tokenize([prompt + t for t in texts]) if prompt else self._ids(texts)
         extra = {"prompt_length": self.prompt_length(prompt)} if prompt else {}
         done = [(group, self.normalise(self.run({**self.pad([ids[i] for i in group]), **extra})))
-                for group in split_by_budget([len(seq) for seq in ids], self.sub_batch_size, self.sub_batch_tokens)]
+                for group in self.passes([len(seq) for seq in ids])]
         for group, vectors in done:
             out[group] = vectors.cpu().numpy()
         return out
