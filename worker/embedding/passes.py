@@ -27,10 +27,15 @@ import numpy as np
 PASS_TOKENS = {"int8": 256, "bf16": 64, "fp16": 32, "fp32": 32}
 
 
+def _by_length(lengths: list[int]) -> list[int]:
+    """Indices of ``lengths``, shortest first (both cuts cut this order)."""
+    return sorted(range(len(lengths)), key=lengths.__getitem__)
+
+
 def split_by_cost(lengths: list[int], max_texts: int, max_tokens: int, pass_tokens: int) -> list[list[int]]:
     """Indices of ``lengths`` sorted by length, cut into passes that minimise padded tokens plus
     ``pass_tokens`` a pass (dynamic programming over the sorted lengths: ~5 µs a text)."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    order = _by_length(lengths)
     n = len(order)
     sorted_lengths = [lengths[i] for i in order]
     positions = np.arange(n + 1)
@@ -56,7 +61,7 @@ def split_by_budget(lengths: list[int], max_texts: int, max_tokens: int, min_fil
     """Indices of ``lengths`` sorted by length, cut greedily: a pass closes when adding the next text
     would break a bound or bring real ÷ padded tokens under ``min_fill`` (so one long text does not
     pad many short ones)."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    order = _by_length(lengths)
     groups: list[list[int]] = []
     current: list[int] = []
     real = 0
