@@ -296,8 +296,8 @@ def decode_document(key: bytes | None, value: bytes | None, *, framed: FramedRea
     return _with_identity(doc, kid)
 
 
-def _varint(z: int) -> bytes:
-    """Base-128 varint of a non-negative ``z``."""
+def _varint_bytes(z: int) -> bytes:
+    """Base-128 varint of a non-negative ``z``, byte by byte (the tables below are built with it)."""
     out = bytearray()
     while z & ~0x7F:
         out.append((z & 0x7F) | 0x80)
@@ -308,7 +308,19 @@ def _varint(z: int) -> bytes:
 
 #: The varints of zig-zag values below 2**14 (|n| < 8192: lengths, dims, partitions, spans), looked up
 #: instead of built: an output record has thirteen ints, and building each was ~40 % of its encoding.
-_SMALL_VARINTS = [_varint(z) for z in range(1 << 14)]
+_SMALL_VARINTS = [_varint_bytes(z) for z in range(1 << 14)]
+#: The two bytes of 14 low bits with more to follow: a larger varint is built 14 bits at a time (an
+#: offset past 8,191 took 0.66 µs byte by byte, a time in epoch ms 1.17; 0.17 and 0.34 so).
+_LOW14 = [bytes(((z & 0x7F) | 0x80, ((z >> 7) & 0x7F) | 0x80)) for z in range(1 << 14)]
+
+
+def _varint(z: int) -> bytes:
+    """Base-128 varint of a non-negative ``z``."""
+    if z < 1 << 14:
+        return _SMALL_VARINTS[z]
+    if z < 1 << 28:
+        return _LOW14[z & 0x3FFF] + _SMALL_VARINTS[z >> 14]
+    return _LOW14[z & 0x3FFF] + _LOW14[(z >> 14) & 0x3FFF] + _varint(z >> 28)
 
 
 def _long(n: int) -> bytes:
@@ -354,6 +366,63 @@ def encode_embedding(record: dict[str, Any]) -> bytes:
     parts.append(_long(record.get("span_start", 0)))
     parts.append(_long(record.get("span_end", -1)))
     return b"".join(parts)
+
+
+def _map(values: dict[str, str]) -> bytes:
+    """An Avro map of strings: one block, then the empty block that ends it."""
+    if not values:
+        return b"\x00"
+    parts = [_long(len(values))]
+    for k, v in values.items():
+        parts.append(_string(k))
+        parts.append(_string(v))
+    parts.append(b"\x00")
+    return b"".join(parts)
+
+
+class EmbeddingWriter:
+    """The Avro bytes of one model's output records (the bytes :func:`encode_embedding` writes,
+    checked by the tests), with what records share written once: the sink's hot path.
+
+    A record is its document's parts (:meth:`document`: the id, the model and dim, the source, the
+    metadata, the time) around its chunk's own (:meth:`chunk`), so a document of many chunks, or a
+    group of documents from one topic at one time, pays for those once instead of through a dict
+    per record: a one-chunk document's record took 6.2 µs of CPU built as a dict and encoded
+    (0.9 + 5.3), 3.6 here (this project's 2-core host, 20,000 records of 384 floats, in-process)."""
+
+    def __init__(self, model_id: str, dim: int) -> None:
+        self._model_dim = _string(model_id) + _long(dim)
+        self._topics: dict[str, bytes] = {}
+        self._time: tuple[int | None, bytes] = (None, b"")
+
+    def document(self, doc_id: str, topic: str, partition: int, offset: int, metadata: dict[str, str],
+                 embedded_at: int, chunk_count: int) -> tuple[bytes, bytes, bytes]:
+        """The parts of a document's records before the vector, between the chunk's hash and index,
+        and between its index and span."""
+        topic_bytes = self._topics.get(topic)
+        if topic_bytes is None:
+            topic_bytes = self._topics[topic] = _string(topic)
+        if self._time[0] != embedded_at:  # one time a group: its varint is built once
+            self._time = (embedded_at, _long(embedded_at))
+        return (_string(doc_id) + self._model_dim,
+                b"".join((topic_bytes, _long(partition), _long(offset), _map(metadata), self._time[1])),
+                _long(chunk_count))
+
+    @staticmethod
+    def chunk(doc: tuple[bytes, bytes, bytes], vector: np.ndarray, content_hash: str, cached: bool, index: int,
+              span_start: int, span_end: int) -> bytes:
+        """One record: ``doc`` (from :meth:`document`) around the chunk's vector, hash and place."""
+        if vector.dtype != _F4 or not vector.flags.c_contiguous:
+            vector = np.ascontiguousarray(vector, dtype=_F4)
+        n = vector.shape[0]
+        vec = (_long(n), vector, b"\x00") if n else (b"\x00",)
+        head, middle, count = doc
+        # bytes.join takes the array's buffer as it is: the floats are copied once, into the record
+        return b"".join((head, *vec, _string(content_hash), b"\x01" if cached else b"\x00", middle, _long(index),
+                         count, _long(span_start), _long(span_end)))
+
+
+_F4 = np.dtype("<f4")
 
 
 def embedding_json(record: dict[str, Any]) -> bytes:

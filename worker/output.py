@@ -17,30 +17,53 @@ import logging
 from typing import Any
 
 from connectors.registry import SchemaRegistry, frame
-from schemas.codec import EMBEDDING_SCHEMA_TEXT, embedding_json, encode_embedding
+from schemas.codec import EMBEDDING_SCHEMA_TEXT, EmbeddingWriter, embedding_json
 from schemas.errors import TransientError
+from worker.records import Item
 
 log = logging.getLogger(__name__)
 
 
+def records(item: Item, model_id: str, dim: int, embedded_at: int) -> list[dict[str, Any]]:
+    """The output records of ``item``'s chunks (the fields of ``schemas/embedding.avsc``), in order."""
+    src, count = item.source, len(item.chunks)
+    return [{"id": item.id, "model": model_id, "dim": dim, "vector": ch.vector, "content_hash": ch.hash,
+             "cached": ch.cached, "source_topic": src.topic, "source_partition": src.partition,
+             "source_offset": src.offset, "metadata": item.metadata, "embedded_at": embedded_at,
+             "chunk_index": ch.index, "chunk_count": count, "span_start": ch.start, "span_end": ch.end}
+            for ch in item.chunks]
+
+
 class OutputFormat:
-    """``encode(record)`` → the value bytes; ``ready()`` before the first record of a group (it may
-    raise ``TransientError``)."""
+    """``values(item, ...)`` → the value bytes of its chunks' records; ``ready()`` before the first
+    record of a group (it may raise ``TransientError``)."""
+
+    def __init__(self) -> None:
+        self._writers: dict[tuple[str, int], EmbeddingWriter] = {}
 
     def ready(self) -> None:
         pass
 
-    def encode(self, record: dict[str, Any]) -> bytes:
-        return encode_embedding(record)
+    def values(self, item: Item, model_id: str, dim: int, embedded_at: int) -> list[bytes]:
+        """The values of the output records of ``item``'s chunks, in order (its vectors filled)."""
+        writer = self._writers.get((model_id, dim))
+        if writer is None:
+            writer = self._writers[model_id, dim] = EmbeddingWriter(model_id, dim)
+        src = item.source
+        doc = writer.document(item.id, src.topic, src.partition, src.offset, item.metadata, embedded_at,
+                              len(item.chunks))
+        return [writer.chunk(doc, ch.vector, ch.hash, ch.cached, ch.index, ch.start, ch.end)  # type: ignore[arg-type]
+                for ch in item.chunks]
 
 
 class JsonOutput(OutputFormat):
-    def encode(self, record: dict[str, Any]) -> bytes:
-        return embedding_json(record)
+    def values(self, item: Item, model_id: str, dim: int, embedded_at: int) -> list[bytes]:
+        return [embedding_json(rec) for rec in records(item, model_id, dim, embedded_at)]
 
 
 class RegistryOutput(OutputFormat):
     def __init__(self, registry: SchemaRegistry, topic: str) -> None:
+        super().__init__()
         self.registry = registry
         self.subject = f"{topic}-value"
         self._frame = b""
@@ -53,8 +76,8 @@ class RegistryOutput(OutputFormat):
             self._frame = frame(sid)
             log.info("output schema is id %d under subject %s", sid, self.subject)
 
-    def encode(self, record: dict[str, Any]) -> bytes:
-        return self._frame + encode_embedding(record)
+    def values(self, item: Item, model_id: str, dim: int, embedded_at: int) -> list[bytes]:
+        return [self._frame + v for v in super().values(item, model_id, dim, embedded_at)]
 
 
 def output_format(name: str, topic: str, registry: SchemaRegistry | None) -> OutputFormat:

@@ -86,6 +86,41 @@ def test_avro_longs_are_fastavros_bytes_at_the_edges_of_the_table():
         assert _long(n) == buf.getvalue(), n
 
 
+def test_large_varints_built_from_tables_are_the_byte_by_byte_ones():
+    """Varints past the small table are built 14 bits at a time: the same bytes, up to 64 bits."""
+    import random
+
+    from schemas.codec import _varint, _varint_bytes
+
+    rng = random.Random(7)
+    edges = [(1 << b) + d for b in (14, 21, 28, 35, 42, 49, 56, 63) for d in (-1, 0, 1)] + [2**64 - 1]
+    for z in edges + list(range(0, 40_000, 3)) + [rng.getrandbits(rng.randint(1, 64)) for _ in range(20_000)]:
+        assert _varint(z) == _varint_bytes(z), z
+
+
+@given(embeddings, st.integers(1, 4), st.sampled_from(["<f4", ">f4", "<f8"]))
+@settings(max_examples=200)
+def test_the_sinks_writer_writes_the_bytes_of_encode_embedding(rec, chunks, dtype):
+    """``EmbeddingWriter`` (a document's parts once, its chunks' around them) writes each record's
+    bytes exactly as ``encode_embedding`` does from a dict, whatever the vector's dtype or layout."""
+    import numpy as np
+
+    from schemas.codec import EmbeddingWriter
+
+    writer = EmbeddingWriter(rec["model"], rec["dim"])
+    doc = writer.document(rec["id"], rec["source_topic"], rec["source_partition"], rec["source_offset"],
+                          rec["metadata"], rec["embedded_at"], rec["chunk_count"])
+    vectors = np.array([rec["vector"]] * chunks, dtype=np.float32).astype(dtype)
+    if chunks > 1:
+        vectors = np.asfortranarray(vectors)  # rows that are not contiguous
+    for k in range(chunks):
+        want = encode_embedding({**rec, "vector": np.asarray(rec["vector"], dtype=np.float32), "chunk_index": k,
+                                 "cached": bool(k % 2)})
+        got = writer.chunk(doc, vectors[k], rec["content_hash"], bool(k % 2), k, rec["span_start"],
+                           rec["span_end"])
+        assert got == want
+
+
 def test_a_record_from_before_chunking_reads_as_one_whole_chunk():
     """The schema evolved compatibly: bytes written with the old schema resolve against the new one
     (the chunk fields take their defaults), and old readers skip the new fields."""

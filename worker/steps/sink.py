@@ -215,14 +215,10 @@ class SinkStep:
         for e in entries:
             self.fence.check()
             if isinstance(e, Item):
-                key, count, target = e.id.encode(), len(e.chunks), self.targets[e.model]
-                for ch in e.chunks:
-                    rec = {"id": e.id, "model": target.model_id, "dim": target.dim, "vector": ch.vector,
-                           "content_hash": ch.hash, "cached": ch.cached, "source_topic": e.source.topic,
-                           "source_partition": e.source.partition, "source_offset": e.source.offset,
-                           "metadata": e.metadata, "embedded_at": now, "chunk_index": ch.index,
-                           "chunk_count": count, "span_start": ch.start, "span_end": ch.end}
-                    delivery.produce(self.output_topic, key, self.output.encode(rec), target.headers[ch.cached])
+                key, target = e.id.encode(), self.targets[e.model]
+                values = self.output.values(e, target.model_id, target.dim, now)
+                for ch, encoded in zip(e.chunks, values):
+                    delivery.produce(self.output_topic, key, encoded, target.headers[ch.cached])
             elif isinstance(e, Delete):
                 delivery.produce(self.output_topic, e.id.encode(), None, [("embedstream.model", self._delete_header)])
             else:
