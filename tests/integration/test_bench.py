@@ -115,5 +115,8 @@ def test_bench_cpu_prints_each_run_and_its_threads(tmp_path):
             assert all(v >= 0 for v in threads.values()) and threads["polling"] > 0 and threads["sink"] > 0
             # the shares cover the whole run (start-up included): at least the busy figure
             assert sum(threads.values()) >= out["cpu_per_doc"][name][cache] * 0.99
+    assert {k: set(v) for k, v in out["cpu_gauge_ns"].items()} == {k: set(v) for k, v in out["cpu_per_doc"].items()}
+    assert all(0 < ns < 100_000 for by_cache in out["cpu_gauge_ns"].values() for ns in by_cache.values())
     assert "S2, no cache" in res.stdout and "milvus-write" in res.stdout and "busy" in res.stdout
+    assert "host gauge" in res.stdout
     assert "loading the model" not in res.stderr

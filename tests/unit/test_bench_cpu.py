@@ -9,7 +9,7 @@ import time
 from rich.console import Console
 
 from worker.tools.bench import workloads
-from worker.tools.bench.measure import _thread_group, thread_cpu
+from worker.tools.bench.measure import _thread_group, host_gauge, thread_cpu
 from worker.tools.bench.report import cpu_table
 
 
@@ -68,3 +68,19 @@ def test_the_cpu_table_shows_each_run_against_the_goal_and_its_threads_in_pipeli
     assert list(table) == ["busy", "polling", "embed", "sink", "milvus-write", "metrics", "other"]
     assert table["busy"] == ["28.4 ✓", "31.0 ✗"] and table["embed"] == ["4.0", "2.5"]
     assert "S2, cache" in "".join(lines) and "S2, no cache" in "".join(lines)
+    console = Console(width=100, record=True)
+    console.print(cpu_table({**out, "cpu_gauge_ns": {"S2": {"cache": 112.4, "no_cache": 181.0}}}))
+    rows = [line.split("│")[1:-1] for line in console.export_text().splitlines() if line.startswith("│")]
+    assert [c.strip() for c in rows[-1]] == ["host gauge, ns", "112", "181"]
+
+
+def test_the_host_gauge_times_the_loop_in_cpu_while_the_block_runs():
+    """Samples come from a process of its own, one every period while the block runs, in ns a step
+    of CPU time: a block that only sleeps still gets them, and the probe is gone after it."""
+    speeds: list[float] = []
+    with host_gauge(speeds, steps=2_000, period=0.02):
+        time.sleep(0.6)
+    assert len(speeds) >= 3 and all(5 < ns < 50_000 for ns in speeds)
+    before = len(speeds)
+    time.sleep(0.1)
+    assert len(speeds) == before

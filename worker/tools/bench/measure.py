@@ -98,6 +98,39 @@ def thread_cpu(into: dict[str, float]) -> Iterator[None]:
         threading.Thread.run = original  # type: ignore[method-assign]
 
 
+#: A probe of the host's speed (``host_gauge``): a fixed pure-Python loop of small objects, a dict and a
+#: str (the kind of code the worker's per-record path is), timed in CPU every ``period`` seconds.
+_GAUGE_SCRIPT = r"""
+import sys, time
+steps, period = int(sys.argv[1]), float(sys.argv[2])
+while True:
+    t0 = time.process_time()
+    table = {}
+    for i in range(steps):
+        table[i & 1023] = (i, str(i))
+    print(round(1e9 * (time.process_time() - t0) / steps, 1), flush=True)
+    time.sleep(period)
+"""
+
+
+@contextmanager
+def host_gauge(into: list[float], steps: int = 20_000, period: float = 0.1) -> Iterator[None]:
+    """While the block runs, a process of its own times a fixed Python loop every ``period`` seconds
+    (~4 ms of one core each) and appends its nanoseconds a step to ``into``: how fast this host runs
+    Python during the block. This project's hosts differ by half from one session to the next, and
+    one host switches between a fast and a slow speed (~110 and ~170-230 ns here, 2026-11-25) for
+    tenths of a second at a time, so a CPU figure moves with the share of its run spent slow; the
+    gauge's median beside it says which host, and which phase, it came from."""
+    probe = subprocess.Popen([sys.executable, "-c", _GAUGE_SCRIPT, str(steps), str(period)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        yield
+    finally:
+        probe.terminate()
+        out, _ = probe.communicate(timeout=10)
+        into.extend(float(line) for line in out.split())
+
+
 @contextmanager
 def library_encode_at_int8(embedder):
     """While open, ``embedder.sentence_transformer.encode`` runs the embedder's int8 transformer when

@@ -57,10 +57,11 @@ def ratio_table(out: dict) -> Table:
     for name, by_cache in out.get("cpu_per_doc", {}).items():
         for cache, us in by_cache.items():
             ok = us <= CPU_US_PER_DOC_GOAL
+            gauge = out.get("cpu_gauge_ns", {}).get(name, {}).get(cache)
             t.add_row(f"CPU/doc ({name}, {cache.replace('_', ' ')})", _fmt(us, 0) + " µs" +
                       (" [green]✓[/]" if ok else " [red]✗[/]"), f"≤ {CPU_US_PER_DOC_GOAL:.0f} µs",
                       "worker-process CPU seconds ÷ documents, first record to last batch done, instant model "
-                      "(the stack runs in other processes)")
+                      "(the stack runs in other processes)" + (f"; host gauge {_fmt(gauge, 0)} ns" if gauge else ""))
     if w.get("io_registry", {}).get("cpu_us_per_doc"):
         t.add_row("CPU/doc (io, registry)", _fmt(w["io_registry"]["cpu_us_per_doc"], 0) + " µs", "",
                   "the same with registry-framed Avro in and avro-registry out")
@@ -132,11 +133,16 @@ def cpu_table(out: dict) -> Table:
               title=f"[bold]embedstream bench --cpu[/] — instant model, {out['docs']:,} documents a run",
               title_justify="left", caption="busy: the worker process, first record to last batch done (the "
               f"bench's CPU/doc row; goal ≤ {CPU_US_PER_DOC_GOAL:.0f} µs); the threads: each over the whole run; "
-              "other: librdkafka's threads, and the worker's that outlived the run", caption_justify="left")
+              "other: librdkafka's threads, and the worker's that outlived the run; host gauge: the median CPU a step "
+              "of a fixed Python loop timed in a process of its own during the run (how fast this host ran)",
+              caption_justify="left")
     busy = [out["cpu_per_doc"][name][cache] for name, cache in runs]
     t.add_row("busy", *(_fmt(us, 1) + (" [green]✓[/]" if us <= CPU_US_PER_DOC_GOAL else " [red]✗[/]") for us in busy))
     for thread in [*known, *rest, *(["other"] if "other" in names else [])]:
         t.add_row(thread, *(_fmt(out["cpu_threads"][name][cache].get(thread), 1) for name, cache in runs))
+    if "cpu_gauge_ns" in out:
+        t.add_row("host gauge, ns", *(_fmt(out["cpu_gauge_ns"][name][cache], 0) for name, cache in runs),
+                  style="dim")
     return t
 
 

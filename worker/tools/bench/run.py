@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -142,25 +143,30 @@ def _throughput(out: dict, base: Settings, emb, texts: dict, sizes: dict, say: C
 
 
 def _cpu_per_doc(base: Settings, dim: int, texts: dict[str, list[str]], say: Callable[[str], None],
-                 threads: bool = False) -> tuple[dict, dict, dict[str, measure.StreamResult]]:
+                 threads: bool = False) -> tuple[dict, dict, dict[str, measure.StreamResult], dict]:
     """The worker with an instant model on each of ``texts`` (by workload name), with the cache and
     without: its CPU per document (``{name: {"cache" | "no_cache": µs}}``), the same by thread when
-    ``threads`` (µs a document over the whole run, start-up included), and each run's result."""
+    ``threads`` (µs a document over the whole run, start-up included), each run's result, and the
+    host's speed during each run (``measure.host_gauge``'s median, ns, keyed as the CPU figures)."""
     cpu: dict[str, dict[str, float]] = {}
     by_thread: dict[str, dict[str, dict[str, float]]] = {}
     results: dict[str, measure.StreamResult] = {}
+    gauge: dict[str, dict[str, float]] = {}
     for name, wl_texts in texts.items():
         for cache in (True, False):
             key = "cache" if cache else "no_cache"
             say(f"io: {len(wl_texts)} {name}, {key.replace('_', ' ')} with an instant model")
             fake = FakeEmbedder(dim=dim, model_id=f"instant-{name.lower()}-{int(cache)}-{int(time.time())}")
             s = base if cache else base.model_copy(update={"redis_url": None})
-            res = measure.worker_stream(s, fake, wl_texts, f"io-{name.lower()}-{int(cache)}", threads=threads)
+            speeds: list[float] = []
+            with measure.host_gauge(speeds):
+                res = measure.worker_stream(s, fake, wl_texts, f"io-{name.lower()}-{int(cache)}", threads=threads)
+            gauge.setdefault(name, {})[key] = statistics.median(speeds) if speeds else 0.0
             cpu.setdefault(name, {})[key] = res.cpu_us_per_doc
             results[f"{name}_{key}"] = res
             if threads:
                 by_thread.setdefault(name, {})[key] = {t: 1e6 * v / max(1, res.docs) for t, v in res.thread_cpu.items()}
-    return cpu, by_thread, results
+    return cpu, by_thread, results, gauge
 
 
 def _io_path(out: dict, base: Settings, dim: int, sizes: dict, say: Callable[[str], None]) -> None:
@@ -169,7 +175,7 @@ def _io_path(out: dict, base: Settings, dim: int, sizes: dict, say: Callable[[st
     and without it (the S2 run with the cache is the ``io`` row)."""
     texts = {"S2": workloads.io_texts(sizes["io"]),
              "S1": workloads.distinct(workloads.short_texts(min(sizes["io"], 4000)), sizes["io"])}
-    out["cpu_per_doc"], _, results = _cpu_per_doc(base, dim, texts, say)
+    out["cpu_per_doc"], _, results, out["cpu_gauge_ns"] = _cpu_per_doc(base, dim, texts, say)
     res = results["S2_cache"]
     out["workloads"]["io"] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds,
                               "cpu_us_per_doc": res.cpu_us_per_doc,
@@ -194,11 +200,11 @@ def run_cpu(*, docs: int, state_dir: Path, say: Callable[[str], None], broker: s
                         kafka=dict(QUICK_JOIN_SESSION), metrics_port=0, log_level="WARNING")
         setup_logging(base)
         texts = {"S2": workloads.io_texts(docs), "S1": workloads.distinct(workloads.short_texts(4000), docs)}
-        cpu, by_thread, _ = _cpu_per_doc(base, dim, texts, say, threads=True)
+        cpu, by_thread, _, gauge = _cpu_per_doc(base, dim, texts, say, threads=True)
         return {"machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
                             "cores": os.cpu_count(), "broker": broker},
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "docs": docs, "cpu_per_doc": cpu,
-                "cpu_threads": by_thread}
+                "cpu_threads": by_thread, "cpu_gauge_ns": gauge}
     finally:
         stack.down()
 
