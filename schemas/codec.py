@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -120,6 +121,23 @@ def _utf8(data: bytes, what: str) -> str:
         raise DecodeError("invalid_utf8", f"{what} is not valid UTF-8: {exc}") from None
 
 
+#: A JSON escape of a UTF-16 surrogate: a lone one decodes to a str that UTF-8 cannot encode.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _json_loads(raw: bytes, what: str) -> Any:
+    """``raw`` parsed as JSON (UTF-8); a string in it with a lone surrogate escape (``"\\ud800"``, which
+    the id, text and cache key could never be written with) is ``invalid_utf8``."""
+    obj = json.loads(_utf8(raw, what))
+    if _SURROGATE_ESCAPE.search(raw):  # rare: only then is every string checked
+        try:
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise DecodeError("invalid_utf8", f"{what} has a string with a lone surrogate escape (\\ud800-\\udfff "
+                                              "alone): it is not Unicode text") from None
+    return obj
+
+
 def _key_value(obj: Any, key_field: str | None) -> str:
     """The document id inside a structured key: ``key_field`` of a record (a JSON converter's
     ``{"schema", "payload"}`` envelope is opened first), the only field of a one-field record, or a
@@ -156,7 +174,7 @@ def key_id(key: bytes | None, key_field: str | None = None, framed: FramedReader
     text = _utf8(key, "record key")
     if key_field is not None and text[:1] == "{":
         try:
-            obj = json.loads(text)
+            obj = _json_loads(key, "record key")
         except json.JSONDecodeError as exc:
             raise DecodeError("decode_error", f"the record key is not valid JSON: {exc}") from None
         return _key_value(obj, key_field)
@@ -192,7 +210,7 @@ def _with_identity(doc: Document, key: str | None) -> Document:
 def _json_document(value: bytes) -> Document:
     """The fields of a JSON value; the id may be empty (the key gives it)."""
     try:
-        obj = json.loads(_utf8(value, "JSON value"))
+        obj = _json_loads(value, "JSON value")
     except json.JSONDecodeError as exc:
         raise DecodeError("decode_error", f"value is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):

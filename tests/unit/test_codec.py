@@ -166,6 +166,9 @@ GOOD = encode_document(Document("a", "some text", None, {"k": "v"}, 1000))
         (b"a", b'{"id": "a", "text": "x", "metadata": [1]}', "decode_error", "metadata"),
         (b"a", b'{"id": "a", "text": "x", "event_time": "yesterday"}', "decode_error", "event_time"),
         (b"a", b'{"id": "a", "text": "\xff\xfe"}', "invalid_utf8", "UTF-8"),
+        (None, b'{"id": "\\ud800x", "text": "t"}', "invalid_utf8", "lone surrogate"),
+        (b"a", b'{"id": "a", "text": "x\\uDFFF"}', "invalid_utf8", "lone surrogate"),
+        (b"a", b'{"id": "a", "text": "x", "metadata": {"k": "\\udc00"}}', "invalid_utf8", "lone surrogate"),
         (b"a", b"{not json", "decode_error", "not valid JSON"),
         (b"a", b'{"id": "a"', "decode_error", "not valid JSON"),
         (None, None, "decode_error", "without a key"),
@@ -177,6 +180,16 @@ def test_bad_inputs_raise_decode_error_with_reason(key, value, reason, fragment)
         decode_document(key, value)
     assert info.value.reason == reason
     assert fragment in str(info.value)
+
+
+def test_json_surrogate_pairs_and_escaped_backslashes_are_text():
+    """Only a lone surrogate escape is refused (a str with one cannot be encoded to UTF-8, for the
+    hash, the cache key or any write); a pair is one character, and ``\\\\ud800`` is a backslash."""
+    assert decode_document(b"a", b'{"text": "\\ud83d\\ude00 ok"}').text == "\U0001F600 ok"
+    assert decode_document(b"a", b'{"text": "\\\\ud800"}').text == "\\ud800"
+    with pytest.raises(DecodeError) as info:
+        decode_document(b'{"id": "\\ud800"}', b'{"text": "t"}', key_field="id")
+    assert info.value.reason == "invalid_utf8" and "record key" in info.value.message
 
 
 def test_non_object_json_is_rejected():

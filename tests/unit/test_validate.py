@@ -16,6 +16,7 @@ from .fakes import FakeMessage
     (b"a", encode_document(Document("a", "hi", model="other-model")), "unknown_model"),
     (b"a", b"x" * 2000, "text_too_long"),
     (b"a", b'{"id": "a", "text": "\xc3\x28"}', "invalid_utf8"),
+    (None, b'{"id": "\\udfff", "text": "hi"}', "invalid_utf8"),  # a lone surrogate: no id to hash or write
     (b"a", b"\x02\x04", "decode_error"),
     (b"a" * 600, encode_document(Document("a" * 600, "hi")), "id_too_long"),
     (b"k1", encode_document(Document("v1", "hi")), "id_mismatch"),
