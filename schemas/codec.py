@@ -54,9 +54,11 @@ _EMBEDDING_READER = fastavro.parse_schema(_without_logical_types(_EMBEDDING_JSON
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Document:
-    """One document of the input topic. ``event_time`` is epoch milliseconds or None."""
+    """One document of the input topic. ``event_time`` is epoch milliseconds or None. Read-only by
+    use, not frozen: a frozen dataclass sets each field through ``object.__setattr__`` (0.68 µs a
+    document against 0.19 on the polling thread here)."""
 
     id: str
     text: str

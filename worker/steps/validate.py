@@ -49,28 +49,30 @@ class Validator:
         ts_type, ts = msg.timestamp()
         source = Source(msg.topic(), msg.partition(), msg.offset(), ts if ts_type and ts > 0 else None)
         key, value = msg.key(), msg.value()
-
-        def dead(reason: str, message: str) -> DeadLetter:
-            return DeadLetter(source, key, value, msg.headers(), reason, message)
-
         if value is not None and len(value) > self.max_bytes:
-            return dead("text_too_long", f"value is {len(value):,} bytes, over the limit of {self.max_bytes:,} "
-                                         "(EMBEDSTREAM_MAX_TEXT_BYTES)")
+            return _dead(source, msg, "text_too_long", f"value is {len(value):,} bytes, over the limit of "
+                                                       f"{self.max_bytes:,} (EMBEDSTREAM_MAX_TEXT_BYTES)")
         try:
             doc = decode_document(key, value, framed=self.registry, key_field=self.key_field)
         except DecodeError as exc:
-            return dead(exc.reason, exc.message)
+            return _dead(source, msg, exc.reason, exc.message)
         if len(doc.id.encode("utf-8")) > MAX_ID_BYTES:
-            return dead("id_too_long", f"document id is over {MAX_ID_BYTES} bytes")
+            return _dead(source, msg, "id_too_long", f"document id is over {MAX_ID_BYTES} bytes")
         if isinstance(doc, Tombstone):
             return Delete(source, doc.id)
         model = self.resolve_model(doc.model)
         if model is None:
-            return dead("unknown_model", f"record asks for model {doc.model!r}, which this worker does not serve")
+            return _dead(source, msg, "unknown_model",
+                         f"record asks for model {doc.model!r}, which this worker does not serve")
         text = normalise_text(doc.text)
         if not text:
-            return dead("empty_text", "text is empty (or only whitespace)")
+            return _dead(source, msg, "empty_text", "text is empty (or only whitespace)")
         item = Item(source, doc.id, text, content_hash(text), 0, doc.metadata, model=model)
         if self.keep_original(len(text)):
             item.original = (key, value, msg.headers())
         return item
+
+
+def _dead(source: Source, msg, reason: str, message: str) -> DeadLetter:
+    """The dead letter of ``msg``: its key, value and headers as they came, and why."""
+    return DeadLetter(source, msg.key(), msg.value(), msg.headers(), reason, message)
