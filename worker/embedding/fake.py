@@ -27,6 +27,7 @@ class FakeEmbedder(Embedder):
         self.delay_per_batch = delay_per_batch
         self.texts_embedded = 0
         self.calls = 0
+        self._scale = np.random.default_rng(20261125).uniform(0.5, 1.5, dim).astype(np.float32)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         self.calls += 1
@@ -40,5 +41,9 @@ class FakeEmbedder(Embedder):
         digests = np.frombuffer(b"".join(hashlib.sha256(t.encode("utf-8")).digest() for t in texts), np.uint8)
         reps = -(-self.dim // 32)
         out = np.tile(digests.reshape(len(texts), 32), (1, reps))[:, : self.dim].astype(np.float32) - 127.5
+        # Each component scaled by a fixed factor of its own: floats as varied as a real model's,
+        # which compress as little (the digest repeated along the vector compressed 11x under lz4,
+        # a real vector not at all, so an instant-model run priced compression at a tenth of it).
+        out *= self._scale
         out /= np.linalg.norm(out, axis=1, keepdims=True)
         return out
