@@ -124,14 +124,14 @@ def _utf8(data: bytes, what: str) -> str:
 
 
 #: A JSON escape of a UTF-16 surrogate: a lone one decodes to a str that UTF-8 cannot encode.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
-def _json_loads(raw: bytes, what: str) -> Any:
-    """``raw`` parsed as JSON (UTF-8); a string in it with a lone surrogate escape (``"\\ud800"``, which
-    the id, text and cache key could never be written with) is ``invalid_utf8``."""
-    obj = json.loads(_utf8(raw, what))
-    if _SURROGATE_ESCAPE.search(raw):  # rare: only then is every string checked
+def _json_loads(text: str, what: str) -> Any:
+    """``text`` parsed as JSON; a string in it with a lone surrogate escape (``"\\ud800"``, which the
+    id, text and cache key could never be written with) is ``invalid_utf8``."""
+    obj = json.loads(text)
+    if _SURROGATE_ESCAPE.search(text):  # rare: only then is every string checked
         try:
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
@@ -176,7 +176,7 @@ def key_id(key: bytes | None, key_field: str | None = None, framed: FramedReader
     text = _utf8(key, "record key")
     if key_field is not None and text[:1] == "{":
         try:
-            obj = _json_loads(key, "record key")
+            obj = _json_loads(text, "record key")
         except json.JSONDecodeError as exc:
             raise DecodeError("decode_error", f"the record key is not valid JSON: {exc}") from None
         return _key_value(obj, key_field)
@@ -212,7 +212,7 @@ def _with_identity(doc: Document, key: str | None) -> Document:
 def _json_document(value: bytes) -> Document:
     """The fields of a JSON value; the id may be empty (the key gives it)."""
     try:
-        obj = _json_loads(value, "JSON value")
+        obj = _json_loads(_utf8(value, "JSON value"), "JSON value")
     except json.JSONDecodeError as exc:
         raise DecodeError("decode_error", f"value is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
@@ -355,37 +355,15 @@ def _string(text: str) -> bytes:
 
 
 def encode_embedding(record: dict[str, Any]) -> bytes:
-    """Avro bytes of an output record (a dict with the fields of ``schemas/embedding.avsc``).
-
-    Written by hand for this one fixed schema (the bytes fastavro would write, checked by the
-    tests): the worker encodes one per document, and the 384-float vector goes out as one numpy
-    buffer instead of 384 Python floats (the largest cost of the sink stage when profiled).
-    """
-    vec = np.ascontiguousarray(record["vector"], dtype="<f4")
-    metadata = record["metadata"] or {}
-    parts = [
-        _string(record["id"]),
-        _string(record["model"]),
-        _long(record["dim"]),
-        (_long(vec.shape[0]) + vec.tobytes() + b"\x00") if vec.shape[0] else b"\x00",
-        _string(record["content_hash"]),
-        b"\x01" if record["cached"] else b"\x00",
-        _string(record["source_topic"]),
-        _long(record["source_partition"]),
-        _long(record["source_offset"]),
-    ]
-    if metadata:
-        parts.append(_long(len(metadata)))
-        for k, v in metadata.items():
-            parts.append(_string(k))
-            parts.append(_string(v))
-    parts.append(b"\x00")
-    parts.append(_long(_ms(record["embedded_at"]) or 0))
-    parts.append(_long(record.get("chunk_index", 0)))
-    parts.append(_long(record.get("chunk_count", 1)))
-    parts.append(_long(record.get("span_start", 0)))
-    parts.append(_long(record.get("span_end", -1)))
-    return b"".join(parts)
+    """Avro bytes of an output record (a dict with the fields of ``schemas/embedding.avsc``; the
+    chunk fields may be left out), by :class:`EmbeddingWriter`: the tools' and tests' way in, where
+    the sink writes a document's records from their parts."""
+    writer = EmbeddingWriter(record["model"], record["dim"])
+    doc = writer.document(record["id"], record["source_topic"], record["source_partition"], record["source_offset"],
+                          record["metadata"] or {}, _ms(record["embedded_at"]) or 0, record.get("chunk_count", 1))
+    return writer.chunk(doc, np.ascontiguousarray(record["vector"], dtype=_F4), record["content_hash"],
+                        record["cached"], record.get("chunk_index", 0), record.get("span_start", 0),
+                        record.get("span_end", -1))
 
 
 def _map(values: dict[str, str]) -> bytes:
@@ -401,8 +379,9 @@ def _map(values: dict[str, str]) -> bytes:
 
 
 class EmbeddingWriter:
-    """The Avro bytes of one model's output records (the bytes :func:`encode_embedding` writes,
-    checked by the tests), with what records share written once: the sink's hot path.
+    """The Avro bytes of one model's output records, written by hand for this one fixed schema (the
+    bytes fastavro writes, checked by the tests), with what records share written once: the sink's
+    hot path. The vector goes out as its numpy buffer, not as 384 Python floats.
 
     A record is its document's parts (:meth:`document`: the id, the model and dim, the source, the
     metadata, the time) around its chunk's own (:meth:`chunk`), so a document of many chunks, or a
