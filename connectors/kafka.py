@@ -61,32 +61,52 @@ def _for_producer(conf: Conf) -> dict[str, object]:
 #: every consumer of the output topic pays to decompress.
 OUTPUT_COMPRESSION = "none"
 
+#: How long the output producers let records wait for more before sending, unless the user's
+#: properties say otherwise. The sink hands a group's records to the producer, then flushes
+#: (``DeliveryBatch.confirm``; a transaction's commit flushes too), and a flush sends at once
+#: whatever the linger (librdkafka 1.8+): so a group's records leave by the flush at the latest,
+#: in one request a partition instead of one every 5 ms of encoding. librdkafka's threads took
+#: ~0.8 µs a document less (S2, instant model: 3.6/3.1/3.1/2.8 against 4.4/3.8/3.8/4.5).
+OUTPUT_LINGER_MS = 100
 
-def producer_conf(common: Conf, delivery_timeout_s: float = 30.0, *, compression: str = "lz4",
+
+#: The sink's producers' properties unless the user's say otherwise.
+OUTPUT_DEFAULTS: Mapping[str, object] = {"compression.type": OUTPUT_COMPRESSION, "linger.ms": OUTPUT_LINGER_MS}
+
+
+def producer_conf(common: Conf, delivery_timeout_s: float = 30.0, *, defaults: Mapping[str, object] | None = None,
                   **overrides: object) -> dict[str, object]:
-    """The properties of :func:`make_producer`'s producer: ``compression`` is librdkafka's
-    ``compression.type`` unless ``common`` (the user's properties) sets one; ``overrides`` win over all."""
+    """The properties of :func:`make_producer`'s producer: its own (lz4, a 5 ms linger), then
+    ``defaults`` (a caller's own, like :data:`OUTPUT_DEFAULTS`), then ``common`` (the user's
+    properties), then ``overrides``, each winning over those before."""
     conf: dict[str, object] = {
         "enable.idempotence": True,
         "acks": "all",
         "linger.ms": 5,
-        "compression.type": compression,
+        "compression.type": "lz4",
         "message.timeout.ms": int(delivery_timeout_s * 1000),
         # A delivery report only for a record that failed: a report builds a Python message (key and
         # value copied) and calls back into Python, ~1.5 µs a record; DeliveryBatch needs only the
         # failures, as ``flush`` returns once every record is acknowledged or reported failed.
         "delivery.report.only.error": True,
     }
+    conf.update(defaults or {})
     conf.update(_for_producer(common))
     conf.update(overrides)
     return conf
 
 
-def make_producer(common: Conf, delivery_timeout_s: float = 30.0, *, compression: str = "lz4",
+def make_producer(common: Conf, delivery_timeout_s: float = 30.0, *, defaults: Mapping[str, object] | None = None,
                   **overrides: object) -> Producer:
     """An idempotent producer tuned for throughput (:func:`producer_conf`); delivery is confirmed by
     :class:`DeliveryBatch` (a record not acknowledged within ``delivery_timeout_s`` fails)."""
-    return Producer(producer_conf(common, delivery_timeout_s, compression=compression, **overrides))
+    return Producer(producer_conf(common, delivery_timeout_s, defaults=defaults, **overrides))
+
+
+def make_output_producer(common: Conf, delivery_timeout_s: float = 30.0, **overrides: object) -> Producer:
+    """The sink's producer (output and dead-letter records, at-least-once or transactional):
+    :func:`make_producer` with :data:`OUTPUT_DEFAULTS`."""
+    return make_producer(common, delivery_timeout_s, defaults=OUTPUT_DEFAULTS, **overrides)
 
 
 def make_admin(common: Conf) -> AdminClient:

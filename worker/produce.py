@@ -133,7 +133,8 @@ def produce_records(common: Mapping[str, object], topic: str, records: Iterable[
     """Produce ``records`` to ``topic`` with an idempotent producer and wait until the broker has
     acknowledged every one. ``rate`` (records/s) paces an open-loop stream; ``producer_conf`` adds
     librdkafka properties. Raises ``schemas.errors.TransientError`` when acknowledgements fail."""
-    producer = make_producer(common, delivery_timeout_s, compression="lz4", **producer_conf)  # texts compress
+    producer = make_producer(common, delivery_timeout_s, defaults={"compression.type": "lz4"},  # texts compress
+                             **producer_conf)
     delivery = DeliveryBatch(producer, delivery_timeout_s)
     result = ProduceResult()
     start = time.monotonic()

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from confluent_kafka.schema_registry import SchemaRegistryError
 
-from connectors.kafka import OUTPUT_COMPRESSION, check_broker, make_admin, make_consumer, make_producer, topic_ids
+from connectors.kafka import check_broker, make_admin, make_consumer, make_output_producer, topic_ids
 from connectors.milvus import MilvusStore
 from connectors.redis_cache import RedisCache
 from connectors.registry import SchemaRegistry, client_conf
@@ -168,8 +168,8 @@ def open_transactions(s: Settings) -> Transactions | None:
     log.info("exactly-once delivery: transactional.id %s", tid)
     txn_timeout_ms = int(s.kafka.get("transaction.timeout.ms", max(60.0, delivery_timeout_s) * 1000))
     conf = {"transactional.id": tid, "transaction.timeout.ms": txn_timeout_ms}
-    return Transactions(lambda: make_producer(s.kafka_common(), delivery_timeout_s, compression=OUTPUT_COMPRESSION,
-                                              **conf), s.kafka_timeout_seconds, keep_open_s=txn_timeout_ms / 2000)
+    return Transactions(lambda: make_output_producer(s.kafka_common(), delivery_timeout_s, **conf),
+                        s.kafka_timeout_seconds, keep_open_s=txn_timeout_ms / 2000)
 
 
 def build_worker(settings: Settings, embedder: Embedder | None = None,
@@ -206,8 +206,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     consumer = make_consumer(s.kafka_common(), s.group_id, s.group_instance_id, **{
         "statistics.interval.ms": 5000, "stats_cb": metrics.record_lag_from_stats,
         "error_cb": health.on_kafka_error})
-    new_producer = lambda: make_producer(s.kafka_common(), delivery_timeout_s,  # noqa: E731
-                                         compression=OUTPUT_COMPRESSION)
+    new_producer = lambda: make_output_producer(s.kafka_common(), delivery_timeout_s)  # noqa: E731
     chain = build_chain(s, consumer, new_producer, models, caches, stores, fence,
                         topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s), open_transactions(s))
     max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
