@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from worker.records import Delete, Item, Source
 from worker.steps.batcher import Batcher
 
@@ -81,3 +84,23 @@ def test_closes_at_byte_budget_and_counts_dead_letters():
     assert b.add(big) == []
     closed = b.add(DeadLetter(Source("t", 0, 1), b"k", b"y" * 500, None, "text_too_long", "m"))
     assert len(closed) == 1 and closed[0].size == 1100
+
+
+@given(st.lists(st.tuples(st.sampled_from(["item", "delete"]), st.integers(0, 2), st.integers(1, 90)), max_size=60),
+       st.integers(0, 20))
+@settings(max_examples=150, deadline=None)
+def test_add_many_closes_the_batches_that_one_add_at_a_time_does(entries, split):
+    """The polling thread adds a consumed chunk at once: the same batches, the same boundaries."""
+    def made(kind: str, p: int, n: int, o: int):
+        return item(p, o, n) if kind == "item" else Delete(Source("t", p, o), f"id-{p}-{o}")
+
+    def batcher() -> Batcher:
+        return Batcher(max_size=7, max_tokens=200, max_wait=60, max_bytes=1 << 24, clock=Clock())
+
+    one, many = batcher(), batcher()
+    singly = [b for o, e in enumerate(entries) for b in one.add(made(*e, o))]
+    made_all = [made(*e, o) for o, e in enumerate(entries)]
+    chunked = many.add_many(made_all[:split]) + many.add_many(made_all[split:])
+    shape = lambda bs: [([x.id for x in b.entries], b.offsets, b.tokens) for b in bs]  # noqa: E731
+    assert shape(chunked) == shape(singly)
+    assert len(many) == len(one)

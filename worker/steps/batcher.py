@@ -34,18 +34,25 @@ class Batcher:
         self._open: Batch | None = None
 
     def add(self, entry: Entry) -> list[Batch]:
+        return self.add_many((entry,))
+
+    def add_many(self, entries: Iterable[Entry]) -> list[Batch]:
+        """``add`` each of ``entries`` in turn: the batches that closed, in order (one loop for a
+        consumed chunk of records, not a call each: the polling thread's path)."""
         closed: list[Batch] = []
-        tokens = entry.tokens if isinstance(entry, Item) else 0
-        if self._open is not None and self._open.tokens and self._open.tokens + tokens > self.max_tokens:
-            closed.append(self._open)
-            self._open = None
-        if self._open is None:
-            self._open = Batch(opened_at=self._clock())
-        self._open.add(entry)
-        if (len(self._open) >= self.max_size or self._open.tokens >= self.max_tokens
-                or self._open.size >= self.max_bytes):
-            closed.append(self._open)
-            self._open = None
+        open_, max_size, max_tokens, max_bytes = self._open, self.max_size, self.max_tokens, self.max_bytes
+        for entry in entries:
+            tokens = entry.tokens if isinstance(entry, Item) else 0
+            if open_ is not None and open_.tokens and open_.tokens + tokens > max_tokens:
+                closed.append(open_)
+                open_ = None
+            if open_ is None:
+                open_ = Batch(opened_at=self._clock())
+            open_.add(entry)
+            if len(open_.entries) >= max_size or open_.tokens >= max_tokens or open_.size >= max_bytes:
+                closed.append(open_)
+                open_ = None
+        self._open = open_
         return closed
 
     def poll(self, now: float | None = None) -> list[Batch]:

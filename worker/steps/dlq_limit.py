@@ -8,6 +8,7 @@ anything it had not finished, so after the fix it resumes at the first unprocess
 from __future__ import annotations
 
 from collections import Counter, deque
+from itertools import repeat
 
 HINTS = {
     "unknown_model": "is EMBEDSTREAM_MODEL right, or are producers asking for a model this worker does not serve?",
@@ -55,6 +56,19 @@ class DlqLimit:
             self._trip(f"{self._run} records in a row were dead-lettered")
         if len(self._recent) == self.window and self._bad_in_window > self.max_ratio * self.window:
             self._trip(f"{self._bad_in_window} of the last {self.window} records were dead-lettered")
+
+    def record_processed(self, n: int) -> None:
+        """``record(None)`` for ``n`` records that will be processed (they never trip it): at once,
+        unless a dead-lettered record may leave the window (then one at a time, to count it out)."""
+        if n <= 0:
+            return
+        if self._bad_in_window:
+            for _ in range(n):
+                self.record(None)
+            return
+        self._recent.extend(repeat(False, n))
+        self._run = 0
+        self._reasons.clear()
 
     def _trip(self, what: str) -> None:
         reason, count = (self._reasons.most_common(1) or [("?", 0)])[0]

@@ -35,12 +35,19 @@ class Intake:
         self.validator.resolve_schemas(messages)
         entries: list[Entry] = [self.validator.validate(m) for m in messages]
         by_model: dict[str, list[Item]] = {}
+        dead = False
         for e in entries:
             if isinstance(e, Item):
                 by_model.setdefault(e.model, []).append(e)
+            elif isinstance(e, DeadLetter):
+                dead = True
         for model, items in by_model.items():  # one call per model (the worker's set: usually one)
             for it, n in zip(items, self.estimate_tokens([it.text for it in items], model)):
                 it.tokens = n
+        if not dead:  # the common chunk: nothing in it can trip the breaker
+            self.dlq_limit.record_processed(len(entries))
+            self._emit(self.batcher.add_many(entries))
+            return
         for e in entries:
             if isinstance(e, DeadLetter):
                 self.dlq_limit.record(e.reason, e.message)
