@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schemas.errors import ConfigError
 from worker.embedding.base import resolve_model_path
@@ -130,3 +132,13 @@ def test_offsets_over_asks_a_tokenizer_of_its_own_for_its_tokens():
 
     # one word of five tokens: more than a limit of 3 though str.split counts 1
     assert Characters().offsets_over(["abcde", "ab"], 3) == [[(i, i + 1) for i in range(5)], None]
+
+
+@given(st.lists(st.text(alphabet="ab \t\n\u2028\u00a0", max_size=40), max_size=8), st.integers(1, 12))
+@settings(max_examples=300, deadline=None)
+def test_offsets_over_is_the_offsets_of_the_texts_past_the_limit(texts, limit):
+    """The length bound that skips counting (a word and its space: two characters) never skips a
+    text past the limit: densely spaced one-letter words included."""
+    model = FakeEmbedder()
+    texts = [*texts, "a " * limit, "a " * limit + "b", " a" * (limit + 1)]
+    assert model.offsets_over(texts, limit) == [o if len(o) > limit else None for o in model.token_offsets(texts)]

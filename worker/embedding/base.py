@@ -74,10 +74,11 @@ class Embedder(abc.ABC):
         (it fits whole: where its tokens lie is not needed). Most long texts still fit, so the words
         of this class's own tokenizer are first only counted (``str.split`` finds the same words as
         the regex, without a span object each); a subclass with a tokenizer of its own is asked for
-        its offsets. Embed thread only."""
+        its offsets (a text of ``2 * limit`` characters or fewer holds at most ``limit`` words: it is
+        not even split). Embed thread only."""
         if type(self).token_offsets is not Embedder.token_offsets:
             return [o if len(o) > limit else None for o in self.token_offsets(texts)]
-        return [_word_spans(t) if len(t.split()) > limit else None for t in texts]
+        return [_word_spans(t) if len(t) > 2 * limit and len(t.split()) > limit else None for t in texts]
 
     @property
     def chunk_room(self) -> int:
