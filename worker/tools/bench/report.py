@@ -134,7 +134,9 @@ def cpu_table(out: dict) -> Table:
               title_justify="left", caption="busy: the worker process, first record to last batch done (the "
               f"bench's CPU/doc row; goal ≤ {CPU_US_PER_DOC_GOAL:.0f} µs); the threads: each over the whole run; "
               "other: librdkafka's threads, and the worker's that outlived the run; host gauge: the median CPU a step "
-              "of a fixed Python loop timed in a process of its own during the run (how fast this host ran)",
+              "of a fixed Python loop timed in a process of its own during the run (how fast this host ran)"
+              + (f"; after a warm-up run of {out['warm_up_docs']:,} documents, not counted" if out.get("warm_up_docs")
+                 else ""),
               caption_justify="left")
     busy = [out["cpu_per_doc"][name][cache] for name, cache in runs]
     t.add_row("busy", *(_fmt(us, 1) + (" [green]✓[/]" if us <= CPU_US_PER_DOC_GOAL else " [red]✗[/]") for us in busy))
