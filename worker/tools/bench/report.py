@@ -61,7 +61,8 @@ def ratio_table(out: dict) -> Table:
             t.add_row(f"CPU/doc ({name}, {cache.replace('_', ' ')})", _fmt(us, 0) + " µs" +
                       (" [green]✓[/]" if ok else " [red]✗[/]"), f"≤ {CPU_US_PER_DOC_GOAL:.0f} µs",
                       "worker-process CPU seconds ÷ documents, first record to last batch done, instant model "
-                      "(the stack runs in other processes)" + (f"; host gauge {_fmt(gauge, 0)} ns" if gauge else ""))
+                      "(the stack runs in other processes)" + (f"; host gauge {_fmt(gauge, 0)} ns" if gauge else "")
+                      + ("; after an unmeasured warm-up run" if out.get("warm_up_docs") else ""))
     if w.get("io_registry", {}).get("cpu_us_per_doc"):
         t.add_row("CPU/doc (io, registry)", _fmt(w["io_registry"]["cpu_us_per_doc"], 0) + " µs", "",
                   "the same with registry-framed Avro in and avro-registry out")
