@@ -512,7 +512,8 @@ def bench(
     broker: opt.Broker = "tansu",
     cpu: Annotated[bool, typer.Option("--cpu", help="Only the CPU/doc rows, each thread's share beside them: "
                                       "an instant model, no model loaded, about a minute (--docs: documents a run, "
-                                      "default 20,000). Writes cpu.json")] = False,
+                                      "default 20,000; a tenth of them first, unmeasured, to warm up). "
+                                      "Writes cpu.json")] = False,
 ) -> None:
     """Measure the workloads of benchmarks.md on a local stack of its own and print the ratio table.
 
