@@ -47,6 +47,7 @@ def test_two_models_interleaved_under_a_memory_cap_lose_nothing_and_never_share_
     res = run_cli(["run", "--stop-when-idle", "3"], settings_env(s), timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "unloaded" in res.stderr, "the memory cap never forced an eviction"
+    assert "up to 16 batches in flight (8 a model served)" in res.stderr  # each model's calls as one model's
 
     st = {"minilm": SentenceTransformer(str(packaged_model_path()), device="cpu"),
           "proj": SentenceTransformer(str(proj_path), device="cpu")}

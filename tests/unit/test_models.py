@@ -111,3 +111,14 @@ def test_the_embed_step_fills_only_its_models_vectors():
     EmbedStep(b, None, model="b").process([batch])
     assert [np.asarray(it.chunks[0].vector).shape[0] for it in batch.items] == [4, 6, 4, 6]
     assert set(batch.fresh) == {"a", "b"} and set(batch.fresh["a"]) == {"h0", "h2"}
+
+
+def test_each_model_served_may_hold_the_batches_in_flight_of_a_worker_of_one():
+    from worker.runner import inflight_limit
+    from worker.settings import Settings
+
+    two, _ = _set(a=10, b=10)
+    one = ModelSet.single(FakeEmbedder(dim=8))
+    assert inflight_limit(Settings(max_inflight_batches=8), one) == 8
+    assert inflight_limit(Settings(max_inflight_batches=8), two) == 16
+    assert inflight_limit(Settings(max_inflight_batches=3), two) == 6
