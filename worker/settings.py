@@ -103,8 +103,9 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(32_768, ge=16)
     max_batch_wait_ms: int = Field(100, ge=0)
     max_batch_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="close a batch at this many bytes of text")
-    max_inflight_batches: int = Field(8, ge=1, description="batches queued or running, for each model served, "
-                                                                "before partitions pause")
+    max_inflight_batches: int = Field(
+        8, ge=1, description="batches queued or running, for each model served, before partitions pause"
+    )
     max_text_bytes: int = Field(
         1_000_000, ge=16, description="hard limit on a record's value; larger records are dead-lettered"
     )

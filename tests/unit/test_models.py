@@ -11,6 +11,8 @@ from worker.chain import embed_by_model
 from worker.embedding.fake import FakeEmbedder
 from worker.embedding.models import ModelSet, ModelSpec, collection_name, parse_models
 from worker.records import Batch, Chunk, Item, Source
+from worker.runner import inflight_limit
+from worker.settings import Settings
 
 
 class Sized(FakeEmbedder):
@@ -114,9 +116,6 @@ def test_the_embed_step_fills_only_its_models_vectors():
 
 
 def test_each_model_served_may_hold_the_batches_in_flight_of_a_worker_of_one():
-    from worker.runner import inflight_limit
-    from worker.settings import Settings
-
     two, _ = _set(a=10, b=10)
     one = ModelSet.single(FakeEmbedder(dim=8))
     assert inflight_limit(Settings(max_inflight_batches=8), one) == 8
