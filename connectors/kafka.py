@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from schemas.errors import ConfigError, TransientError
+from schemas.errors import ConfigError, RecordRefused, TransientError
 
 #: librdkafka properties as the factories take them.
 Conf = Mapping[str, object]
@@ -143,6 +143,28 @@ def topic_ids(common: Conf, topics: Iterable[str], timeout: float = 10.0) -> dic
     return out
 
 
+def topic_max_bytes(common: Conf, topics: Iterable[str], timeout: float = 10.0) -> dict[str, int]:
+    """``{topic: max.message.bytes}`` for those of ``topics`` whose configuration the broker tells
+    (DescribeConfigs); a broker that does not answer it leaves a topic out."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    out: dict[str, int] = {}
+    admin = make_admin(common)  # held until the futures are done: a collected handle fails them
+    try:
+        futures = admin.describe_configs(
+            [ConfigResource(ResourceType.TOPIC, t) for t in topics], request_timeout=timeout)
+    except Exception:  # an old broker, or one without the API: the producer's limit stands alone
+        return out
+    for resource, fut in futures.items():
+        try:
+            entry = fut.result(timeout).get("max.message.bytes")
+        except Exception:  # a topic the broker does not describe: left out
+            continue
+        if entry is not None and str(entry.value).isdigit() and int(entry.value) > 0:
+            out[resource.name] = int(entry.value)
+    return out
+
+
 def create_topics(admin: AdminClient, topics: Iterable[str], partitions: int, timeout: float = 15.0,
                   config: dict[str, dict[str, str]] | None = None) -> None:
     """Create ``topics`` with ``partitions`` partitions (and ``config[topic]``, e.g. a cleanup policy);
@@ -179,6 +201,25 @@ PRODUCER_BROKEN = frozenset({
 })
 
 
+#: Errors for a record that retrying cannot change: the client or the broker refuses the record
+#: itself (its size, its form, the topic's policy).
+RECORD_REFUSED = frozenset({
+    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD,
+    KafkaError.POLICY_VIOLATION,
+})
+
+
+def refused(topic: str, what: str, err: KafkaError) -> RecordRefused:
+    """The error that stops the worker for a record ``topic`` refused, with what to do about it."""
+    if err.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE):
+        todo = ("raise the topic's max.message.bytes, or set EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES to that "
+                "limit (records are cut or dead-lettered to fit it)")
+    else:
+        todo = f"fix the configuration of topic {topic!r}"
+    return RecordRefused(f"topic {topic!r} refused {what} for good ({err.str()}): {todo}, then restart; "
+                         "the worker resumes at that record")
+
+
 class DeliveryBatch:
     """Produce a group of records and wait until the broker acknowledged every one.
 
@@ -186,27 +227,41 @@ class DeliveryBatch:
     flushes with a deadline and raises :class:`TransientError` if any record was not acknowledged,
     so the caller retries the whole group instead of committing. ``broken`` is True when a failure
     means the producer itself must be replaced before the retry (:data:`PRODUCER_BROKEN`).
+
+    A record refused for good (:data:`RECORD_REFUSED`) raises :class:`RecordRefused` instead, from
+    ``produce`` (librdkafka's own size check) or ``confirm`` (the broker's): a retry would be refused
+    the same way. ``what`` names the record in that message.
     """
 
     def __init__(self, producer: Producer, timeout: float) -> None:
         self._producer = producer
         self._timeout = timeout
         self._errors: list[str] = []
+        self._refused: RecordRefused | None = None
         self.broken = False
 
-    def _on_delivery(self, err, _msg) -> None:
+    def _on_delivery(self, err, msg, topic: str | None = None, what: str | None = None) -> None:
         # make_producer's producers report failures only; another producer may report successes too
         if err is not None:
             self._errors.append(str(err))
             if err.fatal() or err.code() in PRODUCER_BROKEN:
                 self.broken = True
+            if err.code() in RECORD_REFUSED and self._refused is None:
+                self._refused = refused(topic or (msg.topic() if msg is not None else "?"), what or "a record", err)
 
-    def produce(self, topic: str, key: bytes | str | None, value: bytes | None, headers=None) -> None:
+    def produce(self, topic: str, key: bytes | str | None, value: bytes | None, headers=None,
+                what: str | None = None) -> None:
+        """Hand one record to the producer; ``what`` names it should it be refused for good."""
         deadline = None
+        report = self._on_delivery if what is None else lambda err, msg: self._on_delivery(err, msg, topic, what)
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=self._on_delivery)
+                self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=report)
                 return
+            except KafkaException as exc:
+                if exc.args and exc.args[0].code() in RECORD_REFUSED:
+                    raise refused(topic, what or f"a record of {len(value or b''):,} bytes", exc.args[0]) from None
+                raise
             except BufferError:
                 deadline = deadline or time.monotonic() + self._timeout
                 if time.monotonic() > deadline:
@@ -217,6 +272,8 @@ class DeliveryBatch:
         # flush returns how many records are still queued, in flight, or with a report not yet
         # served: 0 means each was acknowledged or its failure reported to _on_delivery.
         remaining = self._producer.flush(self._timeout)
+        if self._refused is not None:
+            raise self._refused
         if remaining:
             raise TransientError("kafka", f"{remaining} records not acknowledged in time")
         if self._errors:

@@ -8,6 +8,9 @@ worker all import these without crossing a layer (style.md: retry, dead-letter, 
 * :class:`DecodeError` — a record that can never succeed; it goes to the dead-letter topic with
   its ``reason`` (a dead-letter reason of the contract).
 * :class:`ConfigError` — a wrong setting found at start-up; the message says what to fix.
+* :class:`RecordRefused` — the broker refuses a record of ours for a reason that retrying cannot
+  change (its size, the topic's policy); the worker stops with a one-line message that says what
+  to fix, and resumes at that record once it is fixed.
 
 Anything else is a bug and crashes the worker with a traceback.
 """
@@ -35,3 +38,7 @@ class DecodeError(ValueError):
 
 class ConfigError(RuntimeError):
     """A setting is wrong; raised at start-up with a message that says what to fix."""
+
+
+class RecordRefused(RuntimeError):
+    """The broker refused a record for good; ``str(err)`` names it and says what to do."""

@@ -33,9 +33,11 @@ class CountingModel:
         return self._model.embed(texts)
 
 
-def fresh_settings(env: dict[str, str], partitions: int = 6, compacted_input: bool = False, **overrides) -> Settings:
+def fresh_settings(env: dict[str, str], partitions: int = 6, compacted_input: bool = False,
+                   topic_config: dict[str, dict[str, str]] | None = None, **overrides) -> Settings:
     """Settings pointing at the local stack with new topics, group and collection for one test (the
-    input topic compacted on ``compacted_input``, as `dev up` makes it)."""
+    input topic compacted on ``compacted_input``, as `dev up` makes it; ``topic_config`` by role,
+    ``input`` / ``output`` / ``dlq``, e.g. a ``max.message.bytes``)."""
     tag = uuid.uuid4().hex[:8]
     values = dict(
         kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
@@ -50,7 +52,10 @@ def fresh_settings(env: dict[str, str], partitions: int = 6, compacted_input: bo
         metrics_port=0,
     )
     s = Settings(**{**values, **overrides})
-    config = {s.input_topic: {"cleanup.policy": "compact"}} if compacted_input else None
+    config = {s.input_topic: {"cleanup.policy": "compact"}} if compacted_input else {}
+    for role, extra in (topic_config or {}).items():
+        topic = {"input": s.input_topic, "output": s.output_topic, "dlq": s.dlq_topic}[role]
+        config[topic] = {**config.get(topic, {}), **extra}
     create_topics(make_admin(s.kafka_common()), [s.input_topic, s.output_topic, s.dlq_topic], partitions,
                   config=config)
     return s

@@ -34,6 +34,7 @@ from worker.steps.batcher import Batcher
 from worker.steps.chunk import Chunker
 from worker.steps.dlq_limit import DlqLimit
 from worker.steps.embed import EmbedStep
+from worker.steps.fit import TopicLimits, output_room
 from worker.steps.intake import Intake
 from worker.steps.sink import ModelTarget, SinkStep
 from worker.steps.validate import Validator
@@ -86,18 +87,20 @@ def embed_by_model(steps: dict[str, Callable[[list[Batch]], None]],
 def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Producer], models: ModelSet,
                 caches: dict[str, RedisCache | None], stores: dict[str, MilvusStore], fence: Fence,
                 topic_ids: dict[str, str], registry: SchemaRegistry | None = None,
-                transactions: Transactions | None = None) -> Chain:
+                transactions: Transactions | None = None, limits: TopicLimits | None = None) -> Chain:
     """Every step, in the order a record meets it (the pipeline is built first only because intake
     hands its batches to it). ``models``, ``caches`` and ``stores`` are by model name; with
-    ``transactions`` (exactly-once) the sink commits the offsets in its transactions."""
+    ``transactions`` (exactly-once) the sink commits the offsets in its transactions; ``limits``: the
+    largest record the output and DLQ topics take."""
     handles = models.handles
+    limits = limits or TopicLimits()
     committer = OffsetCommitter(consumer, s.commit_interval_ms / 1000, transactions=transactions)  # 7 commit
     sink = SinkStep({n: ModelTarget(stores[n], m.model_id, m.dim, caches[n]) for n, m in handles.items()},
                     new_producer, fence=fence,
                     guard=VersionGuard(topic_ids), output_topic=s.output_topic, dlq_topic=s.dlq_topic,
                     delivery_timeout_s=s.kafka_timeout_seconds,
                     output=output_format(s.output_format, s.output_topic, registry),
-                    transactions=transactions, on_committed=committer.committed_by_transaction)
+                    transactions=transactions, on_committed=committer.committed_by_transaction, limits=limits)
     chunkers = {n: chunker_for(s, m, model=n) for n, m in handles.items()}
     # Past this many characters a text may make too many chunks for some model: its record is kept.
     safe_chars = min(c.safe_chars for c in chunkers.values())
@@ -112,7 +115,8 @@ def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Prod
     intake = Intake(
         Validator(s.max_text_bytes, models.resolve,                                  # 1 Item | Delete | DeadLetter
                   lambda chars: chars > safe_chars,                                  #   (key = identity,
-                  registry=registry, key_field=s.key_field),                         #   model by name)
+                  registry=registry, key_field=s.key_field,                          #   model by name)
+                  keep_large=min(output_room(m.dim, limits.output) for m in handles.values())),
         lambda texts, model: handles[model].estimate_tokens(                         # 2 token estimate
             texts, chunked=s.chunking == "tokens"),
         DlqLimit(s.dlq_max_consecutive, s.dlq_max_ratio, s.dlq_ratio_window),        # 3 halt a bad deploy

@@ -46,7 +46,7 @@ def settings_or_exit(**overrides: object) -> Settings:
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/] {message}")
+    err.print(f"[red]error:[/] {message}", soft_wrap=True)  # one line, whatever the terminal's width
     return typer.Exit(code)
 
 
@@ -284,8 +284,12 @@ def run(
     EMBEDSTREAM_* variable; any librdkafka property passes as EMBEDSTREAM_KAFKA__<NAME_WITH_UNDERSCORES>,
     any schema registry client property (credentials, TLS) as EMBEDSTREAM_SCHEMA_REGISTRY__<NAME>
     (e.g. EMBEDSTREAM_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO=user:secret).
+
+    Exit codes: 0 stopped or idle; 2 a setting to fix; 3 the DLQ breaker tripped; 4 exactly-once's
+    producer was fenced; 5 the broker refused a record for good (the line says which and what to set).
     """
     from connectors.transactions import TransactionsFailed
+    from schemas.errors import RecordRefused
     from worker.runner import build_worker, setup_logging
     from worker.steps.dlq_limit import DlqLimitExceeded
 
@@ -311,6 +315,8 @@ def run(
         stats = worker.run(stop_when_idle=stop_when_idle)
     except DlqLimitExceeded as exc:
         raise fail(str(exc), 3) from None
+    except RecordRefused as exc:
+        raise fail(str(exc), 5) from None
     except TransactionsFailed as exc:
         raise fail(f"{exc}. Nothing more was written; the offsets committed are those of the transactions "
                    "that committed. A newer worker with the same transactional.id (the same "

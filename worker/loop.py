@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer, TopicPartition
 
-from schemas.errors import TransientError
+from schemas.errors import RecordRefused, TransientError
 from worker.assignment import Assignment
 from worker.chain import Chain
 from worker.metrics import Health
@@ -176,6 +176,11 @@ class Worker:
             self._wait_inflight(self.shutdown_grace)
             chain.committer.commit(sync=True, attempts=5)
             chain.pipeline.abort(wait=ABORT_WAIT_S)
+            raise
+        except RecordRefused:
+            # The broker refuses a record for good: commit what finished before it, then stop there.
+            chain.pipeline.abort(wait=ABORT_WAIT_S)
+            chain.committer.commit(sync=True, attempts=5)
             raise
         except BaseException:
             chain.pipeline.abort()

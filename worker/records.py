@@ -71,7 +71,8 @@ class Item:
     #: Written nowhere: Milvus already held a newer version of this id (``worker.steps.versions``).
     superseded: bool = False
     #: The original key, value and headers, kept only for a text long enough that it might yield
-    #: too many chunks (the chunk step then dead-letters it whole).
+    #: too many chunks (the chunk step then dead-letters it whole), or a record large enough that its
+    #: output might not fit the output topic (the sink then dead-letters it).
     original: tuple[bytes | None, bytes | None, list | None] | None = None
     #: The name of the model that embeds it (``worker.embedding.models``; "" when the worker runs one).
     model: str = ""

@@ -16,7 +16,14 @@ from collections.abc import Callable
 
 from confluent_kafka.schema_registry import SchemaRegistryError
 
-from connectors.kafka import check_broker, make_admin, make_consumer, make_output_producer, topic_ids
+from connectors.kafka import (
+    check_broker,
+    make_admin,
+    make_consumer,
+    make_output_producer,
+    topic_ids,
+    topic_max_bytes,
+)
 from connectors.milvus import MilvusStore
 from connectors.redis_cache import RedisCache
 from connectors.registry import SchemaRegistry, client_conf
@@ -32,6 +39,7 @@ from worker.fence import Fence, lease_seconds
 from worker.loop import Worker
 from worker.settings import Settings
 from worker.stats import RunStats
+from worker.steps.fit import DEFAULT_MESSAGE_MAX_BYTES, TopicLimits
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +191,28 @@ def open_transactions(s: Settings) -> Transactions | None:
                         s.kafka_timeout_seconds, keep_open_s=txn_timeout_ms / 2000)
 
 
+#: The smallest record limit the worker runs with: a dead letter's own headers take up to ~6 KB.
+MIN_RECORD_LIMIT = 16_384
+
+
+def topic_limits(s: Settings) -> TopicLimits:
+    """The largest record the output and DLQ topics take: their ``max.message.bytes`` where the
+    broker tells it, bounded by the producer's ``message.max.bytes`` (EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES)."""
+    try:
+        producer_max = int(s.kafka.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
+    except ValueError:
+        raise ConfigError(f"EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES={s.kafka['message.max.bytes']!r} is not a "
+                          "number of bytes") from None
+    told = topic_max_bytes(s.kafka_common(), [s.output_topic, s.dlq_topic])
+    limits = TopicLimits.of(producer_max, told.get(s.output_topic), told.get(s.dlq_topic))
+    if min(limits.output, limits.dlq) < MIN_RECORD_LIMIT:
+        raise ConfigError(f"the output or DLQ topic takes records of at most {min(limits.output, limits.dlq):,} bytes "
+                          f"(max.message.bytes / EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES): a dead letter's own headers "
+                          f"need more; allow at least {MIN_RECORD_LIMIT:,}")
+    log.info("largest records: %d bytes to %s, %d to %s", limits.output, s.output_topic, limits.dlq, s.dlq_topic)
+    return limits
+
+
 def build_worker(settings: Settings, embedder: Embedder | None = None,
                  on_progress: Callable[[RunStats], None] | None = None,
                  store_factory: Callable[[Settings, str], MilvusStore] | None = None) -> Worker:
@@ -219,7 +249,8 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
         "error_cb": health.on_kafka_error})
     new_producer = lambda: make_output_producer(s.kafka_common(), delivery_timeout_s)  # noqa: E731
     chain = build_chain(s, consumer, new_producer, models, caches, stores, fence,
-                        topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s), open_transactions(s))
+                        topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s), open_transactions(s),
+                        topic_limits(s))
     max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
     # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without
     # partitions waits two session timeouts (a rejoin) before it counts as idle.

@@ -163,3 +163,16 @@ def test_tripped_breaker_commits_only_what_came_before_the_bad_run():
     # the 4 batches of good records (offsets 0-19) and the batches of dead letters closed before the
     # 10th bad record in a row (offsets 20-24) finish and are committed; nothing from the trip on
     assert 20 <= consumer.committed_offsets[0] <= 25 and consumer.closed
+
+
+def test_a_record_refused_for_good_stops_the_loop_with_what_finished_before_it_committed():
+    from schemas.errors import RecordRefused
+
+    def sink(group):
+        if any(e.source.offset >= 20 for b in group for e in b.entries):
+            raise RecordRefused("topic 'dlq' refused the dead letter of docs partition 0 offset 20 for good")
+
+    consumer = FakeConsumer({0: _records(0, 40)})
+    with pytest.raises(RecordRefused, match="offset 20"):
+        _worker(consumer, sink=sink, batch=10, inflight=1).run(stop_when_idle=0.5)
+    assert consumer.committed_offsets == {0: 20} and consumer.closed

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from connectors.milvus import MilvusStore
-from schemas.errors import TransientError
+from schemas.errors import RecordRefused, TransientError
 from worker.fence import Fence, FenceClosed
 from worker.records import Batch, Chunk, DeadLetter, Delete, Item, Source
+from worker.steps.fit import TopicLimits, record_size
 from worker.steps.sink import ModelTarget, SinkStep
 from worker.steps.versions import VersionGuard, final_operations
 
@@ -31,13 +32,13 @@ def _store(client) -> MilvusStore:
     return store
 
 
-def _sink(client, producer, fence: Fence | None = None) -> SinkStep:
+def _sink(client, producer, fence: Fence | None = None, limits: TopicLimits | None = None) -> SinkStep:
     if fence is None:
         fence = Fence(lease_s=60)
         fence.publish({("docs", p) for p in range(4)})
     return SinkStep({"": ModelTarget(_store(client), "m", 4)}, lambda: producer, fence=fence,
                     guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
-                    delivery_timeout_s=5)
+                    delivery_timeout_s=5, limits=limits)
 
 
 def test_sink_upserts_never_inserts_and_dedupes_last_wins():
@@ -118,12 +119,70 @@ def test_dead_letters_keep_original_bytes_and_get_contract_headers():
     assert h["embedstream.source.partition"] == b"2" and h["embedstream.source.offset"] == b"9"
 
 
-def test_dead_letter_over_the_broker_limit_keeps_its_head_and_says_so():
-    from worker.steps.sink import dlq_headers
+def test_dead_letter_over_the_topic_limit_is_cut_to_fit_and_says_so():
+    d = DeadLetter(Source("docs", 0, 1), b"k" * 40_000, b"x" * 50_000, [("trace", b"1")], "text_too_long", "too long")
+    producer = RecordingProducer()
+    sink = _sink(RecordingMilvusClient(), producer, limits=TopicLimits(dlq=32_768))
+    batch = Batch()
+    batch.add(d)
+    sink.process([batch])
+    [(topic, key, value, headers)] = producer.records
+    assert topic == "documents.dlq" and record_size(key, value, headers) <= 32_768
+    h = dict(headers)
+    assert h["embedstream.error.reason"] == b"text_too_long" and h["embedstream.source.offset"] == b"1"
+    assert h["embedstream.error.truncated"] == b"key,value"
+    assert h["embedstream.error.original_value_size"] == b"50000" and h["embedstream.error.original_size"] == b"50000"
+    assert h["embedstream.error.original_key_size"] == b"40000" and h["trace"] == b"1"
+    assert key == b"k" * len(key) and value == b"x" * len(value) and len(key) > 1000
 
-    d = DeadLetter(Source("docs", 0, 1), b"k", b"x" * 5000, None, "text_too_long", "too long")
-    value, headers = dlq_headers(d, max_value=1000)
-    assert value == b"x" * 1000 and dict(headers)["embedstream.error.original_size"] == b"5000"
+
+def _big_metadata_item(doc_id: str, o: int, size: int) -> Item:
+    item = _item(doc_id, o, 0.5)
+    item.metadata = {"blob": "m" * size}
+    item.original = (doc_id.encode(), b"original value", [("h", b"v")])
+    return item
+
+
+def test_an_output_record_over_the_topic_limit_is_dead_lettered_and_written_nowhere():
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), _big_metadata_item("big", 1, 40_000), _item("c", 2, 0.3)):
+        batch.add(e)
+    client, producer = RecordingMilvusClient(), RecordingProducer()
+    _sink(client, producer, limits=TopicLimits(output=32_768)).process([batch])
+    assert sorted(r["doc_id"] for r in client.calls[-1][1]) == ["a", "c"]
+    assert [(t, k) for t, k, _, _ in producer.records] == [("embeddings", b"a"), ("documents.dlq", b"big"),
+                                                          ("embeddings", b"c")]
+    _, _, value, headers = producer.records[1]
+    h = dict(headers)
+    assert value == b"original value" and h["h"] == b"v"
+    assert h["embedstream.error.reason"] == b"output_too_large" and b"32,768" in h["embedstream.error.message"]
+    assert isinstance(batch.entries[1], DeadLetter)
+
+
+def test_large_metadata_that_still_fits_is_written():
+    batch = Batch()
+    batch.add(_big_metadata_item("big", 1, 20_000))
+    client, producer = RecordingMilvusClient(), RecordingProducer()
+    _sink(client, producer, limits=TopicLimits(output=1_000_000)).process([batch])
+    assert [(t, k) for t, k, _, _ in producer.records] == [("embeddings", b"big")]
+
+
+@pytest.mark.parametrize("how", ["at produce", "at delivery"])
+def test_a_dead_letter_refused_for_good_stops_the_sink_with_what_to_do(how):
+    class RefusingProducer(RecordingProducer):
+        def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
+            if how == "at produce":
+                raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+            super().produce(topic, value, key, headers, on_delivery)
+
+    producer = RefusingProducer(fail=KafkaError(KafkaError.MSG_SIZE_TOO_LARGE) if how == "at delivery" else None)
+    batch = Batch()
+    batch.add(DeadLetter(Source("docs", 3, 17), b"k", b"v", None, "decode_error", "bad"))
+    with pytest.raises(RecordRefused) as err:
+        _sink(RecordingMilvusClient(), producer).process([batch])
+    message = str(err.value)
+    assert "documents.dlq" in message and "docs partition 3 offset 17" in message and "decode_error" in message
+    assert "EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES" in message and "\n" not in message
 
 
 def _owned(*partitions: int) -> Fence:

@@ -51,28 +51,10 @@ from worker import metrics
 from worker.fence import Fence
 from worker.output import OutputFormat
 from worker.records import Batch, DeadLetter, Delete, Entry, Item
+from worker.steps.fit import TopicLimits, dead_letter_record, output_room, record_size
 from worker.steps.versions import VersionGuard, final_operations
 
 log = logging.getLogger(__name__)
-
-
-def dlq_headers(d: DeadLetter, max_value: int) -> tuple[bytes | None, list[tuple[str, bytes]]]:
-    """The value and headers of the dead-letter record for ``d`` (contract headers added)."""
-    headers = list(d.headers or [])
-    value = d.value
-    if value is not None and len(value) > max_value:
-        # A value over the hard limit cannot be re-produced whole (the broker caps message size):
-        # keep its head and say so.
-        headers.append(("embedstream.error.original_size", str(len(value)).encode()))
-        value = value[:max_value]
-    headers += [
-        ("embedstream.error.reason", d.reason.encode()),
-        ("embedstream.error.message", d.message.encode("utf-8", "replace")[:4096]),
-        ("embedstream.source.topic", d.source.topic.encode()),
-        ("embedstream.source.partition", str(d.source.partition).encode()),
-        ("embedstream.source.offset", str(d.source.offset).encode()),
-    ]
-    return value, headers
 
 
 @dataclass
@@ -117,7 +99,7 @@ class SinkStep:
 
     def __init__(self, targets: dict[str, ModelTarget], new_producer: Callable[[], Producer], *, fence: Fence,
                  guard: VersionGuard, output_topic: str, dlq_topic: str, delivery_timeout_s: float,
-                 dlq_value_limit: int = 900_000, output: OutputFormat | None = None,
+                 limits: TopicLimits | None = None, output: OutputFormat | None = None,
                  transactions: Transactions | None = None,
                  on_committed: Callable[[dict], None] = lambda _offsets: None) -> None:
         self.targets = targets
@@ -138,7 +120,9 @@ class SinkStep:
         self._carried: tuple | None = None
         #: At-least-once: the idempotent producer (exactly-once produces with the transactions').
         self._producer = new_producer() if transactions is None else None
-        self.dlq_value_limit = dlq_value_limit
+        #: The largest record each topic takes: dead letters are cut to fit, output records over it are
+        #: dead-lettered (``worker.steps.fit``).
+        self.limits = limits or TopicLimits()
         self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
 
     def close(self) -> None:
@@ -222,9 +206,33 @@ class SinkStep:
             elif isinstance(e, Delete):
                 delivery.produce(self.output_topic, e.id.encode(), None, [("embedstream.model", self._delete_header)])
             else:
-                value, headers = dlq_headers(e, self.dlq_value_limit)
-                delivery.produce(self.dlq_topic, e.key, value, headers)
+                dlq_key, value, headers = dead_letter_record(e, self.limits.dlq)
+                delivery.produce(self.dlq_topic, dlq_key, value, headers, what=f"the dead letter ({e.reason}) of "
+                                 f"{e.source.topic} partition {e.source.partition} offset {e.source.offset}")
         return delivery
+
+    def _dead_letter_oversized(self, group: list[Batch], now: int) -> None:
+        """Turn each item whose output record would be over the output topic's limit into a dead
+        letter (``output_too_large``), before anything of the group is written. Only a document whose
+        id and metadata are past ``output_room`` can be that large: only those are encoded here (the
+        validator kept their original record: ``keep_original``)."""
+        for batch in group:
+            for i, e in enumerate(batch.entries):
+                if not isinstance(e, Item) or e.original is None:
+                    continue
+                target = self.targets[e.model]
+                size = len(e.id.encode()) + sum(len(k.encode()) + len(v.encode()) for k, v in e.metadata.items())
+                if size <= output_room(target.dim, self.limits.output):
+                    continue
+                self.output.ready()
+                key = e.id.encode()
+                largest = max(record_size(key, v, target.headers[False])
+                              for v in self.output.values(e, target.model_id, target.dim, now))
+                if largest > self.limits.output:
+                    batch.entries[i] = DeadLetter(
+                        e.source, *e.original, "output_too_large",
+                        f"its output record would be {largest:,} bytes (metadata of {size:,} bytes), over the "
+                        f"output topic's limit of {self.limits.output:,}")
 
     def _fill_caches(self, group: list[Batch]) -> None:
         """Each model's fresh vectors into its cache. A vector depends only on the text and the model,
@@ -266,6 +274,7 @@ class SinkStep:
             self._process_in_transaction(group, self.transactions)
             return
         now = int(time.time() * 1000)
+        self._dead_letter_oversized(group, now)
         entries, plans = self._news(group)
         self.fence.check()  # the Strong reads above may have taken a while
         # Milvus writes on a helper thread while this one encodes and hands the records to the
@@ -314,6 +323,7 @@ class SinkStep:
             _, entries, plans, now = carried
         else:
             now = int(time.time() * 1000)
+            self._dead_letter_oversized(group, now)
             entries, plans = self._news(group)
             self.fence.check()
         write = self._milvus.submit(self._write_milvus, plans, now)

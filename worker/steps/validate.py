@@ -26,7 +26,8 @@ class Validator:
 
     def __init__(self, max_bytes: int, resolve_model: Callable[[str | None], str | None],
                  keep_original: Callable[[int], bool] = lambda chars: False, *,
-                 registry: SchemaRegistry | None = None, key_field: str | None = None) -> None:
+                 registry: SchemaRegistry | None = None, key_field: str | None = None,
+                 keep_large: int | None = None) -> None:
         self.max_bytes = max_bytes
         self.resolve_model = resolve_model
         #: Reads registry-framed keys and values; None: no registry configured.
@@ -35,6 +36,9 @@ class Validator:
         #: Whether a text of so many characters might be dead-lettered later (too many chunks):
         #: its item then keeps the original record.
         self.keep_original = keep_original
+        #: Bytes of key and value past which a record's output might be over the output topic's
+        #: limit (``worker.steps.fit.output_room``): its item then keeps the original record too.
+        self.keep_large = keep_large
 
     def resolve_schemas(self, msgs: list) -> None:
         """Look up the writer schemas of the framed records in ``msgs`` that the registry has not
@@ -68,7 +72,8 @@ class Validator:
         if not text:
             return _dead(source, msg, "empty_text", "text is empty (or only whitespace)")
         item = Item(source, doc.id, text, content_hash(text), 0, doc.metadata, model=model)
-        if self.keep_original(len(text)):
+        if self.keep_original(len(text)) or (self.keep_large is not None
+                                             and len(value) + len(key or b"") > self.keep_large):
             item.original = (key, value, msg.headers())
         return item
 
