@@ -64,16 +64,7 @@ def fresh_settings(env: dict[str, str], partitions: int = 6, compacted_input: bo
 def settings_env(s: Settings) -> dict[str, str]:
     """The environment that makes a subprocess `embedstream` see the same settings as ``s``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDSTREAM_")}
-    for name, value in s.model_dump().items():
-        if value is None or name in ("kafka", "schema_registry"):
-            continue
-        if hasattr(value, "get_secret_value"):
-            value = value.get_secret_value()
-        env[f"EMBEDSTREAM_{name.upper()}"] = str(value)
-    for prop, value in s.kafka.items():
-        env["EMBEDSTREAM_KAFKA__" + prop.replace(".", "_").upper()] = str(value)
-    for prop, value in s.schema_registry.items():
-        env["EMBEDSTREAM_SCHEMA_REGISTRY__" + prop.replace(".", "_").upper()] = str(value)
+    env.update(s.environment())
     env["HF_HUB_OFFLINE"] = "1"
     return env
 

@@ -276,6 +276,7 @@ def run(
     models: opt.Models = None,
     model_memory_mb: opt.ModelMemoryMb = None,
     delivery: opt.Delivery = None,
+    processes: opt.Processes = None,
 ) -> None:
     """The worker: consume documents, batch, cache, embed, upsert into Milvus, publish, commit.
 
@@ -302,8 +303,14 @@ def run(
         metrics_port=metrics_port,
         schema_registry_url=schema_registry_url, output_format=output_format, key_field=key_field,
         document_prompt=document_prompt, query_prompt=query_prompt, truncate_dim=truncate_dim, models=models,
-        model_memory_mb=model_memory_mb, delivery=delivery)
+        model_memory_mb=model_memory_mb, delivery=delivery, processes=processes)
     setup_logging(s)
+    if s.processes > 1:
+        from worker.processes import Processes
+
+        children = Processes(s, dict(os.environ), stop_when_idle)
+        children.forward_signals()
+        raise typer.Exit(children.wait())
     try:
         worker = build_worker(s)
     except ConfigError as exc:

@@ -50,6 +50,9 @@ MilvusCollection = Annotated[str | None, _setting(
 MilvusAlias = Annotated[str | None, _setting(
     "milvus_alias", "Milvus alias that readers query and `migrate` moves", "the collection name")]
 MetricsPort = Annotated[int | None, _setting("metrics_port", "Port of /metrics, /healthz, /readyz; 0 = off")]
+Processes = Annotated[int | None, _setting(
+    "processes", "Worker processes of the group to start here, e.g. several on one GPU; process i serves "
+                 "its metrics on the metrics port + i and, with a static member id, joins as <id>-<i>")]
 SchemaRegistryUrl = Annotated[str | None, _setting(
     "schema_registry_url", "Schema registry URL (reads registry-framed Avro)")]
 OutputFormat = Annotated[str | None, _setting("output_format", "avro|avro-registry|json: output topic values")]

@@ -131,6 +131,9 @@ class Settings(BaseSettings):
 
     # Operations
     metrics_port: int = Field(9400, ge=0, le=65535, description="0 disables the metrics server")
+    processes: int = Field(
+        1, ge=1, le=64, description="worker processes of one group that `run` starts (several share a GPU); "
+                                    "process i serves its metrics on the metrics port + i")
     shutdown_grace_seconds: float = Field(30.0, gt=0)
     healthz_max_tick_age_seconds: float = Field(60.0, gt=0, description="/healthz fails when the loop is older")
     retry_backoff_max_seconds: float = Field(10.0, gt=0)
@@ -170,6 +173,21 @@ class Settings(BaseSettings):
         """librdkafka properties shared by every client: bootstrap servers plus the passthrough."""
         self.require("kafka_bootstrap_servers")
         return {"bootstrap.servers": str(self.kafka_bootstrap_servers), **self.kafka}
+
+    def environment(self) -> dict[str, str]:
+        """The ``EMBEDSTREAM_*`` variables that make another process load these same settings
+        (secrets included: hand them to a child process, never to a log)."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is None or name in ("kafka", "schema_registry"):
+                continue
+            if hasattr(value, "get_secret_value"):
+                value = value.get_secret_value()
+            env[f"EMBEDSTREAM_{name.upper()}"] = str(value)
+        for prefix, props in ((KAFKA_PREFIX, self.kafka), (REGISTRY_PREFIX, self.schema_registry)):
+            for prop, value in props.items():
+                env[prefix + prop.replace(".", "_").upper()] = str(value)
+        return env
 
     def redacted(self) -> dict[str, object]:
         """The settings as a dict safe to log: secrets and secret librdkafka properties masked."""

@@ -14,7 +14,7 @@ ENV_SETTINGS = ["kafka_bootstrap_servers", "input_topic", "output_topic", "dlq_t
                 "group_instance_id", "model", "precision", "device", "max_batch_size", "max_batch_tokens",
                 "max_batch_wait_ms", "redis_url", "cache_ttl_seconds", "milvus_uri", "milvus_collection",
                 "milvus_alias", "metrics_port", "schema_registry_url", "output_format", "key_field",
-                "document_prompt", "query_prompt", "truncate_dim", "models", "model_memory_mb", "delivery"]
+                "document_prompt", "query_prompt", "truncate_dim", "models", "model_memory_mb", "delivery", "processes"]
 
 
 def test_run_help_in_80_columns_shows_every_variable_whole_with_its_default():

@@ -73,3 +73,41 @@ def test_a_long_document_edited_in_one_place_re_embeds_only_the_chunk_that_chang
     step.process([second])
     [doc2] = second.items
     assert model.texts_embedded == 1 and [ch.cached for ch in doc2.chunks] == [True] * (len(doc2.chunks) - 1) + [False]
+
+
+def test_the_cache_is_skipped_while_its_lookups_cost_more_than_the_hits_save():
+    from worker.steps.embed import PROBE_EVERY, LookupPolicy
+
+    gpu = LookupPolicy()  # a lookup costs 50 µs a text, the model 100 µs: half the time, for no hit
+    assert gpu.lookup()
+    gpu.looked_up(100, 0, 0.005)
+    gpu.embedded(100, 0.010)
+    asked = [gpu.lookup() for _ in range(4 * PROBE_EVERY)]
+    assert asked.count(True) == 4 and asked[PROBE_EVERY - 1]  # one probe in PROBE_EVERY groups
+    for _ in range(5):  # the probes find repeats (90 %, break-even is 50 %): the hits pay again
+        gpu.looked_up(100, 90, 0.005)
+    assert all(gpu.lookup() for _ in range(PROBE_EVERY))
+
+
+def test_a_cheap_lookup_is_always_made_whatever_the_hit_ratio():
+    from worker.steps.embed import LookupPolicy
+
+    cpu = LookupPolicy()  # 10 µs a text against 1.5 ms of model: asked even at no hit
+    cpu.looked_up(100, 0, 0.001)
+    cpu.embedded(100, 0.150)
+    assert all(cpu.lookup() for _ in range(100))
+
+
+def test_a_skipped_lookup_still_embeds_everything_and_the_vectors_go_back_to_the_cache():
+    model = FakeEmbedder()
+    cache = DictCache({})
+    step = EmbedStep(model, cache)
+    step.policy.lookup_s, step.policy.model_s, step.policy.hit_ratio = 1.0, 0.001, 0.0  # never pays
+    stage = type("Stage", (), {"process": staticmethod(in_turn(Chunker(model, "tokens", 254, 2, 512).process,
+                                                                step.process))})
+    calls = []
+    cache.get_many = lambda hashes: calls.append(hashes) or [None] * len(hashes)  # type: ignore[method-assign]
+    batch = _batch(0, "alpha", "beta")
+    stage.process([batch])
+    assert calls == [] and sorted(batch.fresh[""]) == ["h-alpha", "h-beta"]
+    assert all(ch.vector is not None and not ch.cached for it in batch.items for ch in it.chunks)
