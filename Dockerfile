@@ -11,7 +11,8 @@ FROM ${BASE} AS runtime
 
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cu124
 ARG MODEL=sentence-transformers/all-MiniLM-L6-v2
-ARG EXTRAS=""
+# gpu: nvidia-ml-py, for the GPU gauges on /metrics; the CPU build replaces it (EXTRAS=int8).
+ARG EXTRAS="gpu"
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
     HF_HOME=/opt/hf HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false XDG_CACHE_HOME=/opt/cache
 

@@ -36,6 +36,7 @@ from worker.chain import build_chain
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet, ModelSpec, collection_name, describe, parse_models, versioned_name
 from worker.fence import Fence, lease_seconds
+from worker.gpu_metrics import register_gpu_metrics
 from worker.loop import Worker
 from worker.settings import Settings
 from worker.stats import RunStats
@@ -238,6 +239,8 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     health = metrics.Health(s.healthz_max_tick_age_seconds)
     health.model_loaded = True
     serve_metrics(s, health)
+    if any(m.device == "cuda" for m in models.handles.values()):
+        register_gpu_metrics("cuda")
     session_s = int(s.kafka.get("session.timeout.ms", 45000)) / 1000
     heartbeat_s = int(s.kafka.get("heartbeat.interval.ms", 3000)) / 1000
     fence = Fence(lease_seconds(session_s, heartbeat_s))

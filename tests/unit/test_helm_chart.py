@@ -130,6 +130,21 @@ def test_gpu_request_and_keda_off_hpa():
     assert "ScaledObject" not in hpa and hpa["HorizontalPodAutoscaler"]["spec"]["maxReplicas"] == 6
 
 
+def test_a_gpu_pod_runs_workers_per_gpu_processes_each_with_its_metrics_port():
+    objs = render(merge(merge(BASE, VALUE_SETS["GPU"]), {"gpu": {"workersPerGpu": 3},
+                                                        "metrics": {"serviceMonitor": {"enabled": True}}}))
+    assert env_of(objs)["EMBEDSTREAM_PROCESSES"]["value"] == "3"
+    c = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    base = ports["metrics"]
+    assert ports == {"metrics": base, "metrics-1": base + 1, "metrics-2": base + 2}
+    assert [p["name"] for p in objs["Service"]["spec"]["ports"]] == ["metrics", "metrics-1", "metrics-2"]
+    assert [e["port"] for e in objs["ServiceMonitor"]["spec"]["endpoints"]] == ["metrics", "metrics-1", "metrics-2"]
+    cpu = render(merge(BASE, {"gpu": {"workersPerGpu": 3}}))  # used only with a GPU
+    assert env_of(cpu)["EMBEDSTREAM_PROCESSES"]["value"] == "1"
+    assert [p["name"] for p in cpu["Deployment"]["spec"]["template"]["spec"]["containers"][0]["ports"]] == ["metrics"]
+
+
 def test_chunking_settings_reach_the_worker():
     env = env_of(render(BASE))
     assert env["EMBEDSTREAM_CHUNKING"]["value"] == "tokens" and "EMBEDSTREAM_CHUNK_TOKENS" not in env

@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = ["worker/loop.py", "worker/assignment.py", "worker/offsets.py", "worker/chain.py", "worker/pipeline.py",
            "worker/records.py", "worker/stats.py", "worker/metrics.py", "worker/runner.py", "worker/settings.py",
-           "worker/heap.py",
+           "worker/heap.py", "worker/processes.py", "worker/gpu_metrics.py",
            *[str(p.relative_to(ROOT)) for p in (ROOT / "worker/steps").glob("*.py")],
            *[str(p.relative_to(ROOT)) for p in (ROOT / "worker/embedding").glob("*.py")]]
 

@@ -141,6 +141,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 - name: EMBEDSTREAM_DEVICE
   value: {{ ternary "cuda" .Values.model.device (and .Values.gpu.enabled (eq .Values.model.device "auto")) | quote }}
+- name: EMBEDSTREAM_PROCESSES
+  value: {{ include "embedstream.processes" . | quote }}
 - name: EMBEDSTREAM_MAX_BATCH_SIZE
   value: {{ ternary .Values.gpu.maxBatchSize .Values.batching.maxBatchSize (and .Values.gpu.enabled (not (kindIs "invalid" .Values.gpu.maxBatchSize))) | quote }}
 - name: EMBEDSTREAM_MAX_BATCH_TOKENS
@@ -287,3 +289,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
     name: {{ include "embedstream.fullname" . }}-models
 {{- end }}
 {{- end -}}
+
+{{/* Worker processes in each pod: gpu.workersPerGpu with a GPU, else 1. */}}
+{{- define "embedstream.processes" -}}
+{{- if .Values.gpu.enabled }}{{ .Values.gpu.workersPerGpu | default 1 }}{{ else }}1{{ end -}}
+{{- end }}
