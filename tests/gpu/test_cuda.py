@@ -103,3 +103,37 @@ def test_worker_on_cuda_end_to_end(gpu_stack, cuda_model, cpu_fp32):
     assert cos.min() >= 0.995, cos.min()
     out = read_topic(s, s.output_topic, expect=len(rows) + 1)
     assert {m.key().decode() for m in out if m.value() is not None} == {d.id for d in docs}
+
+
+def test_several_processes_share_the_gpu_end_to_end(gpu_stack):
+    """`run --processes 4` on one GPU: every document in Milvus exactly once at its newest version,
+    and each key's records on the output topic in the order of their input offsets."""
+    from schemas.codec import Document, decode_embedding
+    from tests.helpers import run_cli, settings_env
+    from worker.records import content_hash
+
+    s = fresh_settings(gpu_stack, partitions=4, max_text_bytes=200_000, device="cuda", processes=4,
+                       model=os.environ.get("EMBEDSTREAM_MODEL"))
+    docs = sample_documents(3000, prefix="gpu-procs")
+    producer = make_producer(s.kafka_common())
+    for d in docs:
+        producer.produce(s.input_topic, key=d.id, value=encode_document(d))
+    newer = {d.id: d.text + " (second version)" for d in docs[:300]}
+    for doc_id, text in newer.items():
+        producer.produce(s.input_topic, key=doc_id, value=encode_document(Document(doc_id, text)))
+    assert producer.flush(30) == 0
+
+    res = run_cli(["run", "--stop-when-idle", "5"], settings_env(s), timeout=500)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "started 4 worker processes" in res.stderr
+
+    milvus = documents_in_milvus(s)  # asserts one version per document
+    newest = {d.id: d.text for d in docs} | newer
+    assert set(milvus) == set(newest)
+    single = {i: c[0]["content_hash"] for i, c in milvus.items() if len(c) == 1}
+    assert single == {i: content_hash(normalise_text(newest[i])) for i in single}
+    offsets: dict[str, list[int]] = {}
+    for m in read_topic(s, s.output_topic, expect=sum(len(c) for c in milvus.values()) + len(newer)):
+        offsets.setdefault(m.key().decode(), []).append(decode_embedding(m.value())["source_offset"])
+    assert set(offsets) == set(newest)
+    assert all(seq == sorted(seq) for seq in offsets.values()), "a key's records out of order"

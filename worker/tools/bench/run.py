@@ -262,7 +262,12 @@ def _two_models(out: dict, base: Settings, texts: list[str], state_dir: Path, sa
         s = base.model_copy(update={"models": json.dumps({n: models[n] for n in use})})
         res = measure.worker_stream(s, None, texts, f"m-{name}-{int(time.time())}", models=use)
         rates[name] = res.docs_per_s
-    harmonic = 2 / (1 / rates["minilm"] + 1 / rates["proj"])
+    # A run that embedded nothing (seen on a GPU with the mock broker) leaves the row without a
+    # ratio, and says so, rather than dividing by zero.
+    empty = [name for name, rate in rates.items() if not rate]
+    if empty:
+        say(f"two models: the {', '.join(empty)} run embedded nothing: no Rmix")
+    harmonic = None if empty else 2 / (1 / rates["minilm"] + 1 / rates["proj"])
     out["workloads"]["two_models"] = {"docs": len(texts), "docs_per_s": rates["mixed"],
                                       "minilm_docs_per_s": rates["minilm"], "proj_docs_per_s": rates["proj"],
                                       "harmonic_docs_per_s": harmonic}
@@ -433,7 +438,7 @@ def ratios(out: dict) -> dict:
                          if d.get("milvus_upsert_columnar_rows_per_s") else None),
         "Rpad": s2["tokens_real"] / s2["tokens_padded"] if s2["tokens_padded"] else None,
     }
-    if "two_models" in w:
+    if "two_models" in w and w["two_models"]["harmonic_docs_per_s"]:
         r["Rmix"] = w["two_models"]["docs_per_s"] / w["two_models"]["harmonic_docs_per_s"]
     if "S2_registry" in w:
         r["R1_S2_registry"] = w["S2_registry"]["docs_per_s"] / d["raw_S2"]["docs_per_s"]
