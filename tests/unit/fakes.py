@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 
-from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, TopicPartition
 from pymilvus.grpc_gen import schema_pb2
+
+from worker.tools.memory_source import EndOfPartition, MemoryMessage, MemorySource
 
 
 class Clock:
@@ -19,34 +19,9 @@ class Clock:
         return self.now
 
 
-class FakeMessage:
-    def __init__(self, key, value, partition=0, offset=0, topic="docs", headers=None, ts=1_700_000_000_000):
-        self._k, self._v, self._p, self._o = key, value, partition, offset
-        self._t, self._h, self._ts = topic, headers, ts
-
-    def key(self):
-        return self._k
-
-    def value(self):
-        return self._v
-
-    def partition(self):
-        return self._p
-
-    def offset(self):
-        return self._o
-
-    def topic(self):
-        return self._t
-
-    def headers(self):
-        return self._h
-
-    def timestamp(self):
-        return (TIMESTAMP_CREATE_TIME, self._ts)
-
-    def error(self):
-        return None
+#: The in-memory message and end-of-partition event of the bench's instant source.
+FakeMessage = MemoryMessage
+EofMessage = EndOfPartition
 
 
 def rows_of(request) -> list[dict]:
@@ -147,38 +122,15 @@ class RecordingProducer:
         self._callbacks.clear()
 
 
-class EofMessage(FakeMessage):
-    """What librdkafka hands out when a partition reaches its end (``enable.partition.eof``)."""
-
-    def error(self):
-        return KafkaError(KafkaError._PARTITION_EOF)
-
-
-class FakeConsumer:
-    """An in-memory group consumer of one topic, enough for the loop.
-
-    The first ``consume`` assigns every partition (``on_assign``); then it serves the records of the
-    partitions that are not paused, and an EOF message once a partition is exhausted. Stores,
-    commits, pauses and resumes are recorded. ``revoke_next`` / ``lose_next`` make the next
-    ``consume`` call the rebalance callback first, as librdkafka does."""
+class FakeConsumer(MemorySource):
+    """The bench's in-memory consumer (``worker.tools.memory_source``), plus what the loop's tests
+    inject and count: ``revoke_next`` / ``lose_next`` make the next ``consume`` call the rebalance
+    callback first, as librdkafka does; pauses, resumes and explicit commits are counted."""
 
     def __init__(self, records: dict[int, list], topic: str = "docs", ends: dict[int, int] | None = None) -> None:
-        """``ends``: the offset a partition's end event carries (its log end; default -1, none)."""
-        self.topic = topic
-        self.ends = ends or {}
-        self.pending = {p: list(msgs) for p, msgs in records.items()}
-        self.eof_sent: set[int] = set()
-        self.assigned: list[TopicPartition] = []
-        self.paused: set[int] = set()
-        self.stored: dict[int, int] = {}
-        self.committed_offsets: dict[int, int] = {}
+        super().__init__(records, topic, ends)
         self.pause_calls = self.resume_calls = 0
-        self.closed = False
-        self._callbacks: dict = {}
         self._rebalance: tuple[str, list[int]] | None = None
-
-    def subscribe(self, topics, on_assign, on_revoke, on_lost):
-        self._callbacks = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
 
     def revoke_next(self, partitions: list[int]) -> None:
         self._rebalance = ("revoke", partitions)
@@ -187,61 +139,27 @@ class FakeConsumer:
         self._rebalance = ("lost", partitions)
 
     def consume(self, num_messages=1, timeout=-1):
-        if not self.assigned:
-            self.assigned = [TopicPartition(self.topic, p) for p in sorted(self.pending)]
-            self._callbacks["assign"](self, list(self.assigned))
+        self._assign_once()
         if self._rebalance is not None:
             kind, parts = self._rebalance
             self._rebalance = None
             gone = [tp for tp in self.assigned if tp.partition in parts]
             self._callbacks[kind](self, gone)
             self.assigned = [tp for tp in self.assigned if tp.partition not in parts]
-        out: list = []
-        for tp in self.assigned:
-            p = tp.partition
-            if p in self.paused:
-                continue
-            queue = self.pending[p]
-            while queue and len(out) < num_messages:
-                out.append(queue.pop(0))
-            if not queue and p not in self.eof_sent and len(out) < num_messages:
-                self.eof_sent.add(p)
-                out.append(EofMessage(None, None, p, self.ends.get(p, -1), self.topic))
-        if not out and timeout and timeout > 0:
-            time.sleep(min(timeout, 0.01))
-        return out
-
-    def assignment(self):
-        return list(self.assigned)
-
-    def memberid(self):
-        return getattr(self, "member", "member-1")
+        return self._serve(num_messages, timeout)
 
     def pause(self, parts):
         self.pause_calls += 1
-        self.paused |= {tp.partition for tp in parts}
+        super().pause(parts)
 
     def resume(self, parts):
         self.resume_calls += 1
-        self.paused -= {tp.partition for tp in parts}
-
-    def store_offsets(self, offsets):
-        for tp in offsets:
-            self.stored[tp.partition] = tp.offset
+        super().resume(parts)
 
     def commit(self, offsets=None, asynchronous=True):
-        if offsets is None:
-            self.committed_offsets.update(self.stored)
-        else:
-            self.committed_offsets.update({tp.partition: tp.offset for tp in offsets})
+        if offsets is not None:
             self.explicit_commits = getattr(self, "explicit_commits", 0) + 1
-
-    def committed(self, partitions, timeout=None):
-        return [TopicPartition(tp.topic, tp.partition, self.committed_offsets.get(tp.partition, -1001))
-                for tp in partitions]
-
-    def close(self):
-        self.closed = True
+        super().commit(offsets, asynchronous)
 
 
 class TransactionalProducer(RecordingProducer):

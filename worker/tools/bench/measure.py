@@ -263,6 +263,9 @@ def worker_stream(base: Settings, embedder: Embedder | None, texts: list[str], p
         # is not in docs/s).
         stats = worker.run(stop_when_idle=0.3)
         cpu, polling = time.process_time() - cpu0, time.thread_time() - polling0
+    if texts and not stats.done:  # never a silent 0 docs/s in the table
+        raise RuntimeError(f"the worker embedded none of {len(texts)} documents on {s.input_topic}: it was never "
+                           "assigned a partition (a group session the broker refuses?) or read nothing")
     if threads:
         by_thread = {"polling": polling, **by_thread}
         by_thread["other"] = max(0.0, cpu - sum(by_thread.values()))
@@ -272,6 +275,43 @@ def worker_stream(base: Settings, embedder: Embedder | None, texts: list[str], p
     groups = sum(stage.groups for stage in worker.chain.pipeline.stages if stage.name == "sink")
     return StreamResult(stats.done, stats.busy_seconds, stats.cached, int(real1 - real0), int(pad1 - pad0),
                         stats.busy_cpu_seconds, cpu, groups, by_thread)
+
+
+def memory_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: str,
+                  partitions: int = 6) -> StreamResult:
+    """The worker fed from memory, writing nowhere (the *instant source* row): records on
+    ``partitions`` in-memory partitions (``worker.tools.memory_source``), no Redis, a Milvus that keeps
+    nothing, an output producer that acknowledges at once. What is left is the worker's own work:
+    decoding, batching, the model, encoding: its ceiling, with the broker's and the sinks' shares out."""
+    from worker.assignment import Assignment
+    from worker.chain import build_chain
+    from worker.fence import Fence
+    from worker.loop import Worker
+    from worker.metrics import Health
+    from worker.runner import inflight_limit, load_models
+    from worker.tools.memory_source import MemoryMessage, MemorySource, NullProducer
+
+    s = base.model_copy(update={"redis_url": None})
+    records: dict[int, list] = {p: [] for p in range(partitions)}
+    now = int(time.time() * 1000)
+    for i, text in enumerate(texts):
+        doc = Document(f"{prefix}-{i}", text)
+        queue = records[i % partitions]
+        queue.append(MemoryMessage(doc.id.encode(), encode_document(doc), i % partitions, len(queue),
+                                   s.input_topic, None, now))
+    consumer = MemorySource(records, topic=s.input_topic)
+    models = load_models(s, embedder)
+    stores: dict[str, MilvusStore] = {name: InstantStore() for name in models.handles}
+    real0, pad0 = model_tokens()
+    chain = build_chain(s, consumer, NullProducer, models, {name: None for name in models.handles},  # type: ignore[arg-type]
+                        stores, Fence(lease_s=60.0), {})
+    worker = Worker(consumer, s.input_topic, chain, Assignment(pause_after=5.0, join_grace=0.1),  # type: ignore[arg-type]
+                    max_inflight=inflight_limit(s, models), shutdown_grace=s.shutdown_grace_seconds, health=Health())
+    cpu0 = time.process_time()
+    stats = worker.run(stop_when_idle=0.3)
+    real1, pad1 = model_tokens()
+    return StreamResult(stats.done, stats.busy_seconds, stats.cached, int(real1 - real0), int(pad1 - pad0),
+                        stats.busy_cpu_seconds, time.process_time() - cpu0)
 
 
 def milvus_bulk_upsert(uri: str, rows: int = 10_000, dim: int = 384, batch: int = 1000) -> tuple[float, float]:

@@ -110,6 +110,11 @@ def ratio_table(out: dict) -> Table:
                       f"the worker without Redis and Milvus (R1 {_fmt(fast['docs_per_s'] / raw)}"
                       f"; raw encode {_fmt(raw, 0)} docs/s; "
                       f"{_fmt(fast.get('cpu_us_per_doc', 0), 0)} µs CPU/doc)")
+        if f"{name}_instant_source" in w:
+            mem, raw = w[f"{name}_instant_source"], d[f"raw_{name}"]["docs_per_s"]
+            t.add_row(f"instant source ({name})", _fmt(mem["docs_per_s"], 0) + " docs/s", "",
+                      f"fed from memory, writing nowhere: the pipeline's ceiling (R1 {_fmt(mem['docs_per_s'] / raw)}"
+                      f"; {_fmt(mem.get('tokens_per_s', 0), 0)} tokens/s)")
     tflops = out.get("achieved_tflops")
     if tflops:
         t.add_row("TFLOP/s", " / ".join(_fmt(v) for v in tflops.values()), "",

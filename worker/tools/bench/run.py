@@ -14,7 +14,7 @@ from pathlib import Path
 from worker.embedding.fake import FakeEmbedder
 from worker.settings import Settings
 from worker.tools.bench import measure, workloads
-from worker.tools.dev import QUICK_JOIN_SESSION, LocalStack
+from worker.tools.dev import LocalStack, quick_join_session
 
 GOALS = {"R1": 0.90, "Rpeer": 1.3, "Rdup90": 6.0, "Rio": 0.7, "Rpad": 0.85, "R1_long": 0.90, "Rmix": 0.90,
          "Rint8": 1.5, "Reos": 0.90, "Reos_io": 0.90}
@@ -49,7 +49,7 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
     try:
         base = Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
                         redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
-                        kafka=dict(QUICK_JOIN_SESSION),  # some twenty workers join a group
+                        kafka=quick_join_session(broker),  # some twenty workers join a group
                         metrics_port=0, log_level="WARNING", device=device, precision=precision, model=model)
         setup_logging(base)
         say("loading the model")
@@ -80,8 +80,7 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         _delivery(out, base, emb, texts["S2"], sizes, say)
         if emb.device == "cpu":
             _precisions(out, base, emb, texts["S2"], sizes, say, model)
-        if emb.device == "cuda":
-            out["achieved_tflops"] = _tflops(out, emb, texts["S2"])
+        out["achieved_tflops"] = _tflops(out, emb, texts["S2"])
         out["ratios"] = ratios(out)
         return out
     finally:
@@ -97,7 +96,7 @@ def _tflops(out: dict, emb, s2_texts: list[str]) -> dict[str, float]:
     w, d = out["workloads"], out["denominators"]
     raw_tokens = sum(len(ids) for ids in emb.tokenize([normalise_text(t) for t in s2_texts]))
     result = {"raw_S2": d["raw_S2"]["docs_per_s"] * raw_tokens / len(s2_texts) * flops / 1e12}
-    for name in ("S2", "S2_instant_sink"):
+    for name in ("S2", "S2_instant_sink", "S2_instant_source"):
         if w.get(name, {}).get("seconds"):
             result[f"worker_{name}"] = w[name]["tokens_real"] / w[name]["seconds"] * flops / 1e12
     return result
@@ -131,7 +130,14 @@ def _throughput(out: dict, base: Settings, emb, texts: dict, sizes: dict, say: C
         out["workloads"][name] = {"docs": res.docs, "docs_per_s": res.docs_per_s, "seconds": res.seconds,
                                   "cached": res.cached, "tokens_real": res.tokens_real,
                                   "tokens_padded": res.tokens_padded,
+                                  "tokens_per_s": res.tokens_real / res.seconds if res.seconds else 0.0,
                                   "cpu_us_per_doc": res.cpu_us_per_doc}
+        say(f"{name}: worker fed from memory, writing nowhere (instant source)")
+        mem = measure.memory_stream(base, emb, texts[name], f"{name.lower()}-m-{int(time.time())}")
+        out["workloads"][f"{name}_instant_source"] = {
+            "docs": mem.docs, "docs_per_s": mem.docs_per_s, "seconds": mem.seconds, "tokens_real": mem.tokens_real,
+            "tokens_per_s": mem.tokens_real / mem.seconds if mem.seconds else 0.0,
+            "cpu_us_per_doc": mem.cpu_us_per_doc}
         if emb.device == "cuda":
             say(f"{name}: worker with an instant sink (no Redis, a Milvus that keeps nothing)")
             fast = measure.worker_stream(base, emb, texts[name], f"{name.lower()}-i-{int(time.time())}",
@@ -213,7 +219,7 @@ def run_cpu(*, docs: int, state_dir: Path, say: Callable[[str], None], broker: s
     try:
         base = Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
                         redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
-                        kafka=dict(QUICK_JOIN_SESSION), metrics_port=0, log_level="WARNING")
+                        kafka=quick_join_session(broker), metrics_port=0, log_level="WARNING")
         setup_logging(base)
         texts = {"S2": workloads.io_texts(docs), "S1": workloads.distinct(workloads.short_texts(4000), docs)}
         cpu, by_thread, _, gauge = _cpu_per_doc(base, dim, texts, say, threads=True)
