@@ -6,6 +6,9 @@ record goes through, in order:
                                                     Milvus + output/DLQ topics + cache fill
     polling thread:  7 store offsets → commit                                        (OffsetCommitter)
 
+Steps 6 and 7 follow the delivery chosen at assembly (``worker.delivery`` tells the order once:
+under exactly-once the sink commits each group's offsets in its transaction, in step 6).
+
 A new step is one line here: a ``Stage`` in the pipeline's list (its own thread, queue and retry
 state), or a step inside intake. The connectors and the model are opened by ``worker.runner``.
 """
@@ -15,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 
 from connectors.milvus import MilvusStore
 from connectors.redis_cache import RedisCache
 from connectors.registry import SchemaRegistry
-from connectors.transactions import Transactions
 from schemas.errors import ConfigError
+from worker.delivery import Delivery
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet
 from worker.fence import Fence
@@ -84,23 +87,22 @@ def embed_by_model(steps: dict[str, Callable[[list[Batch]], None]],
     return run
 
 
-def build_chain(s: Settings, consumer: Consumer, new_producer: Callable[[], Producer], models: ModelSet,
+def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: ModelSet,
                 caches: dict[str, RedisCache | None], stores: dict[str, MilvusStore], fence: Fence,
                 topic_ids: dict[str, str], registry: SchemaRegistry | None = None,
-                transactions: Transactions | None = None, limits: TopicLimits | None = None) -> Chain:
+                limits: TopicLimits | None = None) -> Chain:
     """Every step, in the order a record meets it (the pipeline is built first only because intake
-    hands its batches to it). ``models``, ``caches`` and ``stores`` are by model name; with
-    ``transactions`` (exactly-once) the sink commits the offsets in its transactions; ``limits``: the
-    largest record the output and DLQ topics take."""
+    hands its batches to it). ``models``, ``caches`` and ``stores`` are by model name; ``delivery``
+    makes the sink's groups and their offsets durable (``worker.delivery``); ``limits``: the largest
+    record the output and DLQ topics take."""
     handles = models.handles
     limits = limits or TopicLimits()
-    committer = OffsetCommitter(consumer, s.commit_interval_ms / 1000, transactions=transactions)  # 7 commit
+    committer = OffsetCommitter(consumer, s.commit_interval_ms / 1000, delivery)                 # 7 commit
     sink = SinkStep({n: ModelTarget(stores[n], m.model_id, m.dim, caches[n]) for n, m in handles.items()},
-                    new_producer, fence=fence,
+                    delivery, fence=fence,
                     guard=VersionGuard(topic_ids), output_topic=s.output_topic, dlq_topic=s.dlq_topic,
                     delivery_timeout_s=s.kafka_timeout_seconds,
-                    output=output_format(s.output_format, s.output_topic, registry),
-                    transactions=transactions, on_committed=committer.committed_by_transaction, limits=limits)
+                    output=output_format(s.output_format, s.output_topic, registry), limits=limits)
     chunkers = {n: chunker_for(s, m, model=n) for n, m in handles.items()}
     # Past this many characters a text may make too many chunks for some model: its record is kept.
     safe_chars = min(c.safe_chars for c in chunkers.values())

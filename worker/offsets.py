@@ -1,15 +1,13 @@
-"""Offsets and commits: the last step of the chain, and the only place that commits.
+"""Offsets of finished batches, the commits' rhythm, and who else committed.
 
-The delivery contract lives here: an offset is *stored* only once its batch has left the pipeline
-(Milvus and the broker acknowledged it) and only for partitions this member still owns; stored
-offsets are *committed* at most every ``interval`` seconds (0: after every store), and
-synchronously on revoke and at shutdown. A failed commit leaves the stored offsets in place, so the
-next commit carries them.
+An offset is *stored* only once its batch has left the pipeline and only for partitions this
+member still owns; what is stored is committed at most every ``interval`` seconds (0: after every
+store), and synchronously on revoke and at shutdown. A failed commit leaves the stored offsets in
+place, so the next commit carries them. *How* stored offsets become committed (the consumer's
+commits, or transactions) is the delivery's (``worker.delivery``, which tells the whole order).
 
-With exactly-once delivery (``transactions``) the sink commits each group's offsets inside its
-transaction (``committed_by_transaction`` tells this class), and the consumer never commits: what
-is stored past those offsets (a drained partition's end, ``Worker._step_past_markers``) is
-committed by a transaction of offsets alone.
+This class also keeps, per owned partition, the highest offset this member stored or found
+committed: a committed offset past it was committed by another member (``membership_holds``).
 """
 
 from __future__ import annotations
@@ -19,30 +17,26 @@ import threading
 import time
 from collections.abc import Callable, Container, Iterable, Mapping
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from connectors.transactions import Transactions
 from schemas.errors import TransientError
+from worker.delivery import Delivery
 from worker.records import TopicPartitionKey
 
 log = logging.getLogger(__name__)
 
 
 class OffsetCommitter:
-    """Stores the next offsets of finished batches in the consumer and commits them."""
+    """Stores the next offsets of finished batches and has the delivery commit them (polling thread)."""
 
-    def __init__(self, consumer: Consumer, interval: float, clock: Callable[[], float] = time.monotonic,
-                 transactions: Transactions | None = None) -> None:
+    def __init__(self, consumer: Consumer, interval: float, delivery: Delivery,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.consumer = consumer
-        self.transactions = transactions
-        #: Exactly-once: per partition, the offset its last transaction committed (written by the
-        #: sink's thread, under ``_lock``), and what was stored past it, to commit in one of its own.
-        self._in_txn: dict[TopicPartitionKey, int] = {}
-        self._ahead: dict[TopicPartitionKey, int] = {}
+        self.delivery = delivery
+        delivery.on_committed = self._committed_elsewhere
         self._lock = threading.Lock()
         self.interval = interval
         self._clock = clock
-        self._dirty = False
         self._last = clock()
         #: Per owned partition, the highest offset this member stored, or found committed at its
         #: last rebalance: a committed offset beyond it was committed by another member.
@@ -52,32 +46,23 @@ class OffsetCommitter:
         """Store ``offsets`` (next offset per partition) of a finished batch; partitions not ``owned``
         any more (revoked or lost meanwhile) are skipped: their new owner redoes them."""
         mine = [TopicPartition(t, p, o) for (t, p), o in offsets.items() if (t, p) in owned]
-        if mine and self.transactions is not None:
-            with self._lock:
-                self._ahead.update({(tp.topic, tp.partition): tp.offset for tp in mine
-                                    if tp.offset > self._in_txn.get((tp.topic, tp.partition), -1)})
-            self._dirty = bool(self._ahead)
-        elif mine:
-            self.consumer.store_offsets(offsets=mine)
-            self._dirty = True
+        if not mine:
+            return
+        self.delivery.store(mine)
         with self._lock:
             for tp in mine:
                 key = (tp.topic, tp.partition)
                 self._known[key] = max(self._known.get(key, 0), tp.offset)
 
-    def committed_by_transaction(self, offsets: Mapping[TopicPartitionKey, int]) -> None:
-        """Exactly-once: a transaction committed ``offsets`` (next offset per partition). Any thread."""
+    def _committed_elsewhere(self, offsets: Mapping[TopicPartitionKey, int]) -> None:
+        """The delivery committed ``offsets`` itself (exactly-once, from the sink thread)."""
         with self._lock:
             for tp, o in offsets.items():
-                self._in_txn[tp] = max(self._in_txn.get(tp, -1), o)
                 self._known[tp] = max(self._known.get(tp, 0), o)
 
     def barrier(self) -> None:
-        """Exactly-once: wait for the transaction committing now, if any. Called after a revoke
-        published the smaller ownership: any later commit checks it first (``worker.steps.sink``)."""
-        if self.transactions is not None:
-            with self.transactions.lock:
-                pass
+        """After a revoke published the smaller ownership: a commit under way finishes first."""
+        self.delivery.barrier()
 
     def new_generation(self, owned: Iterable[TopicPartitionKey], timeout: float = 10.0) -> None:
         """A rebalance this member took part in has just assigned it ``owned`` (any assign callback,
@@ -85,8 +70,7 @@ class OffsetCommitter:
         now becomes the line past which a commit means a takeover. (Seen on the local Tansu: a woken
         member reported the partition it still believed it owned, the sticky assignor gave it back,
         and the member that had taken it over and committed it further revoked it.)"""
-        if self.transactions is not None:  # the generation the transactions' offsets are committed under
-            self.transactions.group_metadata = self.consumer.consumer_group_metadata()
+        self.delivery.new_generation(self.consumer)
         owned = set(owned)
         with self._lock:
             self._known = {tp: o for tp, o in self._known.items() if tp in owned}
@@ -108,11 +92,11 @@ class OffsetCommitter:
 
     def forget(self, tps: Iterable[TopicPartitionKey]) -> None:
         """The partitions left this member (revoked or lost): what it stored for them is history."""
+        tps = list(tps)
         with self._lock:
             for tp in tps:
                 self._known.pop(tp, None)
-                self._in_txn.pop(tp, None)
-                self._ahead.pop(tp, None)
+        self.delivery.forget(tps)
 
     def tick(self) -> None:
         """Commit what is stored if the interval has passed (every call with interval 0)."""
@@ -125,45 +109,16 @@ class OffsetCommitter:
         """Commit the stored offsets; True when nothing is left uncommitted. A failure is retried by
         the next call (the stored offsets stay), or here up to ``attempts`` times, 0.5 s apart."""
         self._last = self._clock()
-        if self.transactions is not None:
-            return self._commit_in_transaction()
         for attempt in range(attempts):
-            if not self._dirty:
-                return True
             try:
-                if sync:
-                    self.consumer.commit(asynchronous=False)
-                else:
-                    self.consumer.commit(asynchronous=True)
-                self._dirty = False
-                return True
-            except KafkaException as exc:
-                if exc.args and exc.args[0].code() == KafkaError._NO_OFFSET:
-                    self._dirty = False
-                    return True
+                return self.delivery.commit(sync)
+            except (KafkaException, TransientError) as exc:
                 last = attempt == attempts - 1
                 log.log(logging.ERROR if last and attempts > 1 else logging.WARNING, "commit failed (%s)%s", exc,
                         "; the next commit retries it" if last else "; retrying")
                 if not last:
                     time.sleep(0.5)
         return False
-
-    def _commit_in_transaction(self) -> bool:
-        """Exactly-once: commit what was stored past the transactions' offsets, in a transaction."""
-        assert self.transactions is not None
-        if not self._ahead:
-            return True
-        ahead = dict(self._ahead)
-        try:
-            self.transactions.commit_offsets([TopicPartition(t, p, o) for (t, p), o in ahead.items()])
-        except TransientError as exc:
-            log.warning("commit failed (%s); the next commit retries it", exc)
-            return False
-        self.committed_by_transaction(ahead)
-        with self._lock:
-            self._ahead = {tp: o for tp, o in self._ahead.items() if o > ahead.get(tp, -1)}
-        self._dirty = bool(self._ahead)
-        return not self._dirty
 
     def membership_holds(self, timeout: float = 10.0) -> bool:
         """Prove, after a stall, that this member still owns its partitions: nobody else committed
@@ -190,10 +145,8 @@ class OffsetCommitter:
                 log.warning("membership not proven: other members committed %s past this member's offsets "
                             "(the partitions were taken over)", ", ".join(f"{p}@{o}" for p, o in taken))
                 return False
-            if committed and self.transactions is not None:
-                self.transactions.commit_offsets(committed)  # offsets only ever go through a transaction
-            elif committed:
-                self.consumer.commit(offsets=committed, asynchronous=False)
+            if committed:
+                self.delivery.recommit(committed)
             return True
         except (KafkaException, TransientError) as exc:
             log.warning("membership not proven: the group refused a commit (%s)", exc)

@@ -14,6 +14,7 @@ import socket
 import sys
 from collections.abc import Callable
 
+from confluent_kafka import Consumer
 from confluent_kafka.schema_registry import SchemaRegistryError
 
 from connectors.kafka import (
@@ -33,6 +34,7 @@ from schemas.errors import ConfigError
 from worker import heap, metrics
 from worker.assignment import Assignment
 from worker.chain import build_chain
+from worker.delivery import AtLeastOnce, Delivery, ExactlyOnce
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet, ModelSpec, collection_name, describe, parse_models, versioned_name
 from worker.fence import Fence, lease_seconds
@@ -171,7 +173,16 @@ def serve_metrics(settings: Settings, health: metrics.Health) -> None:
                           "EMBEDSTREAM_METRICS_PORT to a free port, or 0 to turn it off") from None
 
 
-def open_transactions(s: Settings) -> Transactions | None:
+def open_delivery(s: Settings, consumer: Consumer, delivery_timeout_s: float) -> Delivery:
+    """The delivery of ``EMBEDSTREAM_DELIVERY`` (``worker.delivery``): the one place that asks which.
+    At-least-once records may wait ``delivery_timeout_s`` in librdkafka (the fence's lease bounds it)."""
+    if s.delivery == "exactly-once":
+        return ExactlyOnce(open_transactions(s), s.kafka_timeout_seconds)
+    return AtLeastOnce(consumer, lambda: make_output_producer(s.kafka_common(), delivery_timeout_s),
+                       s.kafka_timeout_seconds)
+
+
+def open_transactions(s: Settings) -> Transactions:
     """Exactly-once: the worker's transactional producer, its ``transactional.id`` from the group and
     the static member id (the pod name under the chart), else host and process id (then a killed
     worker's open transaction ends only by the broker's ``transaction.timeout.ms``).
@@ -181,8 +192,6 @@ def open_transactions(s: Settings) -> Transactions | None:
     check (ownership and lease, ``worker.steps.sink``) aborts, so read_committed readers never see
     them; and a record that times out costs an epoch bump that a broker may refuse (Tansu does)."""
     delivery_timeout_s = s.kafka_timeout_seconds
-    if s.delivery != "exactly-once":
-        return None
     member = s.group_instance_id or f"{socket.gethostname()}-{os.getpid()}"
     tid = transactional_id(s.group_id, member)
     log.info("exactly-once delivery: transactional.id %s", tid)
@@ -250,10 +259,8 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     consumer = make_consumer(s.kafka_common(), s.group_id, s.group_instance_id, **{
         "statistics.interval.ms": 5000, "stats_cb": metrics.record_lag_from_stats,
         "error_cb": health.on_kafka_error})
-    new_producer = lambda: make_output_producer(s.kafka_common(), delivery_timeout_s)  # noqa: E731
-    chain = build_chain(s, consumer, new_producer, models, caches, stores, fence,
-                        topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s), open_transactions(s),
-                        topic_limits(s))
+    chain = build_chain(s, consumer, open_delivery(s, consumer, delivery_timeout_s), models, caches, stores, fence,
+                        topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s), topic_limits(s))
     max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
     # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without
     # partitions waits two session timeouts (a rejoin) before it counts as idle.

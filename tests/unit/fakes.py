@@ -6,6 +6,7 @@ import json
 
 from pymilvus.grpc_gen import schema_pb2
 
+from worker.delivery import AtLeastOnce
 from worker.tools.memory_source import EndOfPartition, MemoryMessage, MemorySource
 
 
@@ -209,3 +210,8 @@ class TransactionalProducer(RecordingProducer):
     def abort_transaction(self, timeout=None):
         self._call("abort_transaction")
         self._open, self._open_offsets = [], {}
+
+
+def at_least_once(consumer=None, producer=None) -> AtLeastOnce:
+    """The at-least-once delivery over ``consumer`` and ``producer`` (a recording one by default)."""
+    return AtLeastOnce(consumer, (lambda: producer) if producer is not None else RecordingProducer, 5.0)

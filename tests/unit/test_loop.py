@@ -21,7 +21,7 @@ from worker.steps.dlq_limit import DlqLimit, DlqLimitExceeded
 from worker.steps.intake import Intake
 from worker.steps.validate import Validator
 
-from .fakes import Clock, FakeConsumer, FakeMessage
+from .fakes import Clock, FakeConsumer, FakeMessage, at_least_once
 
 
 def _records(partition: int, n: int, bad_from: int | None = None) -> list[FakeMessage]:
@@ -40,7 +40,7 @@ def _worker(consumer, embed=lambda g: None, sink=lambda g: None, *, batch=10, in
     pipeline = Pipeline([embed_stage, Stage("sink", sink)], backoff_max=0.05)
     intake = Intake(Validator(10_000, lambda m: "" if m is None else None), lambda texts, _model: [5] * len(texts),
                     DlqLimit(dlq_run, 1.0, 1000), Batcher(batch, 10_000, 0.01, max_bytes=1 << 24), pipeline.submit)
-    chain = Chain(intake, pipeline, OffsetCommitter(consumer, 0), fence,
+    chain = Chain(intake, pipeline, OffsetCommitter(consumer, 0, at_least_once(consumer)), fence,
                   model_free=lambda: embed_stage.backlog == 0)
     return Worker(consumer, "docs", chain, Assignment(pause_after=pause_after, join_grace=1.0),
                   max_inflight=inflight, shutdown_grace=5, health=Health())

@@ -6,12 +6,16 @@ from confluent_kafka import KafkaError, KafkaException
 
 from worker.offsets import OffsetCommitter
 
-from .fakes import Clock, FakeConsumer
+from .fakes import Clock, FakeConsumer, at_least_once
+
+
+def _committer(consumer) -> OffsetCommitter:
+    return OffsetCommitter(consumer, 0, at_least_once(consumer))
 
 
 def test_stores_only_partitions_still_owned():
     c = FakeConsumer({})
-    committer = OffsetCommitter(c, 0)
+    committer = OffsetCommitter(c, 0, at_least_once(c))
     committer.store({("docs", 0): 5, ("docs", 1): 9}, owned={("docs", 0)})
     committer.tick()
     assert c.committed_offsets == {0: 5}
@@ -19,7 +23,7 @@ def test_stores_only_partitions_still_owned():
 
 def test_commits_at_most_every_interval_and_when_forced():
     c, clock = FakeConsumer({}), Clock()
-    committer = OffsetCommitter(c, interval=1.0, clock=clock)
+    committer = OffsetCommitter(c, 1.0, at_least_once(c), clock=clock)
     committer.store({("docs", 0): 3}, owned={("docs", 0)})
     clock.now = 0.5
     committer.tick()
@@ -45,7 +49,7 @@ class FlakyConsumer(FakeConsumer):
 
 def test_a_failed_commit_keeps_the_offsets_for_the_next_one():
     c = FlakyConsumer(failures=1)
-    committer = OffsetCommitter(c, 0)
+    committer = OffsetCommitter(c, 0, at_least_once(c))
     committer.store({("docs", 0): 7}, owned={("docs", 0)})
     assert committer.commit(sync=True) is False and c.committed_offsets == {}
     assert committer.commit(sync=True) is True and c.committed_offsets == {0: 7}
@@ -53,7 +57,7 @@ def test_a_failed_commit_keeps_the_offsets_for_the_next_one():
 
 def test_shutdown_commit_retries_within_its_attempts():
     c = FlakyConsumer(failures=2)
-    committer = OffsetCommitter(c, 0)
+    committer = OffsetCommitter(c, 0, at_least_once(c))
     committer.store({("docs", 0): 2}, owned={("docs", 0)})
     assert committer.commit(sync=True, attempts=3) and c.committed_offsets == {0: 2}
 
@@ -68,7 +72,7 @@ def _assigned(consumer: FakeConsumer, committed: dict[int, int]) -> FakeConsumer
 
 def test_membership_is_proven_by_recommitting_what_is_committed():
     c = _assigned(FakeConsumer({}), {0: 40})  # partition 1 has nothing committed yet: left alone
-    assert OffsetCommitter(c, 0).membership_holds()
+    assert OffsetCommitter(c, 0, at_least_once(c)).membership_holds()
     assert c.explicit_commits == 1 and c.committed_offsets == {0: 40}
 
 
@@ -81,20 +85,20 @@ class EvictedConsumer(FakeConsumer):
 
 def test_a_refused_commit_is_no_proof(caplog):
     c = _assigned(EvictedConsumer({}), {0: 40, 1: 3})
-    assert OffsetCommitter(c, 0).membership_holds() is False
+    assert OffsetCommitter(c, 0, at_least_once(c)).membership_holds() is False
     assert "membership not proven" in caplog.text
 
 
 def test_nothing_assigned_or_committed_needs_no_proof():
-    assert OffsetCommitter(EvictedConsumer({}), 0).membership_holds()
-    assert OffsetCommitter(_assigned(EvictedConsumer({}), {}), 0).membership_holds()
+    assert OffsetCommitter(EvictedConsumer({}), 0, at_least_once()).membership_holds()
+    assert _committer(_assigned(EvictedConsumer({}), {})).membership_holds()
 
 
 def test_a_partition_committed_past_this_members_offsets_was_taken_over(caplog):
     """A broker that accepts any commit (the local Tansu) still shows the takeover: the new owner
     committed further than this member ever stored."""
     c = _assigned(FakeConsumer({}), {})
-    committer = OffsetCommitter(c, 0)
+    committer = OffsetCommitter(c, 0, at_least_once(c))
     committer.store({("docs", 0): 40, ("docs", 1): 12}, owned={("docs", 0), ("docs", 1)})
     committer.commit(sync=True)
     assert committer.membership_holds()
@@ -108,7 +112,7 @@ def test_a_partition_committed_past_this_members_offsets_was_taken_over(caplog):
 
 def test_a_rebalance_this_member_took_part_in_says_what_it_owns():
     c = _assigned(FakeConsumer({}), {})
-    committer = OffsetCommitter(c, 0)
+    committer = OffsetCommitter(c, 0, at_least_once(c))
     committer.store({("docs", 0): 40}, owned={("docs", 0)})
     c.committed_offsets[0] = 90
     assert committer.membership_holds() is False
@@ -121,7 +125,7 @@ def test_a_rebalance_this_member_took_part_in_says_what_it_owns():
 def test_a_rebalance_before_any_offset_was_stored_sets_the_line():
     """The freeze may land right after an assignment, before this member stored anything."""
     c = _assigned(FakeConsumer({}), {0: 40})
-    committer = OffsetCommitter(c, 0)
+    committer = OffsetCommitter(c, 0, at_least_once(c))
     committer.new_generation({("docs", 0), ("docs", 1)})
     assert committer.membership_holds()
     c.committed_offsets[0] = 60

@@ -9,13 +9,14 @@ from confluent_kafka import KafkaError, KafkaException
 
 from connectors.milvus import MilvusStore
 from schemas.errors import RecordRefused, TransientError
+from worker.delivery import AtLeastOnce
 from worker.fence import Fence, FenceClosed
 from worker.records import Batch, Chunk, DeadLetter, Delete, Item, Source
 from worker.steps.fit import TopicLimits, record_size
 from worker.steps.sink import ModelTarget, SinkStep
 from worker.steps.versions import VersionGuard, final_operations
 
-from .fakes import RecordingMilvusClient, RecordingProducer
+from .fakes import RecordingMilvusClient, RecordingProducer, at_least_once
 
 
 def _item(doc_id: str, o: int, v: float, partition: int = 0) -> Item:
@@ -36,7 +37,7 @@ def _sink(client, producer, fence: Fence | None = None, limits: TopicLimits | No
     if fence is None:
         fence = Fence(lease_s=60)
         fence.publish({("docs", p) for p in range(4)})
-    return SinkStep({"": ModelTarget(_store(client), "m", 4)}, lambda: producer, fence=fence,
+    return SinkStep({"": ModelTarget(_store(client), "m", 4)}, at_least_once(producer=producer), fence=fence,
                     guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
                     delivery_timeout_s=5, limits=limits)
 
@@ -260,14 +261,15 @@ def test_a_producer_that_was_fenced_is_replaced_and_the_group_retried_whole():
     fenced = RecordingProducer(fail=KafkaError(KafkaError.PRODUCER_FENCED))
     fresh = RecordingProducer()
     made = iter([fenced, fresh])
-    sink = SinkStep({"": ModelTarget(_store(RecordingMilvusClient()), "m", 4)}, lambda: next(made), fence=_owned(0),
+    sink = SinkStep({"": ModelTarget(_store(RecordingMilvusClient()), "m", 4)},
+                    AtLeastOnce(None, lambda: next(made), 5.0), fence=_owned(0),
                     guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
                     delivery_timeout_s=5)
     batch = Batch()
     batch.add(_item("a", 1, 0.1))
     with pytest.raises(TransientError):
         sink.process([batch])
-    assert fenced.purged and sink.producer is fresh
+    assert fenced.purged and sink.delivery.producer is fresh
     sink.process([batch])
     assert [k for _, k, _, _ in fresh.records] == [b"a"]
 
@@ -279,7 +281,7 @@ def test_an_ordinary_delivery_failure_keeps_the_producer():
     batch.add(_item("a", 1, 0.1))
     with pytest.raises(TransientError):
         sink.process([batch])
-    assert sink.producer is producer and not producer.purged
+    assert sink.delivery.producer is producer and not producer.purged
 
 
 def test_a_replay_across_a_delete_neither_brings_the_row_back_nor_shows_the_old_version_again():
@@ -311,7 +313,7 @@ def test_each_model_writes_its_collection_and_a_tombstone_deletes_from_all():
     fence = Fence(lease_s=60)
     fence.publish({("docs", 0)})
     targets = {"small": ModelTarget(_store(small), "org/small", 4), "big": ModelTarget(_store(big), "org/big", 6)}
-    sink = SinkStep(targets, lambda: producer, fence=fence, guard=VersionGuard({"docs": "T1"}),
+    sink = SinkStep(targets, at_least_once(producer=producer), fence=fence, guard=VersionGuard({"docs": "T1"}),
                     output_topic="embeddings", dlq_topic="documents.dlq", delivery_timeout_s=5)
     batch = Batch()
     a, b, both = _item("a", 0, 0.1), _item("b", 1, 0.2), _item("x", 2, 0.3)

@@ -12,6 +12,7 @@ from confluent_kafka import KafkaError
 
 from connectors.transactions import Transactions, TransactionsFailed, transactional_id
 from schemas.errors import TransientError
+from worker.delivery import ExactlyOnce
 from worker.fence import Fence
 from worker.offsets import OffsetCommitter
 from worker.records import Batch, DeadLetter, Source
@@ -32,10 +33,11 @@ def _sink(producer, client=None, fence=None, committed=None):
         fence.publish({("docs", p) for p in range(4)})
     txn = Transactions(lambda: producer, timeout=0.2, sleep=lambda _s: time.sleep(0.02))
     txn.group_metadata = "group-metadata"
-    sink = SinkStep({"": ModelTarget(_store(client or RecordingMilvusClient()), "m", 4)}, lambda: producer,
+    delivery = ExactlyOnce(txn, 5)
+    delivery.on_committed = (committed if committed is not None else {}).update
+    sink = SinkStep({"": ModelTarget(_store(client or RecordingMilvusClient()), "m", 4)}, delivery,
                     fence=fence, guard=VersionGuard({"docs": "T1"}), output_topic="embeddings",
-                    dlq_topic="documents.dlq", delivery_timeout_s=5, transactions=txn,
-                    on_committed=(committed if committed is not None else {}).update)
+                    dlq_topic="documents.dlq", delivery_timeout_s=5)
     return sink, txn
 
 
@@ -193,9 +195,10 @@ def test_the_committer_commits_only_through_transactions():
     txn = Transactions(lambda: producer, timeout=0.2)
     txn.group_metadata = "gm"
     consumer = _Consumer()
-    committer = OffsetCommitter(consumer, 0, transactions=txn)
+    delivery = ExactlyOnce(txn, 5)
+    committer = OffsetCommitter(consumer, 0, delivery)
     owned = {("docs", 0), ("docs", 1)}
-    committer.committed_by_transaction({("docs", 0): 10})  # the sink's transaction
+    delivery.committed({("docs", 0): 10})                   # the sink's transaction
     committer.store({("docs", 0): 10}, owned)               # the loop collects the same batch
     assert committer.commit(sync=True) and producer.calls == ["init_transactions"]
     committer.store({("docs", 0): 11, ("docs", 1): 5}, owned)  # a drained end past a commit marker
@@ -209,7 +212,7 @@ def test_the_committer_commits_only_through_transactions():
 def test_a_revoke_waits_for_the_transaction_committing_now():
     producer = TransactionalProducer()
     txn = Transactions(lambda: producer, timeout=0.2)
-    committer = OffsetCommitter(_Consumer(), 0, transactions=txn)
+    committer = OffsetCommitter(_Consumer(), 0, ExactlyOnce(txn, 5))
     order = []
     txn.lock.acquire()
 
@@ -233,9 +236,9 @@ def test_an_abort_that_cannot_finish_replaces_the_producer():
     txn.group_metadata = "gm"
     fence = Fence(lease_s=60)
     fence.publish({("docs", 0), ("docs", 1)})
-    sink = SinkStep({"": ModelTarget(_store(RecordingMilvusClient()), "m", 4)}, lambda: stuck, fence=fence,
+    sink = SinkStep({"": ModelTarget(_store(RecordingMilvusClient()), "m", 4)}, ExactlyOnce(txn, 5), fence=fence,
                     guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
-                    delivery_timeout_s=5, transactions=txn)
+                    delivery_timeout_s=5)
     group = _group()
     with pytest.raises(TransientError):
         sink.process(group)

@@ -1,53 +1,34 @@
 """Write a group of finished batches: Milvus, the output and dead-letter topics, and the cache.
 
 A document is written as its chunks (``worker.steps.chunk``): a Milvus row and an output record per
-chunk, and its chunks of an older version that the new one no longer has are deleted.
+chunk, and its chunks of an older version that the new one no longer has are deleted. A group is
+written with one Milvus upsert and one delete per collection (the last operation per id across the
+group wins). The cache is filled while Milvus writes, best-effort; it never fails a batch.
 
-The order is the delivery contract: a batch counts as done (its offsets may be committed) only
-when Milvus has acknowledged the upserts and deletes *and* the broker has acknowledged every output
-and dead-letter record. A group is written with one Milvus upsert and one delete (the last
-operation per id across the group wins) and done as a whole. Any outage raises
-:class:`TransientError` and the whole step is retried:
-Milvus upserts are idempotent, the output topic is at-least-once. The cache is filled while
-Milvus writes, best-effort; it never fails a batch.
-
-With ``EMBEDSTREAM_DELIVERY=exactly-once`` (``transactions``) a group is one Kafka transaction: its
-output and dead-letter records and its input offsets commit together, after Milvus acknowledged
-its writes. A Milvus outage keeps the transaction open (the retry writes Milvus alone); any other
-failure aborts it and the group is redone whole in a new one (``connectors.transactions`` says how
-each kind of Kafka error is met). The offsets are then committed here, not by the polling thread.
-
-Nothing older is written over something newer (why this is sound: ``worker.fence`` and
-``worker.steps.versions``):
-
-1. **Fence.** The entries of partitions this member no longer owns are skipped (``batch.fenced``:
-   their new owner redoes them, and their offsets are not committed here); an expired lease stops
-   the step before each write (:class:`~worker.fence.FenceClosed`, retried once the polling thread
-   has re-validated the membership), and before each output record.
-2. **Version guard.** Milvus is asked which versions it holds for the group's ids (one Strong read);
-   an operation older than the row's version from the same partition is *superseded*: it is written
-   neither to Milvus nor to the output topic (``batch.superseded``), so a replay or a late zombie
-   never takes a row, or a reader of the output topic, back to an older version.
+This step offers the steps of writing a group (``worker.delivery.GroupWriter``: plan, Milvus,
+records, offsets); the delivery chosen at assembly puts them in order and makes them durable
+(``worker.delivery`` tells that order once, for both modes: the fence, the version guard, Milvus and
+the topics, the offsets). Nothing older is written over something newer: ``worker.fence`` and
+``worker.steps.versions`` say why.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from connectors.kafka import DeliveryBatch
 from connectors.milvus import MilvusStore
 from connectors.milvus_schema import EXCERPT_CHARS, ChunkRows, chunk_id
 from connectors.redis_cache import RedisCache
-from connectors.transactions import Transactions
 from schemas.errors import TransientError
 from worker import metrics
+from worker.delivery import Delivery, Planned
 from worker.fence import Fence
 from worker.output import OutputFormat
 from worker.records import Batch, DeadLetter, Delete, Entry, Item
@@ -97,14 +78,14 @@ class SinkStep:
     id from every collection (a document may be embedded by several models, each collection holding
     the newest record of the id that asked for its model)."""
 
-    def __init__(self, targets: dict[str, ModelTarget], new_producer: Callable[[], Producer], *, fence: Fence,
+    def __init__(self, targets: dict[str, ModelTarget], delivery: Delivery, *, fence: Fence,
                  guard: VersionGuard, output_topic: str, dlq_topic: str, delivery_timeout_s: float,
-                 limits: TopicLimits | None = None, output: OutputFormat | None = None,
-                 transactions: Transactions | None = None,
-                 on_committed: Callable[[dict], None] = lambda _offsets: None) -> None:
+                 limits: TopicLimits | None = None, output: OutputFormat | None = None) -> None:
         self.targets = targets
         #: A tombstone's ``embedstream.model`` header: the model when there is one, else every one.
         self._delete_header = b",".join(t.header for t in targets.values())
+        #: How the group becomes durable (``worker.delivery``): at-least-once or exactly-once.
+        self.delivery = delivery
         self.fence = fence
         #: How output values are encoded (EMBEDSTREAM_OUTPUT_FORMAT).
         self.output = output or OutputFormat()
@@ -112,14 +93,6 @@ class SinkStep:
         self.output_topic = output_topic
         self.dlq_topic = dlq_topic
         self.delivery_timeout_s = delivery_timeout_s
-        self._new_producer = new_producer
-        #: Exactly-once: the transactional producer, and who learns of the offsets it committed.
-        self.transactions = transactions
-        self._on_committed = on_committed
-        #: Exactly-once: the group whose records are in the open transaction while Milvus is retried.
-        self._carried: tuple | None = None
-        #: At-least-once: the idempotent producer (exactly-once produces with the transactions').
-        self._producer = new_producer() if transactions is None else None
         #: The largest record each topic takes: dead letters are cut to fit, output records over it are
         #: dead-lettered (``worker.steps.fit``).
         self.limits = limits or TopicLimits()
@@ -128,28 +101,31 @@ class SinkStep:
     def close(self) -> None:
         """Release the Milvus writer thread and the producer (call once the step is no longer used)."""
         self._milvus.shutdown(wait=True)
-        if self.transactions is not None:
-            self.transactions.close(self.delivery_timeout_s)
-            return
-        # close() flushes without a time limit: only call it once nothing is left to deliver.
-        if self.producer.flush(self.delivery_timeout_s) == 0:
-            self.producer.close()
+        self.delivery.close()
 
-    @property
-    def producer(self) -> Producer:
-        """The producer records go out with: the transactions' one (it may be replaced) or our own."""
-        if self.transactions is not None:
-            return self.transactions.producer
-        assert self._producer is not None
-        return self._producer
+    def process(self, group: list[Batch]) -> None:
+        """Make ``group`` durable (the delivery's order); raises :class:`TransientError` to be retried."""
+        self.delivery.write(group, self)
 
-    def _replace_producer(self) -> None:
-        """Drop a producer that can deliver nothing more (``DeliveryBatch.broken``) for a new one; what
-        the old one still held is purged (the group is retried whole)."""
-        log.warning("the producer was fenced or failed fatally: replacing it before the retry")
-        old, self._producer = self.producer, self._new_producer()
-        old.purge()
-        old.flush(0)
+    # -- the steps a delivery orders (worker.delivery.GroupWriter) ----------------------------
+    def plan(self, group: list[Batch]) -> Planned:
+        now = int(time.time() * 1000)
+        self._dead_letter_oversized(group, now)
+        entries, plans = self._news(group)
+        self.fence.check()  # the Strong reads above may have taken a while
+        return Planned(group, entries, plans, now)
+
+    def write_milvus(self, planned: Planned) -> Future:
+        return self._milvus.submit(self._write_milvus, planned.plans, planned.now)
+
+    def produce(self, planned: Planned, producer: Producer) -> DeliveryBatch:
+        delivery = self._produce(planned.entries, planned.now, producer)
+        self._fill_caches(planned.group)
+        return delivery
+
+    def written(self, planned: Planned) -> None:
+        for plan in planned.plans:
+            metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
 
     def _rows(self, items: list[Item]) -> ChunkRows:
         """The Milvus rows of ``items``: one per chunk."""
@@ -191,11 +167,11 @@ class SinkStep:
         if upserts:
             store.upsert_chunks(self._rows(list(upserts.values())), plan.target.model_id, now)
 
-    def _produce(self, entries: list[Entry], now: int) -> DeliveryBatch:
+    def _produce(self, entries: list[Entry], now: int, producer: Producer) -> DeliveryBatch:
         """Hand every output and dead-letter record of ``entries`` to the producer (not yet confirmed);
         the lease is checked before each document. A document's chunks go out in order, under its id."""
         self.output.ready()  # before any record: an outage of the registry then repeats none
-        delivery = DeliveryBatch(self.producer, self.delivery_timeout_s)
+        delivery = DeliveryBatch(producer, self.delivery_timeout_s)
         for e in entries:
             self.fence.check()
             if isinstance(e, Item):
@@ -269,98 +245,8 @@ class SinkStep:
             p.deletes = {i: e for i, e in p.deletes.items() if not self.guard.superseded(e, p.stored)}
         return [e for e in mine if not getattr(e, "superseded", False)], list(plans.values())
 
-    def process(self, group: list[Batch]) -> None:
-        if self.transactions is not None:
-            self._process_in_transaction(group, self.transactions)
-            return
-        now = int(time.time() * 1000)
-        self._dead_letter_oversized(group, now)
-        entries, plans = self._news(group)
-        self.fence.check()  # the Strong reads above may have taken a while
-        # Milvus writes on a helper thread while this one encodes and hands the records to the
-        # producer (librdkafka sends them meanwhile): the server works while Python does. Both
-        # must be confirmed before the batches count as done; the order between them does not matter.
-        write = self._milvus.submit(self._write_milvus, plans, now)
-        t0 = time.perf_counter()
-        try:
-            # Records acknowledged by an earlier attempt (which then failed on Milvus) are not
-            # produced again: an outage would otherwise repeat the group's output at every retry.
-            delivery = None if all(b.delivered for b in group) else self._produce(entries, now)
-            self._fill_caches(group)
-        except BaseException:
-            wait([write])  # never leave a write running behind a retry: one writer at a time
-            raise
-        try:
-            if delivery is not None:
-                try:
-                    delivery.confirm()
-                except TransientError:
-                    if delivery.broken:
-                        self._replace_producer()
-                    raise
-                for batch in group:
-                    batch.delivered = True
-                metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
-        finally:
-            metrics.SINK_SECONDS.labels("milvus").observe(write.result())  # raises the write's error
-        for plan in plans:
-            metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
-
-    def _process_in_transaction(self, group: list[Batch], txn: Transactions) -> None:
-        """The group as one transaction: records, Milvus, then offsets and commit (module doc).
-
-        A Milvus outage does not abort it: its records stay in the open transaction and the retry
-        writes Milvus alone, then commits (an abort would cost the redo, and a broker without
-        aborted-transaction filtering, like Tansu, would show the aborted records), for at most half
-        the transaction timeout; any other failure aborts it and the retry redoes the group."""
-        if txn.pending:  # the last attempt's commit timed out: it may still go through, never redo it
-            with txn.lock:
-                txn.finish_pending()
-            self._committed(group)
-            return
-        carried = self._carried if self._carried is not None and self._carried[0] is group and txn.open else None
-        if carried is not None:
-            _, entries, plans, now = carried
-        else:
-            now = int(time.time() * 1000)
-            self._dead_letter_oversized(group, now)
-            entries, plans = self._news(group)
-            self.fence.check()
-        write = self._milvus.submit(self._write_milvus, plans, now)
-        t0 = time.perf_counter()
-        keep_open = False
-        try:
-            if carried is None:
-                txn.begin()
-                delivery = self._produce(entries, now)
-                self._fill_caches(group)
-                delivery.confirm()
-            try:
-                metrics.SINK_SECONDS.labels("milvus").observe(write.result())  # Milvus first: it raises here
-            except TransientError:
-                keep_open = txn.open_for() < txn.keep_open_s
-                self._carried = (group, entries, plans, now) if keep_open else None
-                raise
-            with txn.lock:  # a revoke waits for this: no offsets of a partition given away commit
-                offsets = self._owned_offsets(group)
-                txn.commit(offsets)
-            metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
-            for plan in plans:
-                metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
-        except BaseException as exc:
-            wait([write])  # never leave a write running behind a retry: one writer at a time
-            if not keep_open:
-                self._carried = None
-                if not txn.pending:
-                    txn.abort()
-            if isinstance(exc, KafkaException):  # a produce refused by the transaction's state
-                raise TransientError("kafka", f"{exc}: the transaction was aborted, its batches are redone") from None
-            raise
-        self._carried = None
-        self._committed(group)
-
     @staticmethod
-    def _written_offsets(group: list[Batch]) -> dict:
+    def written_offsets(group: list[Batch]) -> dict:
         """The next offset per partition of the group's written entries (``fenced`` ones left out)."""
         offsets: dict = {}
         for batch in group:
@@ -369,18 +255,13 @@ class SinkStep:
                     offsets[tp] = max(offsets.get(tp, 0), o)
         return offsets
 
-    def _owned_offsets(self, group: list[Batch]) -> list[TopicPartition]:
-        """The group's ``_written_offsets`` to commit; raises :class:`TransientError` when one of their
+    def owned_offsets(self, group: list[Batch]) -> list[TopicPartition]:
+        """The group's ``written_offsets`` to commit; raises :class:`TransientError` when one of their
         partitions left this member during the transaction (the redo leaves it to its new owner)."""
         owned = self.fence.owned_now()
-        offsets = self._written_offsets(group)
+        offsets = self.written_offsets(group)
         gone = sorted(p for t, p in offsets if (t, p) not in owned)
         if gone:
             raise TransientError("fence", f"partitions {gone} were revoked during the transaction: redoing the "
                                  "group without them")
         return [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
-
-    def _committed(self, group: list[Batch]) -> None:
-        for batch in group:
-            batch.delivered = True
-        self._on_committed(self._written_offsets(group))

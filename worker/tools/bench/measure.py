@@ -285,6 +285,7 @@ def memory_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: 
     decoding, batching, the model, encoding: its ceiling, with the broker's and the sinks' shares out."""
     from worker.assignment import Assignment
     from worker.chain import build_chain
+    from worker.delivery import AtLeastOnce
     from worker.fence import Fence
     from worker.loop import Worker
     from worker.metrics import Health
@@ -303,7 +304,8 @@ def memory_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: 
     models = load_models(s, embedder)
     stores: dict[str, MilvusStore] = {name: InstantStore() for name in models.handles}
     real0, pad0 = model_tokens()
-    chain = build_chain(s, consumer, NullProducer, models, {name: None for name in models.handles},  # type: ignore[arg-type]
+    delivery = AtLeastOnce(consumer, NullProducer, s.kafka_timeout_seconds)  # type: ignore[arg-type]
+    chain = build_chain(s, consumer, delivery, models, {name: None for name in models.handles},  # type: ignore[arg-type]
                         stores, Fence(lease_s=60.0), {})
     worker = Worker(consumer, s.input_topic, chain, Assignment(pause_after=5.0, join_grace=0.1),  # type: ignore[arg-type]
                     max_inflight=inflight_limit(s, models), shutdown_grace=s.shutdown_grace_seconds, health=Health())
