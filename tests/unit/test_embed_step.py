@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from worker.embedding.fake import FakeEmbedder
@@ -111,3 +113,32 @@ def test_a_skipped_lookup_still_embeds_everything_and_the_vectors_go_back_to_the
     stage.process([batch])
     assert calls == [] and sorted(batch.fresh[""]) == ["h-alpha", "h-beta"]
     assert all(ch.vector is not None and not ch.cached for it in batch.items for ch in it.chunks)
+
+
+def test_a_failed_lookup_is_an_outage_not_a_cost_so_redis_is_asked_again_once_back():
+    model = FakeEmbedder()
+
+    class FrozenThenBack(DictCache):
+        frozen = True
+
+        def get_many(self, hashes):
+            if self.frozen:
+                time.sleep(0.05)  # the client's timeout
+                self.errors += 1
+                return [None] * len(hashes)
+            return super().get_many(hashes)
+
+    cache = FrozenThenBack({})
+    step = EmbedStep(model, cache)
+    stage = type("Stage", (), {"process": staticmethod(in_turn(Chunker(model, "tokens", 254, 2, 512).process,
+                                                                step.process))})
+    stage.process([_batch(0, "alpha", "beta")])  # healthy: the costs are measured
+    healthy = step.policy.lookup_s
+    for i in range(5):
+        stage.process([_batch(10 + 2 * i, f"frozen {i}", f"still frozen {i}")])
+    assert step.policy.lookup_s == healthy  # the timeouts were not taken for the lookup's cost
+    cache.frozen = False
+    cache.stored["h-back"] = np.ones(model.dim, np.float32)
+    batch = _batch(30, "back")
+    stage.process([batch])
+    assert batch.items[0].chunks[0].cached

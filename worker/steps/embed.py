@@ -14,7 +14,9 @@ cache against 1,820-1,840 without). The step keeps running averages of what a lo
 what the model costs a text and how often Redis hits; while a lookup costs more than
 ``WORTH_ASKING`` of the model's time *and* the hits save less than the lookups cost, it skips Redis
 (the memo and the write-back stay), asking again one group in ``PROBE_EVERY`` to see whether that
-still holds. On a CPU a lookup costs ~1 % of the model's time: Redis is always asked there.
+still holds. A lookup that failed (Redis down or frozen) is an outage, not a cost: it is not
+measured, so Redis is asked again as before once it is back. On a CPU a lookup costs ~1 % of the
+model's time: Redis is always asked there.
 """
 
 from __future__ import annotations
@@ -148,11 +150,13 @@ class EmbedStep:
                 vectors[h] = vec
                 hit.add(h)
                 found += 1
-        self.policy.looked_up(len(asked), found, time.perf_counter() - t0)
         if self.cache.errors != errors_before:
+            # An outage, not a cost: RedisCache bounds it (a timeout, then misses at once while it is
+            # down), and its timeouts must not keep Redis skipped once it is back.
             metrics.CACHE_REQUESTS.labels("error").inc(len(asked))
             metrics.CACHE_REQUESTS.labels("hit").inc(len(hashes) - len(asked))
         else:
+            self.policy.looked_up(len(asked), found, time.perf_counter() - t0)
             metrics.CACHE_REQUESTS.labels("hit").inc(len(hit))
             metrics.CACHE_REQUESTS.labels("miss").inc(len(hashes) - len(hit))
 
