@@ -37,7 +37,7 @@ from worker.steps.batcher import Batcher
 from worker.steps.chunk import Chunker
 from worker.steps.dlq_limit import DlqLimit
 from worker.steps.embed import EmbedStep
-from worker.steps.fit import TopicLimits, output_room
+from worker.steps.fit import TopicLimits
 from worker.steps.intake import Intake
 from worker.steps.sink import ModelTarget, SinkStep
 from worker.steps.validate import Validator
@@ -118,7 +118,7 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
         Validator(s.max_text_bytes, models.resolve,                                  # 1 Item | Delete | DeadLetter
                   lambda chars: chars > safe_chars,                                  #   (key = identity,
                   registry=registry, key_field=s.key_field,                          #   model by name)
-                  keep_large=min(output_room(m.dim, limits.output) for m in handles.values())),
+                  keep_large=min(sink.output_rooms.values())),
         lambda texts, model: handles[model].estimate_tokens(                         # 2 token estimate
             texts, chunked=s.chunking == "tokens"),
         DlqLimit(s.dlq_max_consecutive, s.dlq_max_ratio, s.dlq_ratio_window),        # 3 halt a bad deploy

@@ -96,6 +96,9 @@ class SinkStep:
         #: The largest record each topic takes: dead letters are cut to fit, output records over it are
         #: dead-lettered (``worker.steps.fit``).
         self.limits = limits or TopicLimits()
+        #: Per model, the bytes of id and metadata below which its output records always fit
+        #: (``worker.steps.fit.output_room``): only a document past it is measured.
+        self.output_rooms = {name: output_room(t.dim, self.limits.output) for name, t in targets.items()}
         self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
 
     def close(self) -> None:
@@ -118,10 +121,6 @@ class SinkStep:
     def write_milvus(self, planned: Planned) -> Future:
         return self._milvus.submit(self._write_milvus, planned.plans, planned.now)
 
-    def produce(self, planned: Planned, producer: Producer) -> DeliveryBatch:
-        delivery = self._produce(planned.entries, planned.now, producer)
-        self._fill_caches(planned.group)
-        return delivery
 
     def written(self, planned: Planned) -> None:
         for plan in planned.plans:
@@ -167,12 +166,14 @@ class SinkStep:
         if upserts:
             store.upsert_chunks(self._rows(list(upserts.values())), plan.target.model_id, now)
 
-    def _produce(self, entries: list[Entry], now: int, producer: Producer) -> DeliveryBatch:
-        """Hand every output and dead-letter record of ``entries`` to the producer (not yet confirmed);
-        the lease is checked before each document. A document's chunks go out in order, under its id."""
+    def produce(self, planned: Planned, producer: Producer) -> DeliveryBatch:
+        """Hand every output and dead-letter record of the group to ``producer`` (not yet confirmed),
+        then fill the caches; the lease is checked before each document. A document's chunks go out
+        in order, under its id."""
+        now = planned.now
         self.output.ready()  # before any record: an outage of the registry then repeats none
         delivery = DeliveryBatch(producer, self.delivery_timeout_s)
-        for e in entries:
+        for e in planned.entries:
             self.fence.check()
             if isinstance(e, Item):
                 key, target = e.id.encode(), self.targets[e.model]
@@ -185,6 +186,7 @@ class SinkStep:
                 dlq_key, value, headers = dead_letter_record(e, self.limits.dlq)
                 delivery.produce(self.dlq_topic, dlq_key, value, headers, what=f"the dead letter ({e.reason}) of "
                                  f"{e.source.topic} partition {e.source.partition} offset {e.source.offset}")
+        self._fill_caches(planned.group)
         return delivery
 
     def _dead_letter_oversized(self, group: list[Batch], now: int) -> None:
@@ -198,7 +200,7 @@ class SinkStep:
                     continue
                 target = self.targets[e.model]
                 size = len(e.id.encode()) + sum(len(k.encode()) + len(v.encode()) for k, v in e.metadata.items())
-                if size <= output_room(target.dim, self.limits.output):
+                if size <= self.output_rooms[e.model]:
                     continue
                 self.output.ready()
                 key = e.id.encode()
