@@ -111,9 +111,9 @@ CHUNK_ROW_FIELDS = ("id", "doc_id", "chunk_index", "chunk_count", "span_start", 
 def documents_in_milvus(s: Settings) -> dict[str, list[dict]]:
     """Every document in the collection: its chunk rows in chunk order. Asserts each document holds
     exactly the chunks of one version (indexes 0..count-1, one count, one source offset)."""
-    from connectors.milvus import MilvusStore
+    from connectors.milvus import MilvusReader
 
-    store = MilvusStore(s.milvus_uri, s.milvus_collection, timeout=30)
+    store = MilvusReader(s.milvus_uri, s.milvus_collection, timeout=30)
     rows = store.query_ids(fields=CHUNK_ROW_FIELDS)
     store.close()
     ids = [r["id"] for r in rows]

@@ -1,7 +1,7 @@
 """`embedstream migrate`: change the model without downtime.
 
-Readers query an alias (``worker.runner.alias_of``); each model writes a collection of its own
-behind it (``worker.embedding.models.versioned_name``). A migration:
+Readers query an alias; each model writes a collection of its own behind it (the names:
+``worker.naming``). A migration:
 
 1. **plans** (:func:`plan`): where the alias points now, the new model's collection, the backfill's
    consumer group (``<group>.migrate.<new collection>``: the same on every run, so a re-run resumes),
@@ -34,9 +34,10 @@ from confluent_kafka.admin import ConfigResource, OffsetSpec
 
 from connectors.kafka import make_admin
 from connectors.lag import group_lag
-from connectors.milvus import MilvusStore
+from connectors.milvus import MilvusAdmin, MilvusReader
 from schemas.errors import ConfigError
 from worker.embedding.base import Embedder
+from worker.naming import alias_of, collection_of, family_prefix
 from worker.search import ROWS_PER_DOCUMENT, best_chunk_per_document
 from worker.settings import Settings
 
@@ -132,41 +133,36 @@ def backfill_lag(settings: Settings, group: str, ends: Mapping[int, int] | None 
                        any(p.committed is not None for p in lags))
 
 
-def _family_prefix(new_collection: str) -> str:
-    return new_collection.rsplit("__", 1)[0] + "__"
-
-
 #: First chunks read to draw the sample from (a bounded read, whatever the collection's size).
 SAMPLE_POOL = 5000
 
 
-def sample_documents(store: MilvusStore, n: int, seed: int = 7) -> list[tuple[str, str]]:
+def sample_documents(store: MilvusReader, n: int, seed: int = 7) -> list[tuple[str, str]]:
     """Up to ``n`` documents of ``store`` as ``(doc id, excerpt of its first chunk)``, drawn at random
     (fixed seed) from up to ``SAMPLE_POOL`` of its first chunks."""
-    rows = store.client.query(store.collection, filter="chunk_index == 0", output_fields=["doc_id", "excerpt"],
-                              limit=SAMPLE_POOL, consistency_level="Strong", timeout=store.timeout)
+    rows = store.query("chunk_index == 0", ["doc_id", "excerpt"], limit=SAMPLE_POOL)
     firsts = sorted((r["doc_id"], r.get("excerpt") or "") for r in rows)
     firsts = [(d, e) for d, e in firsts if e.strip()]
     return random.Random(seed).sample(firsts, min(n, len(firsts)))
 
 
-def _top_docs(store: MilvusStore, model: Embedder, texts: list[str]) -> list[list[str]]:
+def _top_docs(store: MilvusReader, model: Embedder, texts: list[str]) -> list[list[str]]:
     vectors = model.embed_query(texts)
     return [[h["id"] for h in best_chunk_per_document(store.search(v, TOP_K * ROWS_PER_DOCUMENT), TOP_K)]
             for v in vectors]
 
 
-def shadow_check(old: MilvusStore | None, new: MilvusStore, old_model: Embedder | None, new_model: Embedder,
+def shadow_check(old: MilvusReader | None, new: MilvusReader, old_model: Embedder | None, new_model: Embedder,
                  sample: int) -> ShadowReport:
     """Compare the collections on ``sample`` documents of the new one: how many each holds, and for
     each document's excerpt as a query (each collection asked with its own model), the share of the
     top-10 documents both return."""
     docs = sample_documents(new, sample)
     ids = [d for d, _ in docs]
-    in_new = len(new.versions(ids)[1])
+    in_new = len(new.held(ids))
     if old is None:
         return ShadowReport(0, new.count(), len(docs), 0, in_new, None, None, "no old collection to compare with")
-    in_old = len(old.versions(ids)[1]) if ids else 0
+    in_old = len(old.held(ids))
     report = ShadowReport(old.count(), new.count(), len(docs), in_old, in_new, None, None)
     if old_model is None:
         report.note = "the old model is not loaded (set EMBEDSTREAM_MODEL to it): neighbours not compared"
@@ -237,13 +233,13 @@ def wait_caught_up(lag: Callable[[], BackfillLag], backfill: Backfill, on_lag: C
         time.sleep(interval)
 
 
-def drop_old(store: MilvusStore, plan: Plan) -> list[str]:
+def drop_old(admin: MilvusAdmin, plan: Plan) -> list[str]:
     """Drop the collections of the alias's family other than the new one (and their companions)."""
     keep = {plan.new_collection, f"{plan.new_collection}_deleted"}
     dropped = []
-    for name in store.collections(_family_prefix(plan.new_collection)):
+    for name in admin.collections(family_prefix(plan.new_collection)):
         if name not in keep:
-            store.client.drop_collection(name, timeout=store.timeout)
+            admin.drop_collection(name)
             dropped.append(name)
     return dropped
 
@@ -258,21 +254,21 @@ def check_supported(settings: Settings) -> None:
 @dataclass
 class Migration:
     """A planned migration and what it runs with: the settings of the live deployment, those of the
-    backfill, both models (the old one None when it cannot be loaded from the settings) and a store
-    opened on the new collection."""
+    backfill, both models (the old one None when it cannot be loaded from the settings) and Milvus's
+    administration opened on the new collection."""
 
     plan: Plan
     settings: Settings
     backfill_settings: Settings
     new_model: Embedder
     old_model: Embedder | None
-    store: MilvusStore
+    admin: MilvusAdmin
 
 
 def plan(settings: Settings, new_model: str, group: str | None = None) -> Migration:
     """Load both models and read where things stand; changes nothing. Raises ConfigError."""
     from connectors.kafka import check_broker
-    from worker.runner import alias_of, check_topics, collection_of, load_embedder, open_store
+    from worker.runner import check_topics, load_embedder, open_milvus
 
     check_supported(settings)
     try:
@@ -286,21 +282,21 @@ def plan(settings: Settings, new_model: str, group: str | None = None) -> Migrat
     backfill = settings.model_copy(update={
         "model": new_model, "group_id": group, "group_instance_id": None, "metrics_port": 0})
     check_topics(backfill)
-    store = open_store(settings, new_collection)
+    admin = open_milvus(settings, MilvusAdmin, new_collection)
     warnings = retention_warnings(settings)
-    target = store.alias_target(alias)
+    target = admin.alias_target(alias)
     old: Embedder | None = None
     try:
         old = load_embedder(settings)
     except ConfigError as exc:
         warnings.append(f"the old model (EMBEDSTREAM_MODEL) does not load ({exc}): neighbours are not compared")
-    if target is None and store.client.has_collection(alias, timeout=store.timeout):
+    if target is None and admin.has(alias):
         warnings.append(f"{alias!r} is a collection from before aliases: it is renamed to the old model's "
                         "collection and the alias takes its name (rows kept) before the backfill starts")
         old_collection: str | None = alias
     else:
         old_collection = target
-    old_model_id = store.model_of(old_collection) if old_collection else None
+    old_model_id = MilvusReader.sharing(admin, old_collection).model_of() if old_collection else None
     if old is not None and old_model_id not in (None, old.model_id):
         warnings.append(f"the old collection holds model {old_model_id!r} but EMBEDSTREAM_MODEL loads "
                         f"{old.model_id!r}: neighbours are not compared")
@@ -308,26 +304,21 @@ def plan(settings: Settings, new_model: str, group: str | None = None) -> Migrat
     lag = backfill_lag(backfill, group)
     p = Plan(alias, old_collection, old_model_id, new_collection, new.model_id, group, settings.input_topic,
              switched=target == new_collection, warnings=warnings, lag=lag.records, started=lag.started)
-    return Migration(p, settings, backfill, new, old, store)
+    return Migration(p, settings, backfill, new, old, admin)
 
 
 def adopt_legacy(m: Migration) -> None:
     """A collection from before aliases named like the alias: rename it behind the alias (as a
     worker of the old model would at start-up)."""
-    from worker.runner import collection_of, open_store
-
     p = m.plan
     if p.old_collection != p.alias:
         return
     if m.old_model is None:
         raise ConfigError(f"{p.alias!r} is a collection from before aliases: set EMBEDSTREAM_MODEL to the model it "
                           "was built with, so that migrate can move it behind the alias first")
-    old_store = open_store(m.settings, collection_of(m.settings, "", m.old_model))
-    try:
-        old_store.prepare(p.alias, m.old_model.model_id, m.old_model.dim)
-        p.old_collection = old_store.collection
-    finally:
-        old_store.close()
+    old_admin = MilvusAdmin.sharing(m.admin, collection_of(m.settings, "", m.old_model))
+    old_admin.prepare(p.alias, m.old_model.model_id, m.old_model.dim)
+    p.old_collection = old_admin.collection
 
 
 def run(m: Migration, *, sample: int = 50, min_overlap: float | None = None, drop: bool = False,
@@ -336,8 +327,6 @@ def run(m: Migration, *, sample: int = 50, min_overlap: float | None = None, dro
         say: Callable[[str], None] = log.info) -> bool:
     """Backfill, compare, switch (unless blocked), drop the old collections on ``drop``. Returns True
     when the alias points to the new collection at the end."""
-    from worker.runner import open_store
-
     p = m.plan
     if p.switched:
         say(f"alias {p.alias!r} already points to {p.new_collection!r}: nothing to backfill")
@@ -352,12 +341,8 @@ def run(m: Migration, *, sample: int = 50, min_overlap: float | None = None, dro
                 return backfill_lag(m.backfill_settings, p.group, backfill.ends(), admin)
 
             wait_caught_up(lag, backfill, lambda v: on_lag(v, backfill))
-            old = open_store(m.settings, p.old_collection) if p.old_collection else None
-            try:
-                report = shadow_check(old, m.store, m.old_model, m.new_model, sample)
-            finally:
-                if old is not None:
-                    old.close()
+            old = MilvusReader.sharing(m.admin, p.old_collection) if p.old_collection else None
+            report = shadow_check(old, MilvusReader.sharing(m.admin), m.old_model, m.new_model, sample)
             on_report(report)
             if min_overlap is not None and (report.overlap_mean is None or report.overlap_mean < min_overlap):
                 shown = "not measured" if report.overlap_mean is None else f"{report.overlap_mean:.3f}"
@@ -365,11 +350,11 @@ def run(m: Migration, *, sample: int = 50, min_overlap: float | None = None, dro
                     "progress is kept (a re-run resumes)")
                 return False
             wait_caught_up(lag, backfill, lambda v: on_lag(v, backfill))  # still caught up after the check
-            m.store.point_alias(p.alias)
+            m.admin.point_alias(p.alias)
             say(f"switched: alias {p.alias!r} → {p.new_collection!r} (was {p.old_collection!r})")
         finally:
             backfill.stop()
     if drop:
-        dropped = drop_old(m.store, p)
+        dropped = drop_old(m.admin, p)
         say(f"dropped {', '.join(dropped)}" if dropped else "no old collection to drop")
     return True

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from typing import TypeVar
 
 from confluent_kafka import Consumer
 from confluent_kafka.schema_registry import SchemaRegistryError
@@ -25,7 +26,7 @@ from connectors.kafka import (
     topic_ids,
     topic_max_bytes,
 )
-from connectors.milvus import MilvusStore
+from connectors.milvus import MilvusAdmin, MilvusConnection, MilvusStore
 from connectors.redis_cache import RedisCache
 from connectors.registry import SchemaRegistry, client_conf
 from connectors.transactions import Transactions, transactional_id
@@ -36,10 +37,11 @@ from worker.assignment import Assignment
 from worker.chain import build_chain
 from worker.delivery import AtLeastOnce, Delivery, ExactlyOnce
 from worker.embedding.base import Embedder
-from worker.embedding.models import ModelSet, ModelSpec, collection_name, describe, parse_models, versioned_name
+from worker.embedding.models import ModelSet, ModelSpec, describe, parse_models
 from worker.fence import Fence, lease_seconds
 from worker.gpu_metrics import register_gpu_metrics
 from worker.loop import Worker
+from worker.naming import alias_of, collection_of
 from worker.settings import Settings
 from worker.stats import RunStats
 from worker.steps.fit import DEFAULT_MESSAGE_MAX_BYTES, TopicLimits
@@ -111,24 +113,15 @@ def inflight_limit(settings: Settings, models: ModelSet) -> int:
     return settings.max_inflight_batches * len(models.handles)
 
 
-def alias_of(settings: Settings, name: str) -> str:
-    """The Milvus alias that readers of model ``name`` query (EMBEDSTREAM_MILVUS_ALIAS, else
-    EMBEDSTREAM_MILVUS_COLLECTION, as a template for a model set)."""
-    return collection_name(settings.milvus_alias or settings.milvus_collection, name,
-                           several=settings.models is not None)
+M = TypeVar("M", bound=MilvusConnection)
 
 
-def collection_of(settings: Settings, name: str, model: Embedder) -> str:
-    """The Milvus collection model ``name`` writes: one per vector space (``versioned_name``) behind
-    the alias."""
-    base = collection_name(settings.milvus_collection, name, several=settings.models is not None)
-    return versioned_name(base, model.model_id, model.space_id)
-
-
-def open_store(settings: Settings, collection: str | None = None) -> MilvusStore:
-    return MilvusStore(settings.milvus_uri or "", collection or settings.milvus_collection,
-                       settings.milvus_token.get_secret_value() if settings.milvus_token else None,
-                       settings.milvus_timeout_seconds)
+def open_milvus(settings: Settings, job: type[M], collection: str | None = None) -> M:
+    """A client of Milvus for ``job`` (``MilvusStore``, ``MilvusReader`` or ``MilvusAdmin``) on
+    ``collection`` (EMBEDSTREAM_MILVUS_COLLECTION when None)."""
+    return job(settings.milvus_uri or "", collection or settings.milvus_collection,
+               settings.milvus_token.get_secret_value() if settings.milvus_token else None,
+               settings.milvus_timeout_seconds)
 
 
 def open_cache(settings: Settings, embedder: Embedder) -> RedisCache | None:
@@ -240,8 +233,12 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     log.info("models: %s", describe(models))
     stores, caches = {}, {}
     for name, model in models.handles.items():
-        stores[name] = (store_factory or open_store)(s, collection_of(s, name, model))
-        stores[name].prepare(alias_of(s, name), model.model_id, model.dim)
+        collection = collection_of(s, name, model)
+        if store_factory is None:
+            stores[name] = open_milvus(s, MilvusStore, collection)
+            MilvusAdmin.sharing(stores[name]).prepare(alias_of(s, name), model.model_id, model.dim)
+        else:
+            stores[name] = store_factory(s, collection)
         caches[name] = open_cache(s, model)
     heap.settle()  # the models' objects out of the collector's walks (worker.heap)
     heap.keep_pages()  # a group's megabyte buffers reuse the heap's pages (worker.heap)

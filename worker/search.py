@@ -1,4 +1,4 @@
-"""Semantic search through the alias readers query (``worker.runner.alias_of``), with the worker's
+"""Semantic search through the alias readers query (``worker.naming.alias_of``), with the worker's
 own model and precision (queries embedded with the model's query prompt, documents were with its
 document prompt)."""
 
@@ -33,7 +33,9 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5,
     mismatch."""
     if settings.milvus_uri is None:
         raise ConfigError("EMBEDSTREAM_MILVUS_URI (or --milvus-uri) is not set")
-    from worker.runner import alias_of, load_embedder, open_store
+    from connectors.milvus import MilvusReader
+    from worker.naming import alias_of
+    from worker.runner import load_embedder, open_milvus
 
     collection = alias_of(settings, "")
     if embedder is None and settings.models is not None:
@@ -44,7 +46,7 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5,
         name = settings.model if settings.model in specs else default_model(specs)
         embedder, collection = load_embedder(settings, specs[name]), alias_of(settings, name)
     embedder = embedder or load_embedder(settings)
-    store = open_store(settings, collection)
+    store = open_milvus(settings, MilvusReader, collection)
     try:
         if not store.exists():
             raise ConfigError(f"no collection {collection!r} in Milvus at {settings.milvus_uri}: "

@@ -1,7 +1,7 @@
-"""MilvusStore's contract: columnar chunk upserts replace rows by id, deletes remove them, a
-document's version and chunk count read back (its delete's version too); every failure is a
-TransientError. The fake decodes the very
-request sent to the server."""
+"""Milvus's contract, by job. Writes (MilvusStore): columnar chunk upserts replace rows by id,
+deletes remove them, a document's version and chunk count read back (its delete's version too); every
+failure is a TransientError. The fake decodes the very request sent to the server. Reads
+(MilvusReader) see the rows; administration (MilvusAdmin) creates, adopts, aliases and drops."""
 
 from __future__ import annotations
 
@@ -11,21 +11,18 @@ import uuid
 import numpy as np
 import pytest
 
-from connectors.milvus import MilvusStore
-from connectors.milvus_schema import ChunkRows
+from connectors.milvus import MilvusAdmin, MilvusReader, MilvusStore
+from connectors.milvus.schema import ChunkRows
 from schemas.errors import ConfigError, TransientError
 from tests.unit.fakes import RecordingMilvusClient
 
 
 def _store(kind, stack_env, client=None) -> MilvusStore:
     if kind == "fake":
-        store = MilvusStore.__new__(MilvusStore)
-        store._client, store.collection, store.timeout, store.uri = client or RecordingMilvusClient(), "c", 5.0, "fake"
-        store.tombstones = "c_deleted"
-        return store
-    store = MilvusStore(stack_env["EMBEDSTREAM_MILVUS_URI"], f"contract_{uuid.uuid4().hex[:8]}", timeout=30)
-    store.ensure_collection(4)
-    return store
+        return MilvusStore("fake", "c", timeout=5.0, client=client or RecordingMilvusClient())
+    admin = MilvusAdmin(stack_env["EMBEDSTREAM_MILVUS_URI"], f"contract_{uuid.uuid4().hex[:8]}", timeout=30)
+    admin.ensure_collection(4)
+    return MilvusStore.sharing(admin)
 
 
 def _rows(docs: list[tuple[str, int, int]], vecs: np.ndarray, source: str = "T:0") -> ChunkRows:
@@ -52,9 +49,11 @@ def test_chunk_rows_upsert_by_id_delete_removes_and_versions_read_back(kind, sta
     assert counts == {"a": 1, "b": 1}
     store.upsert_chunks(_rows([("c", 0, 12)], vecs[1:2]), "m", 4000)
     assert store.versions(["c"]) == ({"c": ("T:0", 12)}, {"c": 1})
-    rows = {r["id"]: r for r in store.query_ids(("id", "doc_id", "chunk_index", "chunk_count", "span_start",
-                                                 "span_end", "excerpt", "vector", "content_hash", "metadata",
-                                                 "updated_at"))}
+    reader = MilvusReader.sharing(store)
+    assert reader.held(["a", "b", "c", "zz"]) == {"a", "b", "c"}
+    rows = {r["id"]: r for r in reader.query_ids(("id", "doc_id", "chunk_index", "chunk_count", "span_start",
+                                                  "span_end", "excerpt", "vector", "content_hash", "metadata",
+                                                  "updated_at"))}
     assert sorted(rows) == ["a#0", "b#0", "c#0"]
     b = rows["b#0"]
     assert (b["doc_id"], b["chunk_index"], b["chunk_count"], b["span_start"], b["span_end"]) == ("b", 0, 1, 0, 9)
@@ -63,7 +62,7 @@ def test_chunk_rows_upsert_by_id_delete_removes_and_versions_read_back(kind, sta
     store.upsert_chunks(_rows([], np.empty((0, 4), np.float32)), "m", 0)  # nothing to write: no call
     store.delete([])
     if kind == "real":
-        store.drop()
+        MilvusAdmin.sharing(store).drop()
     store.close()
 
 
@@ -72,14 +71,14 @@ def test_a_failed_write_is_transient(kind, stack_env):
         store = _store(kind, stack_env, RecordingMilvusClient(fail_upserts=1))
     else:
         store = _store(kind, stack_env)
-        store.drop()  # writing to a collection that is gone fails on the server
+        MilvusAdmin.sharing(store).drop()  # writing to a collection that is gone fails on the server
     with pytest.raises(TransientError):
         store.upsert_chunks(_rows([("a", 0, 1)], np.ones((1, 4), np.float32)), "m", 0)
     store.close()
 
 
 def test_a_collection_of_another_shape_is_refused_with_what_to_do():
-    from connectors.milvus_schema import check_shape
+    from connectors.milvus.schema import check_shape
 
     def info(*names, dim=4):
         return {"fields": [{"name": n, "params": {"dim": dim} if n == "vector" else {}} for n in names]}
@@ -100,36 +99,36 @@ def test_alias_created_at_first_start_a_collection_from_before_aliases_adopted_a
     bears the alias's name is renamed (rows and deletes kept) and the alias takes its name; another
     model's rows are refused; ``point_alias`` moves readers at once; ``drop`` on the alias drops both."""
     uri, tag = stack["EMBEDSTREAM_MILVUS_URI"], uuid.uuid4().hex[:8]
-    fresh = MilvusStore(uri, f"fresh_{tag}__m_1", timeout=30)
+    fresh = MilvusAdmin(uri, f"fresh_{tag}__m_1", timeout=30)
     with caplog.at_level(logging.ERROR, logger="pymilvus"):
         assert fresh.prepare(f"fresh_{tag}", "m", 4) == fresh.collection
     assert not caplog.records  # asking whether the alias exists is no error (pymilvus logs one)
     assert fresh.alias_target(f"none_{tag}") is None
-    fresh.upsert_chunks(_rows([("a", 0, 1)], np.eye(4, dtype=np.float32)[:1]), "m", 1)
-    reader = MilvusStore(uri, f"fresh_{tag}", timeout=30)
+    MilvusStore.sharing(fresh).upsert_chunks(_rows([("a", 0, 1)], np.eye(4, dtype=np.float32)[:1]), "m", 1)
+    reader = MilvusReader(uri, f"fresh_{tag}", timeout=30)
     assert [r["id"] for r in reader.query_ids()] == ["a#0"]
 
     legacy = MilvusStore(uri, f"old_{tag}", timeout=30)  # how a deployment from before aliases looks
-    legacy.ensure_collection(4)
+    MilvusAdmin.sharing(legacy).ensure_collection(4)
     legacy.upsert_chunks(_rows([("x", 0, 5), ("y", 0, 6)], np.eye(4, dtype=np.float32)[:2]), "m", 1)
     legacy.record_deletes(["z"], (["T:0"], [9]), 1)
-    other = MilvusStore(uri, f"old_{tag}__other_2", timeout=30)
+    other = MilvusAdmin(uri, f"old_{tag}__other_2", timeout=30)
     with pytest.raises(ConfigError, match="holds vectors of model 'm'.*migrate"):
         other.prepare(f"old_{tag}", "other", 4)
-    behind = MilvusStore(uri, f"old_{tag}__m_1", timeout=30)
+    behind = MilvusAdmin(uri, f"old_{tag}__m_1", timeout=30)
     assert behind.prepare(f"old_{tag}", "m", 4) == behind.collection
     assert behind.alias_target(f"old_{tag}") == behind.collection
-    via_alias = MilvusStore(uri, f"old_{tag}", timeout=30)
+    via_alias = MilvusReader(uri, f"old_{tag}", timeout=30)
     assert sorted(r["id"] for r in via_alias.query_ids()) == ["x#0", "y#0"]
-    assert behind.versions(["x", "z"])[0] == {"x": ("T:0", 5), "z": ("T:0", 9)}  # deletes came along
+    assert MilvusStore.sharing(behind).versions(["x", "z"])[0] == {"x": ("T:0", 5), "z": ("T:0", 9)}  # deletes came
     assert not behind.adopt(f"old_{tag}", "m", 4)  # a second worker starting finds nothing to adopt
 
     fresh.point_alias(f"old_{tag}")  # readers of old_ now see fresh's rows, in one call
     assert [r["id"] for r in via_alias.query_ids()] == ["a#0"]
     assert behind.prepare(f"old_{tag}", "m", 4) == fresh.collection  # a worker never moves it back
     assert behind.collections(f"old_{tag}__") == [behind.collection, f"{behind.collection}_deleted"]
-    via_alias.drop()
-    assert behind.alias_target(f"old_{tag}") is None and not fresh.exists()
+    MilvusAdmin.sharing(via_alias).drop()
+    assert behind.alias_target(f"old_{tag}") is None and not MilvusReader.sharing(fresh).exists()
     behind.drop()
     assert behind.collections(f"old_{tag}") == []
     for s in (fresh, reader, legacy, other, behind, via_alias):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from connectors.milvus import MilvusStore
+from connectors.milvus import MilvusReader
 from schemas.codec import decode_embedding
 from tests.faults.conftest import PARTITIONS
 from tests.faults.harness import (
@@ -86,7 +86,7 @@ def test_replay_from_earliest_leaves_milvus_unchanged(fs, model, tmp_path):
     produce_docs(fs, docs, expected)
     w = WorkerProcess(fs, tmp_path, "w", ("--stop-when-idle", "3"))
     assert w.wait(300) == 0, w.log()[-3000:]
-    store = MilvusStore(fs.milvus_uri, fs.milvus_collection)
+    store = MilvusReader(fs.milvus_uri, fs.milvus_collection)
     before = {r["id"]: np.array(r["vector"]) for r in store.query_ids(fields=("id", "vector"))}
     out_before = len(read_topic(fs, fs.output_topic, expect=len(docs)))
 

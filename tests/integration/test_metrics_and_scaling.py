@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import REGISTRY
 
 from connectors.kafka import make_producer
-from connectors.milvus import MilvusStore
+from connectors.milvus import MilvusReader
 from schemas.codec import Document, encode_document
 from tests.faults.harness import WorkerProcess, short_docs
 from tests.helpers import fresh_settings, run_cli, settings_env
@@ -128,7 +128,7 @@ def test_three_workers_split_six_partitions(stack, model, tmp_path):
     assert all(parts), assigned  # each worker held partitions at the end
     assert set().union(*parts) == set(range(6))
 
-    rows = MilvusStore(s.milvus_uri, s.milvus_collection).query_ids()
+    rows = MilvusReader(s.milvus_uri, s.milvus_collection).query_ids()
     ids = [r["id"] for r in rows]
     assert len(ids) == len(set(ids)) == len(docs)
 

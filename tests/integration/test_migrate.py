@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, To
 from pymilvus import MilvusClient
 
 from connectors.kafka import make_admin
-from connectors.milvus import MilvusStore
+from connectors.milvus import MilvusAdmin, MilvusReader
 from schemas.codec import Document, encode_document
 from tests.helpers import (
     CLI,
@@ -28,8 +28,8 @@ from tests.helpers import (
     run_cli,
     settings_env,
 )
-from worker.embedding.models import versioned_name
 from worker.migrate import BackfillLag, backfill_lag
+from worker.naming import versioned_name
 from worker.runner import build_worker, load_embedder
 from worker.settings import Settings
 from worker.tools.corpus import sample_documents
@@ -110,7 +110,7 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
     producer.flush(30)
     # The deployment in use: the packaged model, writing behind the alias it creates.
     build_worker(s, embedder=model).run(stop_when_idle=2)
-    store = MilvusStore(s.milvus_uri, s.milvus_collection, timeout=30)
+    store = MilvusAdmin(s.milvus_uri, s.milvus_collection, timeout=30)
     old_collection = store.alias_target(s.milvus_collection)
     assert old_collection is not None and old_collection != new_collection
 
@@ -173,7 +173,7 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
     docs = documents_in_milvus(s)  # through the alias: the new collection
     expected = {k: t for k, t in live.items() if t is not None}
     assert set(docs) == set(expected)
-    models = {r["model"] for r in store.client.query(s.milvus_collection, filter="", output_fields=["model"],
+    models = {r["model"] for r in MilvusReader.sharing(store, s.milvus_collection).query("", ["model"],
                                                      limit=16384)}
     assert models == {new.model_id}
     # every chunk holds the new model's vector of its span of the newest text

@@ -77,7 +77,7 @@ def test_the_worker_embeds_with_the_document_prompt_and_search_with_the_query_pr
     """On the real stack: Milvus holds encode_document's vectors, search ranks with encode_query's,
     the prompt keeps the cache apart, and a truncated dimension writes a collection of its own."""
     from connectors.kafka import make_producer
-    from connectors.milvus import MilvusStore
+    from connectors.milvus import MilvusAdmin
     from schemas.codec import Document, encode_document
     from tests.helpers import documents_in_milvus, fresh_settings, run_cli, settings_env
     from worker.search import search_documents
@@ -108,7 +108,7 @@ def test_the_worker_embeds_with_the_document_prompt_and_search_with_the_query_pr
 
     # 128 dimensions are another vector space: a collection of their own, the alias left where it is
     # (`migrate` moves it), and a search with them through the alias is refused, naming the dims
-    store = MilvusStore(s.milvus_uri, s.milvus_collection)
+    store = MilvusAdmin(s.milvus_uri, s.milvus_collection)
     serving = store.alias_target(s.milvus_collection)
     env128 = {**settings_env(s), "EMBEDSTREAM_TRUNCATE_DIM": "128"}
     res = run_cli(["run", "--stop-when-idle", "1"], env128, timeout=300)

@@ -12,7 +12,7 @@ import pytest
 from connectors.kafka import make_producer
 from schemas.codec import Document, encode_document
 from tests.helpers import documents_in_milvus, fresh_settings, read_topic, run_cli, settings_env
-from worker.embedding.models import collection_name
+from worker.naming import collection_name
 from worker.tools.derived_models import packaged_model_path, projected_model
 
 pytestmark = pytest.mark.integration

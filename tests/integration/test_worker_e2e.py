@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pydantic import SecretStr
 
 from connectors.kafka import make_producer
-from connectors.milvus import MilvusStore
+from connectors.milvus import MilvusReader
 from schemas.codec import Document, decode_embedding, encode_document
 from tests.helpers import (
     CountingModel,
@@ -120,7 +120,7 @@ def test_cache_second_stream_is_all_hits_and_survives_redis_down(stack, model, t
     assert stats2.embedded == 300 and stats2.cached == 300
     assert counting.texts == 0
 
-    store = MilvusStore(s.milvus_uri, s.milvus_collection)
+    store = MilvusReader(s.milvus_uri, s.milvus_collection)
     rows = {r["id"]: np.array(r["vector"]) for r in store.query_ids(fields=("id", "vector"))}
     for i in range(300):
         assert np.array_equal(rows[f"first-{i}#0"], rows[f"second-{i}#0"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 from types import SimpleNamespace
 
-from worker.embedding.models import versioned_name
 from worker.migrate import Plan, drop_old, retention_warnings
+from worker.naming import versioned_name
 from worker.settings import Settings
 
 
@@ -49,9 +49,8 @@ def test_retention_that_cannot_replay_every_document_is_warned_about():
 
 def test_drop_old_drops_the_alias_family_but_the_new_collection():
     dropped: list[str] = []
-    client = SimpleNamespace(drop_collection=lambda name, timeout=None: dropped.append(name))
     names = ["docs__a_1", "docs__a_1_deleted", "docs__b_2", "docs__b_2_deleted"]
-    store = SimpleNamespace(client=client, timeout=1.0,
+    admin = SimpleNamespace(drop_collection=dropped.append,
                             collections=lambda prefix: [n for n in names if n.startswith(prefix)])
     plan = Plan("docs", "docs__a_1", "a", "docs__b_2", "b", "g", "t", switched=True)
-    assert drop_old(store, plan) == ["docs__a_1", "docs__a_1_deleted"] == dropped
+    assert drop_old(admin, plan) == ["docs__a_1", "docs__a_1_deleted"] == dropped

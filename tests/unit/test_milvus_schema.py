@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from pymilvus.grpc_gen import schema_pb2
 
-from connectors.milvus_schema import packed_floats
+from connectors.milvus.schema import packed_floats
 
 
 @pytest.mark.parametrize("rows", [1, 3, 1000])

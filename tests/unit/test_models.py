@@ -9,7 +9,8 @@ import pytest
 from schemas.errors import ConfigError
 from worker.chain import embed_by_model
 from worker.embedding.fake import FakeEmbedder
-from worker.embedding.models import ModelSet, ModelSpec, collection_name, parse_models
+from worker.embedding.models import ModelSet, ModelSpec, parse_models
+from worker.naming import collection_name
 from worker.records import Batch, Chunk, Item, Source
 from worker.runner import inflight_limit
 from worker.settings import Settings

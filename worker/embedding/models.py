@@ -23,7 +23,6 @@ one that calls a model.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -92,30 +91,6 @@ def parse_models(value: str) -> dict[str, ModelSpec]:
 def default_model(specs: dict[str, ModelSpec]) -> str:
     """The model of a record with no ``model``: the one marked default, else the first."""
     return next((n for n, s in specs.items() if s.default), next(iter(specs)))
-
-
-def collection_name(template: str, model: str, several: bool) -> str:
-    """The Milvus collection of ``model``: ``template`` with ``{model}`` replaced; with several models
-    and no placeholder, ``<template>_<model>``. Characters Milvus refuses become ``_``."""
-    if "{model}" not in template and not several:
-        return template
-    safe = _milvus_safe(model)
-    return template.replace("{model}", safe) if "{model}" in template else f"{template}_{safe}"
-
-
-def _milvus_safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
-
-
-def versioned_name(base: str, model_id: str, space_id: str) -> str:
-    """The concrete collection of one vector space behind the alias ``base`` names:
-    ``<base>__<model>_<8 hex of the space id>``, e.g. ``embeddings__all_MiniLM_L6_v2_1f0c9e2a``. Every
-    worker of one model (and prompt, and dimension) derives the same name; another model, or the same
-    one with another prompt, gets another collection, and ``embedstream migrate`` moves the alias."""
-    short = _milvus_safe(str(model_id).rstrip("/").rsplit("/", 1)[-1])[:48].strip("_") or "model"
-    while "__" in short:  # "__" parts the alias's family from the space (``worker.migrate``)
-        short = short.replace("__", "_")
-    return f"{base}__{short}_{hashlib.sha256(space_id.encode('utf-8')).hexdigest()[:8]}"
 
 
 def weight_bytes(embedder: Embedder) -> int:

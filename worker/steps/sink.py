@@ -24,7 +24,7 @@ from confluent_kafka import Producer, TopicPartition
 
 from connectors.kafka import DeliveryBatch
 from connectors.milvus import MilvusStore
-from connectors.milvus_schema import EXCERPT_CHARS, ChunkRows, chunk_id
+from connectors.milvus.schema import EXCERPT_CHARS, ChunkRows, chunk_id
 from connectors.redis_cache import RedisCache
 from schemas.errors import TransientError
 from worker import metrics

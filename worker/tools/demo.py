@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from connectors.milvus import MilvusStore
+from connectors.milvus import MilvusReader
 from schemas.codec import Document, encode_document
 from worker.produce import document_record, produce_records
 from worker.settings import Settings
@@ -143,7 +143,7 @@ def _produce_corpus(console: Console, s: Settings, docs: int, repeats: float) ->
 def _summary(s: Settings, stats: RunStats) -> dict:
     from worker.tail import tail_records
 
-    store = MilvusStore(s.milvus_uri, s.milvus_collection)
+    store = MilvusReader(s.milvus_uri, s.milvus_collection)
     vectors = store.count()
     store.close()
     out = sum(1 for _ in tail_records(s, from_beginning=True, timeout=1.5))

@@ -18,8 +18,8 @@ import numpy as np
 from prometheus_client import REGISTRY
 
 from connectors.kafka import create_topics, make_admin
-from connectors.milvus import MilvusStore
-from connectors.milvus_schema import ChunkRows
+from connectors.milvus import MilvusAdmin, MilvusStore
+from connectors.milvus.schema import ChunkRows
 from schemas.codec import Document, encode_document
 from worker.embedding.base import Embedder
 from worker.produce import document_record, produce_records
@@ -199,9 +199,9 @@ def flush_cache(s: Settings) -> None:
 
 def drop_collection(s: Settings) -> None:
     """Drop a finished run's collection: later runs should not share milvus-lite with its rows."""
-    store = MilvusStore(s.milvus_uri, s.milvus_collection, timeout=30)
-    store.drop()
-    store.close()
+    admin = MilvusAdmin(s.milvus_uri, s.milvus_collection, timeout=30)
+    admin.drop()
+    admin.close()
 
 
 class InstantStore(MilvusStore):
@@ -210,9 +210,6 @@ class InstantStore(MilvusStore):
 
     def __init__(self, *_args, **_kwargs) -> None:
         self.collection = "instant"
-
-    def prepare(self, alias: str, model_id: str, dim: int) -> str:
-        return self.collection
 
     def upsert_chunks(self, rows: ChunkRows, model: str, updated_at: int) -> None:
         pass
@@ -224,9 +221,6 @@ class InstantStore(MilvusStore):
         pass
 
     def delete(self, ids: list[str]) -> None:
-        pass
-
-    def drop(self) -> None:
         pass
 
     def close(self) -> None:
@@ -325,17 +319,21 @@ def milvus_bulk_upsert(uri: str, rows: int = 10_000, dim: int = 384, batch: int 
     ids = [f"r{j}" for j in range(rows)]
 
     def rate(write) -> float:
-        store = MilvusStore(uri, f"bench_upsert_{uuid.uuid4().hex[:8]}", timeout=60)
-        store.ensure_collection(dim)
+        admin = MilvusAdmin(uri, f"bench_upsert_{uuid.uuid4().hex[:8]}", timeout=60)
+        admin.ensure_collection(dim)
+        store = MilvusStore.sharing(admin)
         t0 = time.perf_counter()
         for i in range(0, rows, batch):
             write(store, i, min(batch, rows - i))
         took = time.perf_counter() - t0
-        store.drop()
-        store.close()
+        admin.drop()
+        admin.close()
         return rows / took
 
-    row_rate = rate(lambda store, i, n: store.client.upsert(store.collection, [
+    from pymilvus import MilvusClient
+
+    client = MilvusClient(uri=uri, timeout=60, dedicated=True)  # pymilvus' own packing of dict rows
+    row_rate = rate(lambda store, i, n: client.upsert(store.collection, [
         {"id": f"{ids[j]}#0", "doc_id": ids[j], "chunk_index": 0, "chunk_count": 1, "span_start": 0, "span_end": 1,
          "excerpt": "x", "vector": vecs[j], "model": "m", "content_hash": "h", "metadata": {}, "updated_at": 0,
          "source": "bench:0", "source_offset": j}
@@ -344,6 +342,7 @@ def milvus_bulk_upsert(uri: str, rows: int = 10_000, dim: int = 384, batch: int 
         doc_ids=ids[i:i + n], chunk_index=[0] * n, chunk_count=[1] * n, span_start=[0] * n, span_end=[1] * n,
         excerpts=["x"] * n, vectors=vecs[i:i + n], hashes=["h"] * n, metadata=[{}] * n, sources=["bench:0"] * n,
         offsets=list(range(i, i + n))), "m", 0))
+    client.close()
     return row_rate, columnar_rate
 
 

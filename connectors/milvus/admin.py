@@ -1,0 +1,186 @@
+"""Collections and aliases: what a worker prepares at start-up, and what ``migrate`` moves.
+
+Readers query an alias; each vector space writes a collection of its own behind it. Failures at
+start-up are :class:`ConfigError` naming the setting to check; the calls ``migrate`` makes mid-run
+(moving an alias, listing collections) raise TransientError."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from connectors.milvus.connection import MilvusConnection, missing, transient
+from connectors.milvus.reads import MilvusReader
+from connectors.milvus.schema import check_shape, collection_schema, tombstone_schema
+from schemas.errors import ConfigError, TransientError
+
+log = logging.getLogger(__name__)
+
+
+class MilvusAdmin(MilvusConnection):
+    """Creates, checks, takes over and drops this collection (and its companion of deletes), and
+    points aliases to it."""
+
+    def has(self, name: str) -> bool:
+        """Whether a collection (not an alias) ``name`` exists."""
+        return bool(self._client.has_collection(name, timeout=self.timeout))
+
+    def ensure_collection(self, dim: int) -> None:
+        """Create the collection for ``dim`` (and its companion) if missing. Raise :class:`ConfigError`
+        when it exists with another dim (the model changed) or in the shape from before chunking (a row
+        per document). Workers starting together may race to create it: the loser uses the winner's."""
+        c = self._client
+        try:
+            index = c.prepare_index_params()
+            index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="COSINE")
+            if not self._create(self.collection, collection_schema(dim), index):
+                check_shape(self.collection, c.describe_collection(self.collection, timeout=self.timeout), dim)
+                c.load_collection(self.collection, timeout=self.timeout)
+            marker = c.prepare_index_params()
+            marker.add_index(field_name="marker", index_type="AUTOINDEX", metric_type="L2")
+            if not self._create(self.tombstones, tombstone_schema(), marker):
+                c.load_collection(self.tombstones, timeout=self.timeout)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"Milvus at {self.uri!r} did not answer ({type(exc).__name__}: {exc}). "
+                              "Check EMBEDSTREAM_MILVUS_URI and EMBEDSTREAM_MILVUS_TOKEN.") from None
+
+    def _create(self, name: str, schema: Any, index: Any) -> bool:
+        """Create collection ``name`` (loaded) unless it exists; True when this call created it. A
+        collection another process created meanwhile counts as existing (seen with three workers
+        started at once: "collection already exists")."""
+        c = self._client
+        if not self.has(name):
+            try:
+                c.create_collection(name, schema=schema, index_params=index, timeout=self.timeout)
+                return True
+            except Exception:
+                if not self.has(name):
+                    raise
+        return False
+
+    def alias_target(self, alias: str) -> str | None:
+        """The collection ``alias`` points to; None when there is no alias of that name."""
+        try:
+            return self._client.describe_alias(alias, timeout=self.timeout)["collection_name"]
+        except Exception as exc:
+            if missing(exc):
+                return None
+            raise transient(exc) from None
+
+    def adopt(self, legacy: str, model_id: str, dim: int) -> bool:
+        """Take over ``legacy``, a collection from before aliases whose name the alias is to bear: it
+        is renamed to this collection (its rows and its companion of deletes kept), so that the alias
+        can take its name. True when this call renamed it; False when there was nothing to adopt (or
+        another worker did it first). Raises :class:`ConfigError` when its dim, shape or model is not
+        this worker's: those rows belong to another model (`embedstream migrate`)."""
+        try:
+            if self.alias_target(legacy) is not None or not self.has(legacy):
+                return False
+            if self.has(self.collection):
+                raise ConfigError(f"Milvus holds both a collection {legacy!r} and {self.collection!r}, so the alias "
+                                  f"{legacy!r} cannot be created: drop the one not in use, or set "
+                                  "EMBEDSTREAM_MILVUS_ALIAS to another name")
+            self._check_legacy(legacy, model_id, dim)
+            if not self._rename(legacy, self.collection):
+                return False  # a worker starting beside this one renamed it
+            if self.has(f"{legacy}_deleted"):
+                self._rename(f"{legacy}_deleted", self.tombstones)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"could not take over collection {legacy!r} in Milvus at {self.uri!r} "
+                              f"({type(exc).__name__}: {exc})") from None
+        log.warning("collection %r from before aliases is now %r behind the alias %r (its rows kept)",
+                    legacy, self.collection, legacy)
+        return True
+
+    def _check_legacy(self, legacy: str, model_id: str, dim: int) -> None:
+        """Refuse to take over ``legacy`` when its shape, dim or model is not this worker's."""
+        check_shape(legacy, self._client.describe_collection(legacy, timeout=self.timeout), dim)
+        self._client.load_collection(legacy, timeout=self.timeout)
+        held = MilvusReader.sharing(self, legacy).model_of()
+        if held not in (None, "", model_id):
+            raise ConfigError(f"collection {legacy!r} holds vectors of model {held!r}, this worker "
+                              f"runs {model_id!r}: run the old model once to move the collection behind an "
+                              f"alias, then `embedstream migrate --model {model_id}`")
+
+    def _rename(self, old: str, new: str) -> bool:
+        """Rename ``old`` to ``new`` and load it again (a renamed collection comes back released in
+        milvus-lite); False when ``new`` appeared meanwhile (another worker renamed it)."""
+        try:
+            self._client.rename_collection(old, new, timeout=self.timeout)
+        except Exception:
+            if self.has(new):
+                return False
+            raise
+        self._client.load_collection(new, timeout=self.timeout)
+        return True
+
+    def prepare(self, alias: str, model_id: str, dim: int) -> str:
+        """What a worker does at start-up: adopt a collection from before aliases named ``alias``,
+        create this collection if missing (checked for ``dim``), create the alias if missing. Returns
+        the collection the alias points to. Raises :class:`ConfigError`."""
+        self.adopt(alias, model_id, dim)
+        self.ensure_collection(dim)
+        try:
+            return self.ensure_alias(alias)
+        except TransientError as exc:
+            raise ConfigError(f"Milvus at {self.uri!r} did not answer ({exc})") from None
+
+    def ensure_alias(self, alias: str) -> str:
+        """Create ``alias`` pointing to this collection unless it exists; returns the collection it
+        points to. An alias pointing elsewhere is left alone (moving it is `migrate`'s job)."""
+        target = self.alias_target(alias)
+        if target is None:
+            try:
+                self._client.create_alias(self.collection, alias, timeout=self.timeout)
+                log.info("alias %r → %r created", alias, self.collection)
+                return self.collection
+            except Exception as exc:
+                target = self.alias_target(alias)  # another worker created it meanwhile
+                if target is None:
+                    raise ConfigError(f"could not create alias {alias!r} for {self.collection!r} in Milvus at "
+                                      f"{self.uri!r}: {exc}") from None
+        if target != self.collection:
+            log.warning("alias %r points to %r; this worker writes %r. `embedstream migrate` moves the alias "
+                        "once this collection has caught up", alias, target, self.collection)
+        return target
+
+    def point_alias(self, alias: str) -> None:
+        """Move ``alias`` to this collection in one call (create it if missing)."""
+        try:
+            if self.alias_target(alias) is None:
+                self._client.create_alias(self.collection, alias, timeout=self.timeout)
+            else:
+                self._client.alter_alias(self.collection, alias, timeout=self.timeout)
+        except TransientError:
+            raise
+        except Exception as exc:
+            raise transient(exc) from None
+
+    def collections(self, prefix: str = "") -> list[str]:
+        """Names of the collections starting with ``prefix``."""
+        try:
+            return sorted(n for n in self._client.list_collections(timeout=self.timeout) if n.startswith(prefix))
+        except Exception as exc:
+            raise transient(exc) from None
+
+    def drop_collection(self, name: str) -> None:
+        """Drop collection ``name`` if it exists (not its companion)."""
+        try:
+            if self.has(name):
+                self._client.drop_collection(name, timeout=self.timeout)
+        except Exception as exc:
+            raise transient(exc) from None
+
+    def drop(self) -> None:
+        """Drop the collection and its companion of deletes; opened on an alias, the alias and the
+        collection it points to."""
+        target = self.alias_target(self.collection)
+        if target is not None:
+            self._client.drop_alias(self.collection, timeout=self.timeout)
+        name = target or self.collection
+        for n in (name, f"{name}_deleted"):
+            self.drop_collection(n)

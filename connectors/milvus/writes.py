@@ -1,0 +1,80 @@
+"""The sink's side of Milvus: chunk rows upserted and deleted, and the versions the guard compares
+(``worker.steps.versions``), deletes included through the companion collection."""
+
+from __future__ import annotations
+
+from connectors.milvus.connection import MilvusConnection, transient
+from connectors.milvus.schema import VERSION_FIELDS, ChunkRows, chunk_id, upsert_request
+
+#: A version as the collection holds it: ``(source, source_offset)`` (either None on an odd row).
+Version = tuple[str | None, int | None]
+
+
+def _newer(a: Version | None, b: Version) -> Version:
+    """The later of two versions of one id; ``b`` (the row) where they are not comparable."""
+    if a is None or a[0] != b[0] or a[1] is None or b[1] is None:
+        return b if a is None or b[1] is not None else a
+    return a if a[1] > b[1] else b
+
+
+class MilvusStore(MilvusConnection):
+    """Writes of one collection of chunk rows (COSINE metric) and its companion of deletes, so that a
+    delete has a version to compare with too. Every failure raises TransientError."""
+
+    def upsert_chunks(self, rows: ChunkRows, model: str, updated_at: int) -> None:
+        """Upsert chunk rows (their ids unique), built as one columnar protobuf request: pymilvus
+        packs dict rows in Python field by field, holding the GIL that the worker's other threads
+        need; a column of vectors goes into the request in one copy."""
+        if not len(rows):
+            return
+        request = upsert_request(self.collection, rows, model, updated_at)
+        try:
+            # A prepared request skips pymilvus' packing; ``schema`` only saves it a describe call.
+            self._client._get_connection().upsert(self.collection, [], upsert_param=request,
+                                                  schema={"fields": []}, timeout=self.timeout)
+        except Exception as exc:
+            raise transient(exc) from None
+
+    def versions(self, doc_ids: list[str]) -> tuple[dict[str, Version], dict[str, int]]:
+        """For the documents among ``doc_ids`` that Milvus knows, read at Strong consistency: the
+        version each holds (its rows', or its last delete's where that is newer) and how many
+        chunks its rows say it has (documents with rows only). Chunk 0 speaks for the document:
+        every version has one, and its rows are written together."""
+        if not doc_ids:
+            return {}, {}
+        try:
+            rows = self._client.get(self.collection, ids=[chunk_id(d, 0) for d in doc_ids],
+                                    output_fields=["doc_id", "chunk_count", *VERSION_FIELDS],
+                                    timeout=self.timeout, consistency_level="Strong")
+            deleted = self._client.get(self.tombstones, ids=doc_ids, output_fields=list(VERSION_FIELDS),
+                                       timeout=self.timeout, consistency_level="Strong")
+        except Exception as exc:
+            raise transient(exc) from None
+        versions: dict[str, Version] = {r["id"]: (r.get("source"), r.get("source_offset")) for r in deleted}
+        counts: dict[str, int] = {}
+        for r in rows:
+            doc = r["doc_id"]
+            versions[doc] = _newer(versions.get(doc), (r.get("source"), r.get("source_offset")))
+            counts[doc] = int(r["chunk_count"])
+        return versions, counts
+
+    def record_deletes(self, doc_ids: list[str], versions: tuple[list[str], list[int]], updated_at: int) -> None:
+        """Keep the version of each document's delete in the companion, where ``versions()`` finds it:
+        an older upsert of a deleted id is then known to be older."""
+        if not doc_ids:
+            return
+        try:
+            self._client.upsert(self.tombstones, [
+                {"id": i, "source": src, "source_offset": off, "updated_at": updated_at, "marker": [1.0, 0.0]}
+                for i, src, off in zip(doc_ids, *versions)], timeout=self.timeout)
+        except Exception as exc:
+            raise transient(exc) from None
+
+    def delete(self, ids: list[str]) -> None:
+        """Delete rows by primary key (chunk ids)."""
+        if not ids:
+            return
+        try:
+            self._client.delete(self.collection, ids=ids, timeout=self.timeout)
+        except Exception as exc:
+            raise transient(exc) from None
