@@ -27,8 +27,8 @@ def test_a_long_text_that_fits_is_tokenized_once_and_embeds_the_same(model):
     cut = " ".join(texts)  # well over one chunk
     offsets = model.offsets_over([*texts, cut], model.chunk_room)
     assert offsets[-1] == model.token_offsets([cut])[0] and all(o is None for o in offsets[:-1])
-    assert set(model._known_ids) == set(texts)
-    assert [model._known_ids[t] for t in texts] == model.tokenize(texts)
+    assert set(model.tokens.known_ids) == set(texts)
+    assert [model.tokens.known_ids[t] for t in texts] == model.tokenize(texts)
     reused = model.embed(texts)
-    model._known_ids = {}
+    model.tokens.known_ids = {}
     assert np.array_equal(reused, model.embed(texts))

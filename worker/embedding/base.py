@@ -9,6 +9,7 @@ another thread once turned padding off under the model's call ("Unable to create
 from __future__ import annotations
 
 import abc
+import dataclasses
 import hashlib
 import re
 from pathlib import Path
@@ -24,6 +25,27 @@ _WORD = re.compile(r"\S+")
 def _word_spans(text: str) -> list[tuple[int, int]]:
     """The character span of each word (a run of non-whitespace) of ``text``."""
     return [m.span() for m in _WORD.finditer(text)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelProfile:
+    """What the rest of the chain needs of a model, without its weights: every :class:`Embedder`
+    hands one (:attr:`Embedder.profile`), and a model set keeps one per model, loaded or not."""
+
+    model_id: str
+    dim: int
+    precision: str
+    device: str
+    max_seq_length: int
+    special_tokens: int
+    prompt_tokens: int
+    document_prompt: str
+    query_prompt: str
+    chars_per_token: float
+    truncate_dim: int | None
+    #: The model's :attr:`Embedder.cache_id` and :attr:`Embedder.space_id`.
+    cache_id: str
+    space_id: str
 
 
 class Embedder(abc.ABC):
@@ -79,6 +101,11 @@ class Embedder(abc.ABC):
         if type(self).token_offsets is not Embedder.token_offsets:
             return [o if len(o) > limit else None for o in self.token_offsets(texts)]
         return [_word_spans(t) if len(t) > 2 * limit and len(t.split()) > limit else None for t in texts]
+
+    @property
+    def profile(self) -> ModelProfile:
+        """This model's :class:`ModelProfile` (its attributes, read now)."""
+        return ModelProfile(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ModelProfile)})
 
     @property
     def chunk_room(self) -> int:

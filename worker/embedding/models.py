@@ -12,7 +12,7 @@ of ``EMBEDSTREAM_MODEL`` and its neighbours.
 
 Every model is loaded once at start-up, so that a wrong path, precision or dimension stops the worker
 then, and what the rest of the chain needs is known without the weights: its dimension, its token
-budget, its prompts (a :class:`ModelProfile`). The worker then holds the models that fit
+budget, its prompts (its :class:`~worker.embedding.base.ModelProfile`). The worker then holds the models that fit
 ``EMBEDSTREAM_MODEL_MEMORY_MB`` (their weights' bytes); a model that is asked for when it does not fit
 is loaded after the least recently used ones are unloaded. Loads and evictions are logged and
 counted (``embedstream_model_loads_total``, ``embedstream_model_evictions_total``). The chain holds a
@@ -23,6 +23,7 @@ one that calls a model.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -36,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.errors import ConfigError, TransientError
 from worker import heap, metrics
-from worker.embedding.base import Embedder
+from worker.embedding.base import Embedder, ModelProfile
 
 log = logging.getLogger(__name__)
 
@@ -102,49 +103,28 @@ def weight_bytes(embedder: Embedder) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-class ModelProfile:
-    """What the chain needs of a model without its weights: copied from it once loaded."""
-
-    FIELDS = ("model_id", "dim", "precision", "device", "max_seq_length", "special_tokens", "prompt_tokens",
-              "document_prompt", "query_prompt", "chars_per_token", "truncate_dim")
-
-    def __init__(self, embedder: Embedder, size: int) -> None:
-        self.model_id: str = embedder.model_id
-        self.dim: int = embedder.dim
-        self.precision: str = embedder.precision
-        self.device: str = embedder.device
-        self.max_seq_length: int = embedder.max_seq_length
-        self.special_tokens: int = embedder.special_tokens
-        self.prompt_tokens: int = embedder.prompt_tokens
-        self.document_prompt: str = embedder.document_prompt
-        self.query_prompt: str = embedder.query_prompt
-        self.chars_per_token: float = embedder.chars_per_token
-        self.truncate_dim: int | None = embedder.truncate_dim
-        self.cache_id = embedder.cache_id
-        self.space_id = embedder.space_id
-        #: Bytes of its weights.
-        self.size = size
-
-
 class LazyModel(Embedder):
     """A model of the set by name: the profile's attributes, and calls that load it first."""
 
     def __init__(self, models: ModelSet, name: str) -> None:
         self._models = models
         self.name = name
-        profile = models.profiles[name]
-        for f in ModelProfile.FIELDS:
-            setattr(self, f, getattr(profile, f))
-        self._cache_id = profile.cache_id
-        self._space_id = profile.space_id
+        self._profile = models.profiles[name]
+        for f in dataclasses.fields(ModelProfile):
+            if f.name not in ("cache_id", "space_id"):  # properties of an Embedder, answered below
+                setattr(self, f.name, getattr(self._profile, f.name))
+
+    @property
+    def profile(self) -> ModelProfile:
+        return self._profile
 
     @property
     def cache_id(self) -> str:
-        return self._cache_id
+        return self._profile.cache_id
 
     @property
     def space_id(self) -> str:
-        return self._space_id
+        return self._profile.space_id
 
     def embed(self, texts: list[str]) -> np.ndarray:
         return self._models.acquire(self.name).embed(texts)
@@ -175,12 +155,14 @@ class ModelSet:
         self._lock = threading.Lock()
         self._resident: OrderedDict[str, Embedder] = OrderedDict()  # least recently used first
         self.profiles: dict[str, ModelProfile] = {}
+        #: Bytes of each model's weights.
+        self.sizes: dict[str, int] = {}
         self.loads = self.evictions = 0
         for name, spec in specs.items():  # every model once: a wrong setting fails now, not mid-stream
             model = (preloaded or {}).get(name) or self._timed_load(name, spec)
-            self.profiles[name] = ModelProfile(model, weight_bytes(model))
-            if self.budget is not None and self.profiles[name].size > self.budget:
-                raise ConfigError(f"model {name!r} needs {self.profiles[name].size / 2**20:,.0f} MB of weights, more "
+            self.profiles[name], self.sizes[name] = model.profile, weight_bytes(model)
+            if self.budget is not None and self.sizes[name] > self.budget:
+                raise ConfigError(f"model {name!r} needs {self.sizes[name] / 2**20:,.0f} MB of weights, more "
                                   f"than EMBEDSTREAM_MODEL_MEMORY_MB={memory_mb}: raise it")
             self._resident[name] = model
             self._fit(keep=name)
@@ -216,7 +198,7 @@ class ModelSet:
             if model is not None:
                 self._resident.move_to_end(name)
                 return model
-            self._fit(keep=None, room=self.profiles[name].size)
+            self._fit(keep=None, room=self.sizes[name])
             try:
                 model = self._timed_load(name, self.specs[name])
             except (MemoryError, RuntimeError) as exc:
@@ -245,7 +227,7 @@ class ModelSet:
         """Unload least recently used models (never ``keep``) until ``room`` more bytes fit the budget."""
         if self.budget is None:
             return
-        while self._resident and sum(self.profiles[n].size for n in self._resident) + room > self.budget:
+        while self._resident and sum(self.sizes[n] for n in self._resident) + room > self.budget:
             victim = next((n for n in self._resident if n != keep), None)
             if victim is None:
                 return
@@ -278,4 +260,5 @@ def _out_of_memory(exc: BaseException) -> bool:
 def describe(models: ModelSet) -> str:
     """One line per model for the start-up log."""
     return "; ".join(f"{n}{' (default)' if n == models.default else ''}: {p.model_id}, dim {p.dim}, "
-                     f"{p.precision} on {p.device}, {p.size / 2**20:,.0f} MB" for n, p in models.profiles.items())
+                     f"{p.precision} on {p.device}, {models.sizes[n] / 2**20:,.0f} MB"
+                     for n, p in models.profiles.items())

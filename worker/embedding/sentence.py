@@ -21,14 +21,15 @@ dimensions (Matryoshka models), normalised again.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 
 from schemas.errors import ConfigError
-from worker import metrics
 from worker.embedding import cpu
 from worker.embedding.base import Embedder, resolve_model_path
 from worker.embedding.passes import PASS_TOKENS, split_by_budget, split_by_cost
+from worker.embedding.tokens import Tokens
 
 log = logging.getLogger(__name__)
 
@@ -104,42 +105,68 @@ class SentenceTransformerEmbedder(Embedder):
                  document_prompt: str | None = None, query_prompt: str | None = None,
                  truncate_dim: int | None = None) -> None:
         import torch
-        import transformers
 
-        from worker.embedding.imports import sentence_transformers
-
-        SentenceTransformer = sentence_transformers().SentenceTransformer
-
-        transformers.logging.disable_progress_bar()  # no "Loading weights" bar in the worker's log
-
+        self._torch = torch
         self.model_id, path = resolve_model_path(model)
         #: Where the model was loaded from (the packaged one's directory when ``model`` is None).
         self.model_path = path
         self.device = pick_device(device)
-        self.precision = pick_precision(precision, self.device)
-        if self.precision == "fp16" and self.device == "cpu":
+        self.precision = self._checked_precision(pick_precision(precision, self.device))
+        #: The loaded ``SentenceTransformer``, for tools that compare with it (raw encode, reference
+        #: vectors, parameter counts). The worker itself runs its modules through ``embed``.
+        self.sentence_transformer = self._load(path)
+        self.max_seq_length = int(getattr(self.sentence_transformer, "max_seq_length", None) or 512)
+        self._read_dimension(truncate_dim)
+        self.document_prompt, self.query_prompt = model_prompts(self.sentence_transformer, document_prompt,
+                                                                query_prompt)
+        #: The tokenizer side (``worker.embedding.tokens``); embed thread only.
+        self.tokens = Tokens(self.sentence_transformer.tokenizer, self.max_seq_length,
+                             keep_whole=not self.document_prompt)
+        self.special_tokens = self.tokens.special_tokens
+        self.prompt_tokens = self.tokens.length(self.document_prompt) if self.document_prompt else 0
+        self._size_passes(sub_batch_size, sub_batch_tokens)
+        self._modules = self._modules_but_normalize()
+        #: The int8 transformer this embedder runs (None at other precisions), for tools that run the
+        #: library's own ``encode`` through it (the bench's raw encode).
+        self.int8_transformer = None
+        #: At int8, the cosine of this model's int8 vectors to its float32 ones (``int8.check_quality``).
+        self.int8_quality: Any = None
+        if self.precision == "int8":
+            _int8_or_fallback(self, path, fall_back=precision == "auto")
+        log.info("model %s loaded: dim=%d precision=%s device=%s%s", self.model_id, self.dim, self.precision,
+                 self.device, "".join(f", {what} prompt {p!r}" for what, p in (("document", self.document_prompt),
+                                                                             ("query", self.query_prompt)) if p))
+
+    # -- construction, step by step ------------------------------------------------------------
+    def _checked_precision(self, precision: str) -> str:
+        """``precision`` if it can run on this device (int8 runs on CPUs only); fp16 on a CPU runs, with a warning."""
+        if precision == "fp16" and self.device == "cpu":
             log.warning("fp16 on a CPU is slower than fp32 here; consider EMBEDSTREAM_PRECISION=auto")
-        if self.precision == "int8" and self.device != "cpu":
+        if precision == "int8" and self.device != "cpu":
             raise ConfigError("EMBEDSTREAM_PRECISION=int8 runs on CPUs: on CUDA use fp16 (or auto)")
+        return precision
+
+    def _load(self, path: str):
+        """The ``SentenceTransformer`` at ``path`` on the device, its weights at the precision (int8:
+        float32 here, its transformer swapped later), in eval mode."""
+        import transformers
+
+        from worker.embedding.imports import sentence_transformers
+
+        transformers.logging.disable_progress_bar()  # no "Loading weights" bar in the worker's log
+        dtype = getattr(self._torch, _DTYPES.get(self.precision, "float32"))
         try:
-            self.sentence_transformer = SentenceTransformer(
-                str(path), device=self.device,
-                model_kwargs={"torch_dtype": getattr(torch, _DTYPES.get(self.precision, "float32"))}
-            )
+            st = sentence_transformers().SentenceTransformer(str(path), device=self.device,
+                                                             model_kwargs={"torch_dtype": dtype})
         except Exception as exc:
             raise ConfigError(
                 f"could not load model {self.model_id!r} from {path!r}: {exc}. Check EMBEDSTREAM_MODEL."
             ) from None
-        #: The loaded ``SentenceTransformer``, for tools that compare with it (raw encode, reference
-        #: vectors, parameter counts). The worker itself runs its modules through ``embed``.
-        self.sentence_transformer.eval()
-        self._torch = torch
-        self._tokenizer = self.sentence_transformer.tokenizer
-        self._pad_id = int(self._tokenizer.pad_token_id or 0)
-        self._pad_left = getattr(self._tokenizer, "padding_side", "right") == "left"
-        self._token_types = "token_type_ids" in getattr(self._tokenizer, "model_input_names", ())
-        self.max_seq_length = int(getattr(self.sentence_transformer, "max_seq_length", None) or 512)
-        self.special_tokens = int(self._tokenizer.num_special_tokens_to_add(pair=False))
+        st.eval()
+        return st
+
+    def _read_dimension(self, truncate_dim: int | None) -> None:
+        """``dim``: the model's, or ``truncate_dim`` of it (checked against it)."""
         st = self.sentence_transformer
         dim = (getattr(st, "get_embedding_dimension", None) or st.get_sentence_embedding_dimension)()
         if dim is None:
@@ -151,62 +178,24 @@ class SentenceTransformerEmbedder(Embedder):
         #: Keep the first ``truncate_dim`` dimensions (renormalised); None: all.
         self.truncate_dim = truncate_dim
         self.dim = truncate_dim or int(dim)
-        self.document_prompt, self.query_prompt = model_prompts(st, document_prompt, query_prompt)
-        self.prompt_tokens = len(self._tokenizer(self.document_prompt, add_special_tokens=False)["input_ids"]) \
-            if self.document_prompt else 0
-        self._prompt_lengths: dict[str, int] = {}
-        #: Token ids of whole texts that ``offsets_over`` tokenized last (``_ids`` reuses them).
-        self._known_ids: dict[str, list[int]] = {}
-        from sentence_transformers.models import Normalize
 
-        # Run the modules ourselves, minus Normalize: we normalise in float32 (see module doc).
-        self._modules = [m for m in self.sentence_transformer if not isinstance(m, Normalize)]
-        # Measured on a 2-core CPU (bf16): 4,096 padded tokens per forward pass beat 8,192 by ~25 % on
-        # stdlib docstrings; up to 128 texts a pass (not 32) is ~20 % faster on one-sentence texts,
-        # where the per-pass overhead weighs. A GPU wants far larger passes: on an H100 (fp16, one
-        # run each), 262,144 tokens a pass embedded 1.9x the docstrings/s of 65,536 (5,500 vs 2,900).
-        # The worker's batches (EMBEDSTREAM_MAX_BATCH_TOKENS) bound the passes too.
+    def _size_passes(self, sub_batch_size: int | None, sub_batch_tokens: int | None) -> None:
+        """The most texts and padded tokens of one forward pass, where not given.
+
+        Measured on a 2-core CPU (bf16): 4,096 padded tokens per forward pass beat 8,192 by ~25 % on
+        stdlib docstrings; up to 128 texts a pass (not 32) is ~20 % faster on one-sentence texts,
+        where the per-pass overhead weighs. A GPU wants far larger passes: on an H100 (fp16, one
+        run each), 262,144 tokens a pass embedded 1.9x the docstrings/s of 65,536 (5,500 vs 2,900).
+        The worker's batches (EMBEDSTREAM_MAX_BATCH_TOKENS) bound the passes too."""
         gpu = self.device == "cuda"
         self.sub_batch_size = sub_batch_size or (256 if gpu else 128)
         self.sub_batch_tokens = sub_batch_tokens or (262_144 if gpu else 4096)
-        self.int8_transformer = None
-        self._real_tokens = metrics.MODEL_TOKENS.labels("real")
-        self._padded_tokens = metrics.MODEL_TOKENS.labels("padded")
-        if self.precision == "int8":
-            try:
-                self._use_int8(path)
-            except ConfigError as exc:
-                if precision != "auto":
-                    raise
-                self.precision = fallback_precision()
-                log.warning("%s: auto runs %s instead", exc, self.precision)
-                if self.precision == "bf16":
-                    self.sentence_transformer.to(torch.bfloat16)
-        log.info("model %s loaded: dim=%d precision=%s device=%s%s", self.model_id, self.dim, self.precision,
-                 self.device, "".join(f", {what} prompt {p!r}" for what, p in (("document", self.document_prompt),
-                                                                             ("query", self.query_prompt)) if p))
 
-    def _use_int8(self, path: str) -> None:
-        """Swap the transformer for its int8 export (``worker.embedding.int8``), after checking
-        that export against this model in float32; a drift past the gate stops the start."""
-        from worker.embedding import int8
+    def _modules_but_normalize(self) -> list:
+        """The model's modules minus Normalize: we normalise in float32 (see the module doc)."""
+        from sentence_transformers.models import Normalize
 
-        fp32 = self._embed(int8.CHECK_TEXTS, "")
-        quantized = int8.load(self.sentence_transformer, path, self.max_seq_length)
-        original, self._modules[0] = self._modules[0], quantized
-        quality = int8.check_quality(self._embed(int8.CHECK_TEXTS, ""), fp32)
-        #: Cosine of this model's int8 vectors to its float32 ones on ``int8.CHECK_TEXTS``.
-        self.int8_quality = quality
-        if not quality.passes:
-            self._modules[0] = original
-            raise ConfigError(f"EMBEDSTREAM_PRECISION=int8: the int8 model drifts from float32 (cosine mean "
-                              f"{quality.mean:.4f}, min {quality.min:.4f}; the gate is {int8.MIN_MEAN_COSINE} and "
-                              f"{int8.MIN_COSINE}): use bf16 or fp32 for this model")
-        #: The int8 transformer this embedder runs (None at other precisions), for tools that run the
-        #: library's own ``encode`` through it (the bench's raw encode).
-        self.int8_transformer = self._modules[0]
-        log.info("int8 checked against fp32 on %d texts: cosine mean %.4f, min %.4f", quality.texts, quality.mean,
-                 quality.min)
+        return [m for m in self.sentence_transformer if not isinstance(m, Normalize)]
 
     @property
     def cache_id(self) -> str:
@@ -217,79 +206,23 @@ class SentenceTransformerEmbedder(Embedder):
     # -- the phases ---------------------------------------------------------------------------
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text (special tokens added, truncated to the model's max), unpadded."""
-        return self._tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self.max_seq_length,
-                               return_attention_mask=False, return_token_type_ids=False)["input_ids"]
-
-    def _encodings(self, texts: list[str]) -> list | None:
-        """The Rust backend's encodings of ``texts`` (no special tokens, nothing truncated); None for
-        a slow tokenizer, which has no offsets. The backend's truncation and padding settings are
-        shared state that each ``tokenize`` call sets again, so they are cleared here, on the same
-        (embed) thread."""
-        backend = getattr(self._tokenizer, "_tokenizer", None)
-        if backend is None:
-            return None
-        backend.no_truncation()
-        backend.no_padding()
-        return backend.encode_batch(texts, add_special_tokens=False)
+        return self.tokens.tokenize(texts)
 
     def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
         """Character spans of each text's tokens (no special tokens, nothing truncated), from the
         tokenizer's Rust backend; a slow tokenizer's cut between words."""
-        encodings = self._encodings(texts)
-        if encodings is None:
-            return super().token_offsets(texts)
-        return [list(enc.offsets) for enc in encodings]
+        found = self.tokens.token_offsets(texts)
+        return super().token_offsets(texts) if found is None else found
 
     def offsets_over(self, texts: list[str], limit: int) -> list[list[tuple[int, int]] | None]:
-        """As :meth:`Embedder.offsets_over`, tokenizing each text once. The ids of a text that fits
-        the model whole are kept for ``embed`` (until the next call here), so the chunk step's long
-        texts that stay one chunk are not tokenized a second time: the same ids the model's own
-        tokenizing would give (the text is whole, nothing is truncated), so the same vectors. Not
-        with a document prompt: the model then tokenizes prompt and text together."""
-        encodings = self._encodings(texts)
-        if encodings is None:
-            return super().offsets_over(texts, limit)
-        backend = self._tokenizer._tokenizer
-        out: list[list[tuple[int, int]] | None] = []
-        known: dict[str, list[int]] = {}
-        for text, enc in zip(texts, encodings):
-            if len(enc.ids) > limit:
-                out.append(list(enc.offsets))
-                continue
-            out.append(None)
-            if not self.document_prompt:
-                ids = backend.post_process(enc).ids  # the special tokens added, as tokenize() adds them
-                if len(ids) <= self.max_seq_length:
-                    known[text] = ids
-        self._known_ids = known
-        return out
-
-    def prompt_length(self, prompt: str) -> int:
-        """The prompt's tokens as the pooling counts them: with the leading special token, without a
-        trailing one (what sentence-transformers hands a pooling that leaves the prompt out)."""
-        if prompt not in self._prompt_lengths:
-            ids = self._tokenizer([prompt], add_special_tokens=True)["input_ids"][0]
-            trailing = ids and ids[-1] in set(self._tokenizer.all_special_ids)
-            self._prompt_lengths[prompt] = len(ids) - (1 if trailing else 0)
-        return self._prompt_lengths[prompt]
+        """As :meth:`Embedder.offsets_over`, tokenizing each text once (``Tokens.offsets_over``: the
+        ids of a text that fits whole are kept for ``embed``)."""
+        found = self.tokens.offsets_over(texts, limit)
+        return super().offsets_over(texts, limit) if found is None else found
 
     def pad(self, ids: list[list[int]]) -> dict:
-        """The model inputs of one forward pass: ``ids`` padded to the longest, with the attention
-        mask (what the tokenizer's own padding makes, without tokenizing again)."""
-        longest = max(len(seq) for seq in ids)
-        input_ids = np.full((len(ids), longest), self._pad_id, dtype=np.int64)
-        mask = np.zeros((len(ids), longest), dtype=np.int64)
-        for row, seq in enumerate(ids):
-            cols = slice(longest - len(seq), longest) if self._pad_left else slice(0, len(seq))
-            input_ids[row, cols] = seq
-            mask[row, cols] = 1
-        self._real_tokens.inc(int(mask.sum()))
-        self._padded_tokens.inc(mask.size)
-        torch = self._torch
-        features = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
-        if self._token_types:
-            features["token_type_ids"] = torch.zeros_like(features["input_ids"])
-        return {k: v.to(self.device) for k, v in features.items()}
+        """The model inputs of one forward pass (``Tokens.pad``), on the device."""
+        return {k: self._torch.from_numpy(v).to(self.device) for k, v in self.tokens.pad(ids).items()}
 
     def run(self, features: dict):
         """Forward pass → pooled embeddings (a tensor in the model's dtype)."""
@@ -317,7 +250,7 @@ class SentenceTransformerEmbedder(Embedder):
         if self.precision != "int8":
             return
         for count, length in self.largest_shapes():  # what the ids are does not matter, only the shape
-            self.run(self.pad([[self._pad_id] * length] * count))
+            self.run(self.pad([[self.tokens.pad_id] * length] * count))
 
     def largest_shapes(self) -> list[tuple[int, int]]:
         """``(texts, tokens each)`` of the two largest forward passes :meth:`passes` makes:
@@ -341,16 +274,6 @@ class SentenceTransformerEmbedder(Embedder):
     def embed_query(self, texts: list[str]) -> np.ndarray:
         return self._embed(texts, self.query_prompt)
 
-    def _ids(self, texts: list[str]) -> list[list[int]]:
-        """``tokenize(texts)``, taking the ids :meth:`offsets_over` kept where it has them."""
-        known = self._known_ids
-        if not known:
-            return self.tokenize(texts)
-        found = [known.get(t) for t in texts]
-        todo = [i for i, seq in enumerate(found) if seq is None]
-        fresh = dict(zip(todo, self.tokenize([texts[i] for i in todo]))) if todo else {}
-        return [seq if seq is not None else fresh[i] for i, seq in enumerate(found)]
-
     def _embed(self, texts: list[str], prompt: str) -> np.ndarray:
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
@@ -358,10 +281,44 @@ class SentenceTransformerEmbedder(Embedder):
         # Tokenized once; each forward pass pads its own length-sorted slice. Results are copied off
         # the device only at the end: on a GPU the passes queue up and the CPU pads the next slice
         # while the GPU computes this one (a copy per pass would wait for each).
-        ids = self.tokenize([prompt + t for t in texts]) if prompt else self._ids(texts)
-        extra = {"prompt_length": self.prompt_length(prompt)} if prompt else {}
+        ids = self.tokens.tokenize([prompt + t for t in texts]) if prompt else self.tokens.ids(texts)
+        extra = {"prompt_length": self.tokens.prompt_length(prompt)} if prompt else {}
         done = [(group, self.normalise(self.run({**self.pad([ids[i] for i in group]), **extra})))
                 for group in self.passes([len(seq) for seq in ids])]
         for group, vectors in done:
             out[group] = vectors.cpu().numpy()
         return out
+
+
+def _int8_or_fallback(model: SentenceTransformerEmbedder, path: str, fall_back: bool) -> None:
+    """Run ``model``'s int8 export (:func:`_swap_in_int8`); where it fails its gate and ``fall_back``
+    (the precision was ``auto``), run :func:`fallback_precision` instead, else stop."""
+    try:
+        _swap_in_int8(model, path)
+    except ConfigError as exc:
+        if not fall_back:
+            raise
+        model.precision = fallback_precision()
+        log.warning("%s: auto runs %s instead", exc, model.precision)
+        if model.precision == "bf16":
+            model.sentence_transformer.to(model._torch.bfloat16)
+
+
+def _swap_in_int8(model: SentenceTransformerEmbedder, path: str) -> None:
+    """Swap ``model``'s transformer for its int8 export (``worker.embedding.int8``), after checking
+    that export against the model in float32; a drift past the gate stops the start."""
+    from worker.embedding import int8
+
+    fp32 = model._embed(int8.CHECK_TEXTS, "")
+    quantized = int8.load(model.sentence_transformer, path, model.max_seq_length)
+    original, model._modules[0] = model._modules[0], quantized
+    quality = int8.check_quality(model._embed(int8.CHECK_TEXTS, ""), fp32)
+    model.int8_quality = quality
+    if not quality.passes:
+        model._modules[0] = original
+        raise ConfigError(f"EMBEDSTREAM_PRECISION=int8: the int8 model drifts from float32 (cosine mean "
+                          f"{quality.mean:.4f}, min {quality.min:.4f}; the gate is {int8.MIN_MEAN_COSINE} and "
+                          f"{int8.MIN_COSINE}): use bf16 or fp32 for this model")
+    model.int8_transformer = model._modules[0]
+    log.info("int8 checked against fp32 on %d texts: cosine mean %.4f, min %.4f", quality.texts, quality.mean,
+             quality.min)
