@@ -31,7 +31,7 @@ from worker.fence import Fence
 from worker.offsets import OffsetCommitter
 from worker.output import output_format
 from worker.pipeline import Pipeline, Stage, in_turn
-from worker.records import Batch
+from worker.records import Batch, Share, split_by_model
 from worker.settings import Settings
 from worker.steps.batcher import Batcher
 from worker.steps.chunk import Chunker
@@ -57,7 +57,7 @@ class Chain:
     model_free: Callable[[], bool]
 
 
-def chunker_for(s: Settings, embedder: Embedder, model: str = "") -> Chunker:
+def chunker_for(s: Settings, embedder: Embedder) -> Chunker:
     """The chunk step for the model; raises :class:`ConfigError` on chunk settings it cannot serve."""
     room = embedder.chunk_room
     tokens = s.chunk_tokens or room
@@ -69,21 +69,18 @@ def chunker_for(s: Settings, embedder: Embedder, model: str = "") -> Chunker:
     if 2 * s.chunk_overlap > tokens:
         raise ConfigError(f"EMBEDSTREAM_CHUNK_OVERLAP={s.chunk_overlap} is more than half a chunk ({tokens} tokens): "
                           "lower it (the default is 32).")
-    return Chunker(embedder, s.chunking, tokens, s.chunk_overlap, s.max_chunks, model=model)
+    return Chunker(embedder, s.chunking, tokens, s.chunk_overlap, s.max_chunks)
 
 
-def embed_by_model(steps: dict[str, Callable[[list[Batch]], None]],
+def embed_by_model(steps: dict[str, Callable[[Share], None]],
                    loaded: Callable[[str], bool]) -> Callable[[list[Batch]], None]:
-    """One step that runs each model's chunk + embed steps on the items of that model: the models a
-    group needs, those already loaded first (under a memory cap that holds one model, a group of two
-    models swaps once, not twice). A forward pass never mixes models."""
-    if len(steps) == 1:
-        return next(iter(steps.values()))
-
+    """One step that splits a group by model once and runs each model's chunk + embed steps on its
+    share: the models the group needs, those already loaded first (under a memory cap that holds one
+    model, a group of two models swaps once, not twice). A forward pass never mixes models."""
     def run(group: list[Batch]) -> None:
-        needed = {it.model for batch in group for it in batch.items}
-        for name in sorted(needed, key=lambda n: not loaded(n)):
-            steps[name](group)
+        shares = split_by_model(group)
+        for name in sorted(shares, key=lambda n: not loaded(n)):
+            steps[name](shares[name])
     return run
 
 
@@ -103,7 +100,7 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
                     guard=VersionGuard(topic_ids), output_topic=s.output_topic, dlq_topic=s.dlq_topic,
                     delivery_timeout_s=s.kafka_timeout_seconds,
                     output=output_format(s.output_format, s.output_topic, registry), limits=limits)
-    chunkers = {n: chunker_for(s, m, model=n) for n, m in handles.items()}
+    chunkers = {n: chunker_for(s, m) for n, m in handles.items()}
     # Past this many characters a text may make too many chunks for some model: its record is kept.
     safe_chars = min(c.safe_chars for c in chunkers.values())
     embed = Stage("embed", embed_by_model({                                          # 5 per model:

@@ -28,19 +28,23 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from schemas.errors import TransientError
 from worker import metrics
 from worker.records import Batch
 
+W = TypeVar("W")
+
 log = logging.getLogger(__name__)
 
-def in_turn(*steps: Callable[[list[Batch]], None]) -> Callable[[list[Batch]], None]:
-    """Several steps as one stage's work, run one after the other on its thread (steps that must
-    share a thread, like the chunk step and the model, which both use the tokenizer)."""
-    def run(group: list[Batch]) -> None:
+def in_turn(*steps: Callable[[W], None]) -> Callable[[W], None]:
+    """Several steps as one stage's work, run one after the other on its thread on the same work (a
+    group, or a model's share of it): steps that must share a thread, like the chunk step and the
+    model, which both use the tokenizer."""
+    def run(work: W) -> None:
         for step in steps:
-            step(group)
+            step(work)
 
     return run
 

@@ -144,3 +144,37 @@ class Batch:
     @property
     def items(self) -> list[Item]:
         return [e for e in self.entries if isinstance(e, Item)]
+
+
+@dataclass
+class Share:
+    """One model's part of a group (:func:`split_by_model`): its items, each with the batch and the
+    position it sits at (a step may put a dead letter in its place), and the whole group (whose
+    batches hold the model's fresh vectors)."""
+
+    model: str
+    group: list[Batch]
+    places: list[tuple[Batch, int, Item]] = field(default_factory=list)
+
+    @property
+    def items(self) -> list[Item]:
+        return [it for _, _, it in self.places]
+
+
+def split_by_model(group: list[Batch]) -> dict[str, Share]:
+    """The group's items by model (``Item.model``), in one pass: each model's steps see only their
+    share. A model without items in the group has no share."""
+    shares: dict[str, Share] = {}
+    for batch in group:
+        for pos, e in enumerate(batch.entries):
+            if isinstance(e, Item):
+                share = shares.get(e.model)
+                if share is None:
+                    share = shares[e.model] = Share(e.model, group)
+                share.places.append((batch, pos, e))
+    return shares
+
+
+def share_of(group: list[Batch], model: str = "") -> Share:
+    """``model``'s share of ``group`` (empty when the group has no items of it)."""
+    return split_by_model(group).get(model) or Share(model, group)

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from schemas.errors import ConfigError
 from worker.chain import chunker_for
 from worker.embedding.fake import FakeEmbedder
-from worker.records import Batch, DeadLetter, Item, Source, content_hash
+from worker.records import Batch, DeadLetter, Item, Source, content_hash, share_of
 from worker.settings import Settings
 from worker.steps.chunk import Chunker, plan_chunks
 
@@ -101,7 +101,7 @@ def _batch(*texts: str) -> Batch:
 def test_a_text_no_longer_than_the_budget_in_characters_is_never_tokenized():
     model = CountingTokenizer()
     batch = _batch("short one", "x" * 20)
-    Chunker(model, "tokens", max_tokens=20, overlap=2, max_chunks=8).process([batch])
+    Chunker(model, "tokens", max_tokens=20, overlap=2, max_chunks=8).process(share_of([batch]))
     assert model.tokenized == 0
     assert [(c.index, c.start, c.end, c.hash) for it in batch.items for c in it.chunks] == [(0, 0, 9, "h0"),
                                                                                            (0, 0, 20, "h1")]
@@ -116,7 +116,7 @@ def test_a_long_text_becomes_chunks_and_one_that_fits_after_tokenizing_stays_who
     sample = REGISTRY.get_sample_value
     before = [sample(f"{metric}_bucket", {"le": le}) for le in ("1.0", "4.0", "+Inf")]
     chunked = sample("embedstream_documents_chunked_total")
-    Chunker(model, "tokens", max_tokens=10, overlap=2, max_chunks=8).process([batch])
+    Chunker(model, "tokens", max_tokens=10, overlap=2, max_chunks=8).process(share_of([batch]))
     doc, whole, _ = batch.items
     assert model.tokenized == 2 and len(doc.chunks) == 4 and [c.index for c in doc.chunks] == [0, 1, 2, 3]
     assert all(c.text == long_text[c.start:c.end] and c.hash == content_hash(c.text) for c in doc.chunks)
@@ -141,9 +141,9 @@ def test_a_repeated_long_text_is_tokenized_once_and_gets_the_same_chunks():
         return b
 
     first, later = batch_of("a", "b"), batch_of("c")
-    chunker.process([first])
+    chunker.process(share_of([first]))
     assert model.tokenized == 1
-    chunker.process([later])
+    chunker.process(share_of([later]))
     assert model.tokenized == 1
     spans = [[(c.index, c.start, c.end, c.hash, c.text) for c in it.chunks] for it in [*first.items, *later.items]]
     assert len(spans[0]) == 4 and spans[0] == spans[1] == spans[2]
@@ -153,7 +153,7 @@ def test_a_repeated_long_text_is_tokenized_once_and_gets_the_same_chunks():
 def test_too_many_chunks_turns_the_record_into_a_dead_letter_with_its_original_bytes():
     text = " ".join(f"word{i}" for i in range(100))
     batch = _batch(text, "fine")
-    Chunker(FakeEmbedder(), "tokens", max_tokens=10, overlap=2, max_chunks=5).process([batch])
+    Chunker(FakeEmbedder(), "tokens", max_tokens=10, overlap=2, max_chunks=5).process(share_of([batch]))
     dead, fine = batch.entries
     assert isinstance(dead, DeadLetter) and dead.reason == "too_many_chunks"
     assert (dead.key, dead.value, dead.headers) == (b"d0", text.encode(), [("trace", b"1")])
@@ -172,7 +172,7 @@ def test_safe_chars_is_a_bound_no_text_of_fewer_characters_breaks():
 def test_off_keeps_one_chunk_and_counts_what_the_model_cuts():
     before = REGISTRY.get_sample_value("embedstream_tokens_truncated_total") or 0.0
     batch = _batch(" ".join(f"w{i}" for i in range(25)))
-    Chunker(FakeEmbedder(), "off", max_tokens=10, overlap=2, max_chunks=5).process([batch])
+    Chunker(FakeEmbedder(), "off", max_tokens=10, overlap=2, max_chunks=5).process(share_of([batch]))
     assert len(batch.items[0].chunks) == 1
     assert REGISTRY.get_sample_value("embedstream_tokens_truncated_total") - before == 15
 

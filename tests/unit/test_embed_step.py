@@ -8,7 +8,7 @@ import numpy as np
 
 from worker.embedding.fake import FakeEmbedder
 from worker.pipeline import in_turn
-from worker.records import Batch, Item, Source
+from worker.records import Batch, Item, Source, share_of
 from worker.steps.chunk import Chunker
 from worker.steps.embed import EmbedStep
 
@@ -34,8 +34,13 @@ def _batch(offset: int, *texts: str) -> Batch:
 
 def _step(model, cache, max_tokens: int = 254):
     """The embed stage's work: the chunk step, then the embed step (``worker.chain``)."""
-    return type("Stage", (), {"process": staticmethod(in_turn(Chunker(model, "tokens", max_tokens, 2, 512).process,
-                                                               EmbedStep(model, cache).process))})
+    return _stage(Chunker(model, "tokens", max_tokens, 2, 512).process, EmbedStep(model, cache).process)
+
+
+def _stage(*steps):
+    """A stage whose ``process(group)`` runs ``steps`` in turn on the group's share (one model)."""
+    work = in_turn(*steps)
+    return type("Stage", (), {"process": staticmethod(lambda group: work(share_of(group)))})
 
 
 def test_a_group_is_one_model_call_over_its_distinct_misses():
@@ -105,8 +110,7 @@ def test_a_skipped_lookup_still_embeds_everything_and_the_vectors_go_back_to_the
     cache = DictCache({})
     step = EmbedStep(model, cache)
     step.policy.lookup_s, step.policy.model_s, step.policy.hit_ratio = 1.0, 0.001, 0.0  # never pays
-    stage = type("Stage", (), {"process": staticmethod(in_turn(Chunker(model, "tokens", 254, 2, 512).process,
-                                                                step.process))})
+    stage = _stage(Chunker(model, "tokens", 254, 2, 512).process, step.process)
     calls = []
     cache.get_many = lambda hashes: calls.append(hashes) or [None] * len(hashes)  # type: ignore[method-assign]
     batch = _batch(0, "alpha", "beta")
@@ -130,8 +134,7 @@ def test_a_failed_lookup_is_an_outage_not_a_cost_so_redis_is_asked_again_once_ba
 
     cache = FrozenThenBack({})
     step = EmbedStep(model, cache)
-    stage = type("Stage", (), {"process": staticmethod(in_turn(Chunker(model, "tokens", 254, 2, 512).process,
-                                                                step.process))})
+    stage = _stage(Chunker(model, "tokens", 254, 2, 512).process, step.process)
     stage.process([_batch(0, "alpha", "beta")])  # healthy: the costs are measured
     healthy = step.policy.lookup_s
     for i in range(5):

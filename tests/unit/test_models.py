@@ -11,7 +11,7 @@ from worker.chain import embed_by_model
 from worker.embedding.fake import FakeEmbedder
 from worker.embedding.models import ModelSet, ModelSpec, parse_models
 from worker.naming import collection_name
-from worker.records import Batch, Chunk, Item, Source
+from worker.records import Batch, Chunk, Item, Source, split_by_model
 from worker.runner import inflight_limit
 from worker.settings import Settings
 
@@ -94,7 +94,7 @@ def test_each_models_step_sees_only_its_items_loaded_models_first():
     seen: list[tuple[str, list[str]]] = []
 
     def step(name):
-        return lambda group: seen.append((name, [it.id for b in group for it in b.items if it.model == name]))
+        return lambda share: seen.append((name, [it.id for it in share.items]))
 
     batch = Batch()
     for i, m in enumerate("abab"):
@@ -110,8 +110,9 @@ def test_the_embed_step_fills_only_its_models_vectors():
     batch = Batch()
     for i, m in enumerate("abab"):
         batch.add(_item(i, m))
-    EmbedStep(a, None, model="a").process([batch])
-    EmbedStep(b, None, model="b").process([batch])
+    shares = split_by_model([batch])
+    EmbedStep(a, None, model="a").process(shares["a"])
+    EmbedStep(b, None, model="b").process(shares["b"])
     assert [np.asarray(it.chunks[0].vector).shape[0] for it in batch.items] == [4, 6, 4, 6]
     assert set(batch.fresh) == {"a", "b"} and set(batch.fresh["a"]) == {"h0", "h2"}
 

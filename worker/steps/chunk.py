@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 from worker import metrics
 from worker.embedding.base import Embedder
-from worker.records import Batch, Chunk, DeadLetter, Item, content_hash
+from worker.records import Batch, Chunk, DeadLetter, Item, Share, content_hash
 
 #: Characters that end a sentence when whitespace follows them.
 SENTENCE_END = frozenset(".!?。！？")
@@ -86,11 +86,8 @@ class Chunker:
     dead letter (``too_many_chunks``) in its batch, written whole to the DLQ instead of half to
     Milvus."""
 
-    def __init__(self, embedder: Embedder, mode: str, max_tokens: int, overlap: int, max_chunks: int,
-                 model: str = "") -> None:
+    def __init__(self, embedder: Embedder, mode: str, max_tokens: int, overlap: int, max_chunks: int) -> None:
         self.embedder = embedder
-        #: The items this step splits: those of this model (``Item.model``).
-        self.model = model
         self.mode = mode
         self.max_tokens = max_tokens
         self.overlap = overlap
@@ -120,9 +117,10 @@ class Chunker:
                     out[i] = plan_chunks(texts[i], offsets, self.max_tokens, self.overlap)
         return out
 
-    def process(self, group: list[Batch]) -> None:
-        items = [(batch, pos, e) for batch in group for pos, e in enumerate(batch.entries)
-                 if isinstance(e, Item) and e.model == self.model]
+    def process(self, share: Share) -> None:
+        """Cut each item of the model's ``share`` into chunks (``Item.chunks``); an item that would
+        make too many is put in its place as a dead letter, and leaves the share."""
+        items = share.places
         if self.mode == "off":
             self._truncate([it for _, _, it in items])
             return
@@ -138,19 +136,23 @@ class Chunker:
             if len(plans) > PLAN_MEMO_SIZE:
                 plans.popitem(last=False)
         counts: list[int] = []  # chunks of each long document, observed at once
+        kept: list[tuple[Batch, int, Item]] = []
         for batch, pos, it in items:
             if len(it.text) <= self.max_tokens:
                 it.chunks = [_whole(it)]
+                kept.append((batch, pos, it))
                 continue
             spans, hashes = found[it.hash]
             if len(spans) > self.max_chunks:
                 batch.entries[pos] = self._too_many(it, len(spans))
                 continue
+            kept.append((batch, pos, it))
             if len(spans) == 1:
                 it.chunks = [_whole(it)]
             else:
                 it.chunks = [Chunk(i, a, b, it.text[a:b], h) for i, ((a, b), h) in enumerate(zip(spans, hashes))]
             counts.append(len(it.chunks))
+        share.places = kept
         if counts:
             metrics.CHUNKS_PER_DOCUMENT.observe_many(counts)
             metrics.DOCUMENTS_CHUNKED.inc(sum(n > 1 for n in counts))

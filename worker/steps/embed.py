@@ -29,7 +29,7 @@ import numpy as np
 from connectors.redis_cache import RedisCache
 from worker import metrics
 from worker.embedding.base import Embedder
-from worker.records import Batch
+from worker.records import Share
 
 #: While Redis is skipped, one group in so many is still looked up, to measure it again.
 PROBE_EVERY = 16
@@ -98,10 +98,11 @@ class EmbedStep:
         #: Whether a group's Redis lookup is worth its cost (the module doc).
         self.policy = LookupPolicy()
 
-    def process(self, group: list[Batch]) -> None:
-        for batch in group:
+    def process(self, share: Share) -> None:
+        """Fill the vectors of every chunk of the model's ``share``."""
+        for batch in share.group:
             batch.fresh[self.model] = {}
-        chunks = [ch for batch in group for it in batch.items if it.model == self.model for ch in it.chunks]
+        chunks = [ch for _, _, it in share.places for ch in it.chunks]
         if not chunks:
             return
         first_text: dict[str, str] = {}
@@ -131,7 +132,7 @@ class EmbedStep:
                     self._memo[h] = vec
             while len(self._memo) > self.memo_size:
                 self._memo.popitem(last=False)
-        self._hand_on(group, vectors, hit)
+        self._hand_on(share, vectors, hit)
 
     def _look_up(self, hashes: list[str], vectors: dict[str, np.ndarray], hit: set[str]) -> None:
         """Ask Redis for the hashes the memo did not hold, when the policy says it pays."""
@@ -160,15 +161,12 @@ class EmbedStep:
             metrics.CACHE_REQUESTS.labels("hit").inc(len(hit))
             metrics.CACHE_REQUESTS.labels("miss").inc(len(hashes) - len(hit))
 
-    def _hand_on(self, group: list[Batch], vectors: dict[str, np.ndarray], hit: set[str]) -> None:
+    def _hand_on(self, share: Share, vectors: dict[str, np.ndarray], hit: set[str]) -> None:
         """Each chunk's vector and whether it came from a cache; the fresh ones into ``batch.fresh``."""
-        for batch in group:
+        for batch, _, it in share.places:
             fresh = batch.fresh[self.model]
-            for it in batch.items:
-                if it.model != self.model:
-                    continue
-                for ch in it.chunks:
-                    ch.vector = vectors[ch.hash]
-                    ch.cached = ch.hash in hit
-                    if not ch.cached:
-                        fresh[ch.hash] = ch.vector
+            for ch in it.chunks:
+                ch.vector = vectors[ch.hash]
+                ch.cached = ch.hash in hit
+                if not ch.cached:
+                    fresh[ch.hash] = ch.vector
