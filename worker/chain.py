@@ -57,7 +57,8 @@ class Chain:
     model_free: Callable[[], bool]
 
 
-def chunker_for(s: Settings, embedder: Embedder) -> Chunker:
+def chunker_for(s: Settings, embedder: Embedder,
+                dead_lettered: Callable[[str, str], None] = lambda reason, message: None) -> Chunker:
     """The chunk step for the model; raises :class:`ConfigError` on chunk settings it cannot serve."""
     room = embedder.chunk_room
     tokens = s.chunk_tokens or room
@@ -69,7 +70,7 @@ def chunker_for(s: Settings, embedder: Embedder) -> Chunker:
     if 2 * s.chunk_overlap > tokens:
         raise ConfigError(f"EMBEDSTREAM_CHUNK_OVERLAP={s.chunk_overlap} is more than half a chunk ({tokens} tokens): "
                           "lower it (the default is 32).")
-    return Chunker(embedder, s.chunking, tokens, s.chunk_overlap, s.max_chunks)
+    return Chunker(embedder, s.chunking, tokens, s.chunk_overlap, s.max_chunks, dead_lettered)
 
 
 def embed_by_model(steps: dict[str, Callable[[Share], None]],
@@ -95,12 +96,15 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
     handles = models.handles
     limits = limits or TopicLimits()
     committer = OffsetCommitter(consumer, s.commit_interval_ms / 1000, delivery)                 # 7 commit
+    # The breaker (3) counts the dead letters the chunk and sink steps make too (late ones).
+    breaker = DlqLimit(s.dlq_max_consecutive, s.dlq_max_ratio, s.dlq_ratio_window)
     sink = SinkStep({n: ModelTarget(stores[n], m.model_id, m.dim, caches[n]) for n, m in handles.items()},
                     delivery, fence=fence,
                     guard=VersionGuard(topic_ids), output_topic=s.output_topic, dlq_topic=s.dlq_topic,
                     delivery_timeout_s=s.kafka_timeout_seconds,
-                    output=output_format(s.output_format, s.output_topic, registry), limits=limits)
-    chunkers = {n: chunker_for(s, m) for n, m in handles.items()}
+                    output=output_format(s.output_format, s.output_topic, registry), limits=limits,
+                    dead_lettered=breaker.record_late)
+    chunkers = {n: chunker_for(s, m, breaker.record_late) for n, m in handles.items()}
     # Past this many characters a text may make too many chunks for some model: its record is kept.
     safe_chars = min(c.safe_chars for c in chunkers.values())
     embed = Stage("embed", embed_by_model({                                          # 5 per model:
@@ -118,7 +122,7 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
                   keep_large=min(sink.output_rooms.values())),
         lambda texts, model: handles[model].estimate_tokens(                         # 2 token estimate
             texts, chunked=s.chunking == "tokens"),
-        DlqLimit(s.dlq_max_consecutive, s.dlq_max_ratio, s.dlq_ratio_window),        # 3 halt a bad deploy
+        breaker,                                                                     # 3 halt a bad deploy
         Batcher(s.max_batch_size, s.max_batch_tokens, s.max_batch_wait_ms / 1000,    # 4 count, tokens,
                 max_bytes=s.max_batch_bytes),                                        #   deadline, bytes
         next_step=pipeline.submit,

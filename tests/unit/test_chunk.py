@@ -153,9 +153,14 @@ def test_a_repeated_long_text_is_tokenized_once_and_gets_the_same_chunks():
 def test_too_many_chunks_turns_the_record_into_a_dead_letter_with_its_original_bytes():
     text = " ".join(f"word{i}" for i in range(100))
     batch = _batch(text, "fine")
-    Chunker(FakeEmbedder(), "tokens", max_tokens=10, overlap=2, max_chunks=5).process(share_of([batch]))
+    told: list[tuple[str, str]] = []
+    share = share_of([batch])
+    Chunker(FakeEmbedder(), "tokens", max_tokens=10, overlap=2, max_chunks=5,
+            dead_lettered=lambda *dead: told.append(dead)).process(share)
     dead, fine = batch.entries
     assert isinstance(dead, DeadLetter) and dead.reason == "too_many_chunks"
+    assert told == [("too_many_chunks", dead.message)]  # the breaker hears of it (DlqLimit.record_late)
+    assert share.items == [fine]  # and the embed step never sees it
     assert (dead.key, dead.value, dead.headers) == (b"d0", text.encode(), [("trace", b"1")])
     assert "EMBEDSTREAM_MAX_CHUNKS" in dead.message and len(fine.chunks) == 1
 

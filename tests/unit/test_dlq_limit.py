@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
-from worker.steps.dlq_limit import DlqLimit, DlqLimitExceeded
+from worker.steps.dlq_limit import HINTS, DlqLimit, DlqLimitExceeded
 
 
 def test_dlq_limit_trips_on_a_run_and_on_a_ratio():
@@ -50,3 +52,41 @@ def trips_after(breaker: DlqLimit) -> int:
         except DlqLimitExceeded:
             return n
     raise AssertionError("never tripped")
+
+
+def test_a_late_dead_letter_turns_a_processed_record_bad_once_counted_on_the_polling_thread():
+    breaker = DlqLimit(max_consecutive=3, max_ratio=0.5, window=6)
+    breaker.record_processed(6)
+    threads = [threading.Thread(target=breaker.record_late, args=("too_many_chunks", "would yield 900 chunks"))
+               for _ in range(3)]  # from the embed and sink threads: nothing counted yet
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    breaker.record_late("output_too_large", "its output record would be 2,000,000 bytes")
+    assert breaker._bad_in_window == 0
+    with pytest.raises(DlqLimitExceeded, match="4 of the last 6.*output_too_large|4 of the last 6.*too_many_chunks"):
+        breaker.count_late()
+    assert list(breaker._recent) == [False, False, True, True, True, True]  # the newest processed ones turned
+
+
+def test_late_dead_letters_under_the_ratio_leave_the_breaker_as_record_would():
+    late, direct = DlqLimit(100, 0.5, 6), DlqLimit(100, 0.5, 6)
+    late.record_processed(6)
+    late.record_late("too_many_chunks")
+    late.count_late()
+    for reason in [None] * 5 + ["too_many_chunks"]:
+        direct.record(reason)
+    assert late._bad_in_window == direct._bad_in_window == 1
+    late.count_late()  # nothing new: nothing changes
+    assert late._bad_in_window == 1 and trips_after(late) == trips_after(direct)
+
+
+@pytest.mark.parametrize("reason", ["decode_error", "empty_text", "invalid_utf8", "text_too_long", "unknown_model",
+                                    "too_many_chunks", "unknown_schema", "incompatible_schema", "id_mismatch",
+                                    "output_too_large"])
+def test_every_dead_letter_reason_trips_with_a_hint(reason):
+    breaker = DlqLimit(max_consecutive=1, max_ratio=1.0, window=10)
+    with pytest.raises(DlqLimitExceeded) as tripped:
+        breaker.record(reason, "why")
+    assert HINTS[reason] in str(tripped.value) and len(HINTS[reason]) > 20

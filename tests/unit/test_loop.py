@@ -16,6 +16,7 @@ from worker.loop import Worker
 from worker.metrics import Health
 from worker.offsets import OffsetCommitter
 from worker.pipeline import Pipeline, Stage
+from worker.records import DeadLetter
 from worker.steps.batcher import Batcher
 from worker.steps.dlq_limit import DlqLimit, DlqLimitExceeded
 from worker.steps.intake import Intake
@@ -34,12 +35,12 @@ def _records(partition: int, n: int, bad_from: int | None = None) -> list[FakeMe
 
 
 def _worker(consumer, embed=lambda g: None, sink=lambda g: None, *, batch=10, inflight=4, pause_after=0.0,
-            dlq_run=1000, fence: Fence | None = None) -> Worker:
+            dlq_run=1000, dlq_ratio=(1.0, 1000), fence: Fence | None = None) -> Worker:
     fence = fence or Fence(lease_s=5)
     embed_stage = Stage("embed", embed)
     pipeline = Pipeline([embed_stage, Stage("sink", sink)], backoff_max=0.05)
     intake = Intake(Validator(10_000, lambda m: "" if m is None else None), lambda texts, _model: [5] * len(texts),
-                    DlqLimit(dlq_run, 1.0, 1000), Batcher(batch, 10_000, 0.01, max_bytes=1 << 24), pipeline.submit)
+                    DlqLimit(dlq_run, *dlq_ratio), Batcher(batch, 10_000, 0.01, max_bytes=1 << 24), pipeline.submit)
     chain = Chain(intake, pipeline, OffsetCommitter(consumer, 0, at_least_once(consumer)), fence,
                   model_free=lambda: embed_stage.backlog == 0)
     return Worker(consumer, "docs", chain, Assignment(pause_after=pause_after, join_grace=1.0),
@@ -163,6 +164,27 @@ def test_tripped_breaker_commits_only_what_came_before_the_bad_run():
     # the 4 batches of good records (offsets 0-19) and the batches of dead letters closed before the
     # 10th bad record in a row (offsets 20-24) finish and are committed; nothing from the trip on
     assert 20 <= consumer.committed_offsets[0] <= 25 and consumer.closed
+
+
+def test_dead_letters_made_after_intake_trip_the_breaker_too():
+    """The chunk and sink steps report the dead letters they make (``DlqLimit.record_late``): a topic
+    of documents that all turn out too long halts the worker as one of undecodable records would,
+    well before its end, with what finished committed."""
+    consumer = FakeConsumer({0: _records(0, 400)})
+    holder: list[Worker] = []
+
+    def embed(group):  # every document would make too many chunks
+        breaker = holder[0].chain.intake.dlq_limit
+        for batch in group:
+            for i, e in enumerate(batch.entries):
+                batch.entries[i] = DeadLetter(e.source, b"k", b"v", None, "too_many_chunks", "900 chunks")
+                breaker.record_late("too_many_chunks", "900 chunks")
+
+    worker = _worker(consumer, embed=embed, batch=5, inflight=2, dlq_ratio=(0.5, 20))
+    holder.append(worker)
+    with pytest.raises(DlqLimitExceeded, match="too_many_chunks.*EMBEDSTREAM_MAX_CHUNKS"):
+        worker.run(stop_when_idle=1)
+    assert 10 <= consumer.committed_offsets.get(0, 0) < 100 and consumer.closed
 
 
 def test_a_record_refused_for_good_stops_the_loop_with_what_finished_before_it_committed():

@@ -27,19 +27,17 @@ def _item(doc_id: str, o: int, v: float, partition: int = 0) -> Item:
 
 
 def _store(client) -> MilvusStore:
-    store = MilvusStore.__new__(MilvusStore)
-    store._client, store.collection, store.timeout, store.uri = client, "c", 5.0, "fake"
-    store.tombstones = "c_deleted"
-    return store
+    return MilvusStore("fake", "c", timeout=5.0, client=client)
 
 
-def _sink(client, producer, fence: Fence | None = None, limits: TopicLimits | None = None) -> SinkStep:
+def _sink(client, producer, fence: Fence | None = None, limits: TopicLimits | None = None,
+          dead_lettered=lambda reason, message: None) -> SinkStep:
     if fence is None:
         fence = Fence(lease_s=60)
         fence.publish({("docs", p) for p in range(4)})
     return SinkStep({"": ModelTarget(_store(client), "m", 4)}, at_least_once(producer=producer), fence=fence,
                     guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
-                    delivery_timeout_s=5, limits=limits)
+                    delivery_timeout_s=5, limits=limits, dead_lettered=dead_lettered)
 
 
 def test_sink_upserts_never_inserts_and_dedupes_last_wins():
@@ -149,7 +147,12 @@ def test_an_output_record_over_the_topic_limit_is_dead_lettered_and_written_nowh
     for e in (_item("a", 0, 0.1), _big_metadata_item("big", 1, 40_000), _item("c", 2, 0.3)):
         batch.add(e)
     client, producer = RecordingMilvusClient(), RecordingProducer()
-    _sink(client, producer, limits=TopicLimits(output=32_768)).process([batch])
+    told: list[tuple[str, str]] = []
+    sink = _sink(client, producer, limits=TopicLimits(output=32_768), dead_lettered=lambda *dead: told.append(dead))
+    sink.process([batch])
+    assert [reason for reason, _ in told] == ["output_too_large"]  # the breaker hears of it, once
+    sink.process([batch])  # a replay of the group: the entry is a dead letter already, not told again
+    assert len(told) == 1
     assert sorted(r["doc_id"] for r in client.calls[-1][1]) == ["a", "c"]
     assert [(t, k) for t, k, _, _ in producer.records] == [("embeddings", b"a"), ("documents.dlq", b"big"),
                                                           ("embeddings", b"c")]

@@ -11,6 +11,7 @@ one chunk spanning all of it: the model sees exactly the text it saw before chun
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from worker import metrics
 from worker.embedding.base import Embedder
@@ -86,8 +87,11 @@ class Chunker:
     dead letter (``too_many_chunks``) in its batch, written whole to the DLQ instead of half to
     Milvus."""
 
-    def __init__(self, embedder: Embedder, mode: str, max_tokens: int, overlap: int, max_chunks: int) -> None:
+    def __init__(self, embedder: Embedder, mode: str, max_tokens: int, overlap: int, max_chunks: int,
+                 dead_lettered: Callable[[str, str], None] = lambda reason, message: None) -> None:
         self.embedder = embedder
+        #: Told of each dead letter made here (``DlqLimit.record_late``: the breaker counts it).
+        self.dead_lettered = dead_lettered
         self.mode = mode
         self.max_tokens = max_tokens
         self.overlap = overlap
@@ -144,7 +148,8 @@ class Chunker:
                 continue
             spans, hashes = found[it.hash]
             if len(spans) > self.max_chunks:
-                batch.entries[pos] = self._too_many(it, len(spans))
+                dead = batch.entries[pos] = self._too_many(it, len(spans))
+                self.dead_lettered(dead.reason, dead.message)
                 continue
             kept.append((batch, pos, it))
             if len(spans) == 1:

@@ -31,7 +31,10 @@ class Intake:
     def add(self, messages: list) -> None:
         """Turn good Kafka messages (no error) into entries and batch them. Raises
         ``DlqLimitExceeded`` at the record that trips the breaker (it joins no batch), and
-        ``TransientError`` before taking any of them when the schema registry is out."""
+        ``TransientError`` before taking any of them when the schema registry is out. Dead letters
+        made after intake (``DlqLimit.record_late``) are counted first: when they trip the breaker,
+        none of ``messages`` is taken."""
+        self.dlq_limit.count_late()
         self.validator.resolve_schemas(messages)
         entries: list[Entry] = [self.validator.validate(m) for m in messages]
         by_model: dict[str, list[Item]] = {}
@@ -56,7 +59,8 @@ class Intake:
             self._emit(self.batcher.add(e))
 
     def poll(self) -> None:
-        """Close the open batch if it is past its deadline."""
+        """Close the open batch if it is past its deadline (after counting late dead letters)."""
+        self.dlq_limit.count_late()
         self._emit(self.batcher.poll())
 
     def flush(self) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -31,7 +32,7 @@ from worker import metrics
 from worker.delivery import Delivery, Planned
 from worker.fence import Fence
 from worker.output import OutputFormat
-from worker.records import Batch, DeadLetter, Delete, Entry, Item
+from worker.records import Batch, DeadLetter, Delete, Entry, Item, Source
 from worker.steps.fit import TopicLimits, dead_letter_record, output_room, record_size
 from worker.steps.versions import VersionGuard, final_operations
 
@@ -70,6 +71,21 @@ class Plan:
     stored: dict = field(default_factory=dict)
 
 
+def chunk_rows(items: list[Item], source: Callable[[Source], str]) -> ChunkRows:
+    """The Milvus rows of ``items``: one per chunk; ``source`` names where a record came from."""
+    chunks = [(it, ch) for it in items for ch in it.chunks]
+    vectors = [ch.vector for _, ch in chunks if ch.vector is not None]
+    if len(vectors) != len(chunks):
+        raise RuntimeError("a chunk reached the sink without a vector")  # a bug of the embed step
+    return ChunkRows(
+        doc_ids=[it.id for it, _ in chunks], chunk_index=[ch.index for _, ch in chunks],
+        chunk_count=[len(it.chunks) for it, _ in chunks], span_start=[ch.start for _, ch in chunks],
+        span_end=[ch.end for _, ch in chunks], excerpts=[ch.text[:EXCERPT_CHARS] for _, ch in chunks],
+        vectors=np.array(vectors), hashes=[ch.hash for _, ch in chunks],
+        metadata=[it.metadata for it, _ in chunks], sources=[source(it.source) for it, _ in chunks],
+        offsets=[it.source.offset for it, _ in chunks])
+
+
 class SinkStep:
     """``process(group)`` makes the batches durable; raises :class:`TransientError` to be retried.
 
@@ -80,8 +96,11 @@ class SinkStep:
 
     def __init__(self, targets: dict[str, ModelTarget], delivery: Delivery, *, fence: Fence,
                  guard: VersionGuard, output_topic: str, dlq_topic: str, delivery_timeout_s: float,
-                 limits: TopicLimits | None = None, output: OutputFormat | None = None) -> None:
+                 limits: TopicLimits | None = None, output: OutputFormat | None = None,
+                 dead_lettered: Callable[[str, str], None] = lambda reason, message: None) -> None:
         self.targets = targets
+        #: Told of each dead letter made here (``DlqLimit.record_late``: the breaker counts it).
+        self.dead_lettered = dead_lettered
         #: A tombstone's ``embedstream.model`` header: the model when there is one, else every one.
         self._delete_header = b",".join(t.header for t in targets.values())
         #: How the group becomes durable (``worker.delivery``): at-least-once or exactly-once.
@@ -126,20 +145,6 @@ class SinkStep:
         for plan in planned.plans:
             metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
 
-    def _rows(self, items: list[Item]) -> ChunkRows:
-        """The Milvus rows of ``items``: one per chunk."""
-        chunks = [(it, ch) for it in items for ch in it.chunks]
-        vectors = [ch.vector for _, ch in chunks if ch.vector is not None]
-        if len(vectors) != len(chunks):
-            raise RuntimeError("a chunk reached the sink without a vector")  # a bug of the embed step
-        return ChunkRows(
-            doc_ids=[it.id for it, _ in chunks], chunk_index=[ch.index for _, ch in chunks],
-            chunk_count=[len(it.chunks) for it, _ in chunks], span_start=[ch.start for _, ch in chunks],
-            span_end=[ch.end for _, ch in chunks], excerpts=[ch.text[:EXCERPT_CHARS] for _, ch in chunks],
-            vectors=np.array(vectors), hashes=[ch.hash for _, ch in chunks],
-            metadata=[it.metadata for it, _ in chunks], sources=[self.guard.source(it.source) for it, _ in chunks],
-            offsets=[it.source.offset for it, _ in chunks])
-
     def _write_milvus(self, plans: list[Plan], now: int) -> float:
         """Each model's collection, in turn (``_write_collection``); returns the seconds."""
         t0 = time.perf_counter()
@@ -164,7 +169,7 @@ class SinkStep:
         store.delete(stale)
         store.delete([chunk_id(doc, 0) for doc in deletes])
         if upserts:
-            store.upsert_chunks(self._rows(list(upserts.values())), plan.target.model_id, now)
+            store.upsert_chunks(chunk_rows(list(upserts.values()), self.guard.source), plan.target.model_id, now)
 
     def produce(self, planned: Planned, producer: Producer) -> DeliveryBatch:
         """Hand every output and dead-letter record of the group to ``producer`` (not yet confirmed),
@@ -207,10 +212,11 @@ class SinkStep:
                 largest = max(record_size(key, v, target.headers[False])
                               for v in self.output.values(e, target.model_id, target.dim, now))
                 if largest > self.limits.output:
-                    batch.entries[i] = DeadLetter(
+                    dead = batch.entries[i] = DeadLetter(
                         e.source, *e.original, "output_too_large",
                         f"its output record would be {largest:,} bytes (metadata of {size:,} bytes), over the "
                         f"output topic's limit of {self.limits.output:,}")
+                    self.dead_lettered(dead.reason, dead.message)
 
     def _fill_caches(self, group: list[Batch]) -> None:
         """Each model's fresh vectors into its cache. A vector depends only on the text and the model,
