@@ -32,7 +32,15 @@ from worker.offsets import OffsetCommitter
 from worker.output import output_format
 from worker.pipeline import Pipeline, Stage, in_turn
 from worker.records import Batch, Share, split_by_model
-from worker.settings import Settings
+from worker.settings import (
+    BatchingSettings,
+    ChunkingSettings,
+    DeliverySettings,
+    KafkaSettings,
+    OperationsSettings,
+    RecordSettings,
+    Settings,
+)
 from worker.steps.batcher import Batcher
 from worker.steps.chunk import Chunker
 from worker.steps.dlq_limit import DlqLimit
@@ -57,7 +65,7 @@ class Chain:
     model_free: Callable[[], bool]
 
 
-def chunker_for(s: Settings, embedder: Embedder,
+def chunker_for(s: ChunkingSettings, embedder: Embedder,
                 dead_lettered: Callable[[str, str], None] = lambda reason, message: None) -> Chunker:
     """The chunk step for the model; raises :class:`ConfigError` on chunk settings it cannot serve."""
     room = embedder.chunk_room
@@ -90,21 +98,24 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
                 topic_ids: dict[str, str], registry: SchemaRegistry | None = None,
                 limits: TopicLimits | None = None) -> Chain:
     """Every step, in the order a record meets it (the pipeline is built first only because intake
-    hands its batches to it). ``models``, ``caches`` and ``stores`` are by model name; ``delivery``
-    makes the sink's groups and their offsets durable (``worker.delivery``); ``limits``: the largest
-    record the output and DLQ topics take."""
+    hands its batches to it), each given its own section of the settings. ``models``, ``caches`` and
+    ``stores`` are by model name; ``delivery`` makes the sink's groups and their offsets durable
+    (``worker.delivery``); ``limits``: the largest record the output and DLQ topics take."""
     handles = models.handles
     limits = limits or TopicLimits()
-    committer = OffsetCommitter(consumer, s.commit_interval_ms / 1000, delivery)                 # 7 commit
+    topics, records, durable = s.section(KafkaSettings), s.section(RecordSettings), s.section(DeliverySettings)
+    batching = s.section(BatchingSettings)
+    committer = OffsetCommitter(consumer, durable.commit_interval_ms / 1000, delivery)           # 7 commit
     # The breaker (3) counts the dead letters the chunk and sink steps make too (late ones).
-    breaker = DlqLimit(s.dlq_max_consecutive, s.dlq_max_ratio, s.dlq_ratio_window)
+    breaker = DlqLimit(durable.dlq_max_consecutive, durable.dlq_max_ratio, durable.dlq_ratio_window)
     sink = SinkStep({n: ModelTarget(stores[n], m.model_id, m.dim, caches[n]) for n, m in handles.items()},
                     delivery, fence=fence,
-                    guard=VersionGuard(topic_ids), output_topic=s.output_topic, dlq_topic=s.dlq_topic,
-                    delivery_timeout_s=s.kafka_timeout_seconds,
-                    output=output_format(s.output_format, s.output_topic, registry), limits=limits,
+                    guard=VersionGuard(topic_ids), output_topic=topics.output_topic, dlq_topic=topics.dlq_topic,
+                    delivery_timeout_s=topics.kafka_timeout_seconds,
+                    output=output_format(records.output_format, topics.output_topic, registry), limits=limits,
                     dead_lettered=breaker.record_late)
-    chunkers = {n: chunker_for(s, m, breaker.record_late) for n, m in handles.items()}
+    chunking = s.section(ChunkingSettings)
+    chunkers = {n: chunker_for(chunking, m, breaker.record_late) for n, m in handles.items()}
     # Past this many characters a text may make too many chunks for some model: its record is kept.
     safe_chars = min(c.safe_chars for c in chunkers.values())
     embed = Stage("embed", embed_by_model({                                          # 5 per model:
@@ -114,17 +125,17 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
     pipeline = Pipeline([
         embed,
         Stage("sink", sink.process),                                                 # 6 Milvus + topics
-    ], backoff_max=s.retry_backoff_max_seconds, release=sink.close)
+    ], backoff_max=s.section(OperationsSettings).retry_backoff_max_seconds, release=sink.close)
     intake = Intake(
-        Validator(s.max_text_bytes, models.resolve,                                  # 1 Item | Delete | DeadLetter
+        Validator(records.max_text_bytes, models.resolve,                            # 1 Item | Delete | DeadLetter
                   lambda chars: chars > safe_chars,                                  #   (key = identity,
-                  registry=registry, key_field=s.key_field,                          #   model by name)
+                  registry=registry, key_field=records.key_field,                    #   model by name)
                   keep_large=min(sink.output_rooms.values())),
         lambda texts, model: handles[model].estimate_tokens(                         # 2 token estimate
-            texts, chunked=s.chunking == "tokens"),
+            texts, chunked=chunking.chunking == "tokens"),
         breaker,                                                                     # 3 halt a bad deploy
-        Batcher(s.max_batch_size, s.max_batch_tokens, s.max_batch_wait_ms / 1000,    # 4 count, tokens,
-                max_bytes=s.max_batch_bytes),                                        #   deadline, bytes
+        Batcher(batching.max_batch_size, batching.max_batch_tokens,                  # 4 count, tokens,
+                batching.max_batch_wait_ms / 1000, max_bytes=batching.max_batch_bytes),  # deadline, bytes
         next_step=pipeline.submit,
     )
     return Chain(intake, pipeline, committer, fence, model_free=lambda: embed.backlog == 0)

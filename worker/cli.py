@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -34,10 +35,11 @@ console = Console()
 err = Console(stderr=True)
 
 
-def settings_or_exit(**overrides: object) -> Settings:
-    """Settings from the environment and flags; a bad value exits 2 with what to fix."""
+def settings_or_exit(overrides: Mapping[str, object] | None = None, **more: object) -> Settings:
+    """Settings from the environment, then the flags ``overrides`` and ``more`` (None: not given); a
+    bad value exits 2 with what to fix."""
     try:
-        return load_settings(overrides)
+        return load_settings({**(overrides or {}), **more})
     except ValidationError as exc:
         for e in exc.errors():
             name = "EMBEDSTREAM_" + "_".join(str(p) for p in e["loc"]).upper() if e["loc"] else "settings"
@@ -55,6 +57,7 @@ DEFAULT_STATE = Path(".embedstream/dev")
 
 
 @dev_app.command("up")
+@opt.with_settings("input_topic", "output_topic", "dlq_topic")
 def dev_up(
     state_dir: opt.StateDir = DEFAULT_STATE,
     partitions: Annotated[int, typer.Option(help="Partitions of each topic created", min=1)] = 6,
@@ -62,10 +65,8 @@ def dev_up(
     redis_port: Annotated[int | None, typer.Option(help="Redis port (default: a free one)")] = None,
     milvus_port: Annotated[int | None, typer.Option(help="Milvus port (default: a free one)")] = None,
     registry_port: Annotated[int | None, typer.Option(help="Schema registry port (default: a free one)")] = None,
-    input_topic: opt.InputTopic = None,
-    output_topic: opt.OutputTopic = None,
-    dlq_topic: opt.DlqTopic = None,
     broker: opt.Broker = "tansu",
+    overrides: dict[str, object] | None = None,
 ) -> None:
     """Start the broker (Tansu), Redis, Milvus Lite and a development schema registry, create the
     topics, print KEY=VALUE lines.
@@ -81,7 +82,7 @@ def dev_up(
     """
     from worker.tools.dev import LocalStack, StackError
 
-    s = settings_or_exit(input_topic=input_topic, output_topic=output_topic, dlq_topic=dlq_topic)
+    s = settings_or_exit(overrides)
     topics = {"EMBEDSTREAM_INPUT_TOPIC": s.input_topic, "EMBEDSTREAM_OUTPUT_TOPIC": s.output_topic,
               "EMBEDSTREAM_DLQ_TOPIC": s.dlq_topic}
     if broker == "mock" and broker_port:
@@ -142,6 +143,7 @@ def dev_env(state_dir: opt.StateDir = DEFAULT_STATE) -> None:
 
 # -- produce / tail --------------------------------------------------------------------------
 @app.command()
+@opt.with_settings("kafka_bootstrap_servers", "input_topic", "schema_registry_url")
 def produce(
     file: Annotated[Path, typer.Argument(help="JSONL, CSV (id,text,...) or plain text (one document a line)",
                                          exists=True, dir_okay=False, readable=True)],
@@ -152,9 +154,7 @@ def produce(
     rate: Annotated[float | None, typer.Option(help="Produce at this many documents per second", min=0.001)] = None,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip malformed lines (counted) instead of "
                                            "stopping at the first")] = False,
-    kafka_bootstrap_servers: opt.Bootstrap = None,
-    input_topic: opt.InputTopic = None,
-    schema_registry_url: opt.SchemaRegistryUrl = None,
+    overrides: dict[str, object] | None = None,
 ) -> None:
     """Produce the documents of FILE to the input topic, keyed by id (idempotent producer).
 
@@ -174,8 +174,7 @@ def produce(
     )
     from worker.wire import document_encoder
 
-    s = settings_or_exit(kafka_bootstrap_servers=kafka_bootstrap_servers, input_topic=input_topic,
-                         schema_registry_url=schema_registry_url)
+    s = settings_or_exit(overrides)
     try:
         s.require("kafka_bootstrap_servers")
         fmt, wire = split_formats(formats or [])
@@ -205,6 +204,7 @@ def produce(
 
 
 @app.command()
+@opt.with_settings("kafka_bootstrap_servers", "output_topic", "schema_registry_url")
 def tail(
     from_beginning: Annotated[bool, typer.Option("--from-beginning", help="Start at the oldest record "
                                                  "(default: only new records)")] = False,
@@ -217,9 +217,7 @@ def tail(
     read_uncommitted: Annotated[bool, typer.Option(
         "--read-uncommitted", help="Also show records of open and aborted transactions (default: committed "
         "records only, as a read_committed consumer sees them)")] = False,
-    kafka_bootstrap_servers: opt.Bootstrap = None,
-    output_topic: opt.OutputTopic = None,
-    schema_registry_url: opt.SchemaRegistryUrl = None,
+    overrides: dict[str, object] | None = None,
 ) -> None:
     """Print the output topic as JSON lines (tombstones as {"id", "tombstone": true}).
 
@@ -228,8 +226,7 @@ def tail(
     from worker.tail import tail_records, to_json_line
     from worker.wire import embedding_decoder
 
-    s = settings_or_exit(kafka_bootstrap_servers=kafka_bootstrap_servers, output_topic=output_topic,
-                         schema_registry_url=schema_registry_url)
+    s = settings_or_exit(overrides)
     try:
         s.require("kafka_bootstrap_servers")
         decode = embedding_decoder(output_format or s.output_format, s)
@@ -245,38 +242,12 @@ def tail(
 
 # -- run / search ----------------------------------------------------------------------------
 @app.command()
+@opt.with_settings(*opt.FLAGGED)
 def run(
     stop_when_idle: Annotated[float | None, typer.Option(
         "--stop-when-idle", help="Exit 0 once every assigned partition has been at its end for this many "
         "seconds (backfill / batch mode)", min=0)] = None,
-    kafka_bootstrap_servers: opt.Bootstrap = None,
-    input_topic: opt.InputTopic = None,
-    output_topic: opt.OutputTopic = None,
-    dlq_topic: opt.DlqTopic = None,
-    group_id: opt.GroupId = None,
-    group_instance_id: opt.GroupInstanceId = None,
-    model: opt.Model = None,
-    precision: opt.Precision = None,
-    device: opt.Device = None,
-    max_batch_size: opt.MaxBatchSize = None,
-    max_batch_tokens: opt.MaxBatchTokens = None,
-    max_batch_wait_ms: opt.MaxBatchWaitMs = None,
-    redis_url: opt.RedisUrl = None,
-    cache_ttl_seconds: opt.CacheTtl = None,
-    milvus_uri: opt.MilvusUri = None,
-    milvus_collection: opt.MilvusCollection = None,
-    milvus_alias: opt.MilvusAlias = None,
-    metrics_port: opt.MetricsPort = None,
-    schema_registry_url: opt.SchemaRegistryUrl = None,
-    output_format: opt.OutputFormat = None,
-    key_field: opt.KeyField = None,
-    document_prompt: opt.DocumentPrompt = None,
-    query_prompt: opt.QueryPrompt = None,
-    truncate_dim: opt.TruncateDim = None,
-    models: opt.Models = None,
-    model_memory_mb: opt.ModelMemoryMb = None,
-    delivery: opt.Delivery = None,
-    processes: opt.Processes = None,
+    overrides: dict[str, object] | None = None,
 ) -> None:
     """The worker: consume documents, batch, cache, embed, upsert into Milvus, publish, commit.
 
@@ -294,16 +265,7 @@ def run(
     from worker.runner import build_worker, setup_logging
     from worker.steps.dlq_limit import DlqLimitExceeded
 
-    s = settings_or_exit(
-        kafka_bootstrap_servers=kafka_bootstrap_servers, input_topic=input_topic, output_topic=output_topic,
-        dlq_topic=dlq_topic, group_id=group_id, group_instance_id=group_instance_id, model=model,
-        precision=precision, device=device, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens,
-        max_batch_wait_ms=max_batch_wait_ms, redis_url=redis_url, cache_ttl_seconds=cache_ttl_seconds,
-        milvus_uri=milvus_uri, milvus_collection=milvus_collection, milvus_alias=milvus_alias,
-        metrics_port=metrics_port,
-        schema_registry_url=schema_registry_url, output_format=output_format, key_field=key_field,
-        document_prompt=document_prompt, query_prompt=query_prompt, truncate_dim=truncate_dim, models=models,
-        model_memory_mb=model_memory_mb, delivery=delivery, processes=processes)
+    s = settings_or_exit(overrides)
     setup_logging(s)
     if s.processes > 1:
         from worker.processes import Processes
@@ -343,26 +305,19 @@ def _done_line(stats) -> str:
 
 
 @app.command()
+@opt.with_settings("model", "precision", "device", "milvus_uri", "milvus_collection", "milvus_alias",
+                   "query_prompt", "truncate_dim")
 def search(
     text: Annotated[str, typer.Argument(help="The query text")],
     top_k: Annotated[int, typer.Option("--top-k", "-k", help="How many documents to show", min=1)] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False,
-    model: opt.Model = None,
-    precision: opt.Precision = None,
-    device: opt.Device = None,
-    milvus_uri: opt.MilvusUri = None,
-    milvus_collection: opt.MilvusCollection = None,
-    milvus_alias: opt.MilvusAlias = None,
-    query_prompt: opt.QueryPrompt = None,
-    truncate_dim: opt.TruncateDim = None,
+    overrides: dict[str, object] | None = None,
 ) -> None:
     """Embed TEXT with the worker's model and precision (and its query prompt); show the nearest
     documents in Milvus."""
     from worker.search import search_documents
 
-    s = settings_or_exit(model=model, precision=precision, device=device, milvus_uri=milvus_uri,
-                         milvus_collection=milvus_collection, milvus_alias=milvus_alias, query_prompt=query_prompt,
-                         truncate_dim=truncate_dim)
+    s = settings_or_exit(overrides)
     try:
         hits = search_documents(s, [text], top_k)[0]
     except (ConfigError, ValueError, TransientError) as exc:
@@ -388,6 +343,7 @@ def hits_table(query: str, hits: list[dict]) -> Table:
 
 
 @app.command()
+@opt.with_settings("kafka_bootstrap_servers", "input_topic", "group_id")
 def lag(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False,
     offset_reset_policy: Annotated[str, typer.Option(
@@ -397,9 +353,7 @@ def lag(
         help="Count partitions without a committed offset as 0 (KEDA's scaleToZeroOnInvalidOffset)")] = False,
     lag_threshold: Annotated[int | None, typer.Option(
         help="Also show the replicas KEDA would ask for at this lagThreshold", min=1)] = None,
-    kafka_bootstrap_servers: opt.Bootstrap = None,
-    input_topic: opt.InputTopic = None,
-    group_id: opt.GroupId = None,
+    overrides: dict[str, object] | None = None,
 ) -> None:
     """Per-partition and total lag of the worker's group, computed as KEDA's Kafka scaler computes it
     (end offset − committed offset)."""
@@ -409,8 +363,7 @@ def lag(
 
     if offset_reset_policy not in ("latest", "earliest"):
         raise fail("--offset-reset-policy must be latest or earliest", 2)
-    s = settings_or_exit(kafka_bootstrap_servers=kafka_bootstrap_servers, input_topic=input_topic,
-                         group_id=group_id)
+    s = settings_or_exit(overrides)
     try:
         s.require("kafka_bootstrap_servers")
         lags = group_lag(make_admin(s.kafka_common()), s.group_id, s.input_topic, offset_reset_policy,
@@ -440,6 +393,8 @@ def lag(
 
 
 @app.command()
+@opt.with_settings("kafka_bootstrap_servers", "input_topic", "output_topic", "group_id", "precision", "device",
+                   "redis_url", "milvus_uri", "milvus_collection", "milvus_alias")
 def migrate(
     model: Annotated[str, typer.Option("--model", help="The new model (path or name) to re-embed every document "
                                                        "with")],
@@ -454,16 +409,7 @@ def migrate(
     backfill_group: Annotated[str | None, typer.Option(
         "--backfill-group",
         help="Consumer group of the backfill [default: <group id>.migrate.<new collection>]")] = None,
-    kafka_bootstrap_servers: opt.Bootstrap = None,
-    input_topic: opt.InputTopic = None,
-    output_topic: opt.OutputTopic = None,
-    group_id: opt.GroupId = None,
-    precision: opt.Precision = None,
-    device: opt.Device = None,
-    redis_url: opt.RedisUrl = None,
-    milvus_uri: opt.MilvusUri = None,
-    milvus_collection: opt.MilvusCollection = None,
-    milvus_alias: opt.MilvusAlias = None,
+    overrides: dict[str, object] | None = None,
 ) -> None:
     """Re-embed the input topic into a new collection with --model while the live workers keep
     serving the old one; once caught up, compare the two and move the alias readers query.
@@ -478,11 +424,7 @@ def migrate(
     from worker.migrate_view import BackfillProgress, plan_table, shadow_table
     from worker.runner import setup_logging
 
-    s = settings_or_exit(kafka_bootstrap_servers=kafka_bootstrap_servers, input_topic=input_topic,
-                         output_topic=output_topic, group_id=group_id, precision=precision, device=device,
-                         redis_url=redis_url, milvus_uri=milvus_uri, milvus_collection=milvus_collection,
-                         milvus_alias=milvus_alias,
-                         log_level=None if "EMBEDSTREAM_LOG_LEVEL" in os.environ else "WARNING")
+    s = settings_or_exit(overrides, log_level=None if "EMBEDSTREAM_LOG_LEVEL" in os.environ else "WARNING")
     setup_logging(s)
     try:
         m = mig.plan(s, model, backfill_group)
@@ -511,10 +453,9 @@ def migrate(
 
 
 @app.command()
+@opt.with_settings("device", "precision")
 def bench(
     quick: Annotated[bool, typer.Option("--quick", help="Small workloads: the whole run in under 3 minutes")] = False,
-    device: opt.Device = None,
-    precision: opt.Precision = None,
     peer_python: Annotated[str | None, typer.Option(
         help="Python of a virtualenv with infinity-emb[torch] (make bench-peer-env) to measure the peer")] = None,
     docs: Annotated[int | None, typer.Option(help="Override the documents per workload", min=10)] = None,
@@ -527,6 +468,7 @@ def bench(
                                       "an instant model, no model loaded, about a minute (--docs: documents a run, "
                                       "default 20,000; a tenth of them first, unmeasured, to warm up). "
                                       "Writes cpu.json")] = False,
+    overrides: dict[str, object] | None = None,
 ) -> None:
     """Measure the workloads of benchmarks.md on a local stack of its own and print the ratio table.
 
@@ -537,7 +479,7 @@ def bench(
     from worker.tools.bench.report import cpu_table, ratio_table, write_chart, write_json
     from worker.tools.bench.run import run_bench, run_cpu
 
-    s = None if cpu else settings_or_exit(device=device, precision=precision)
+    s = None if cpu else settings_or_exit(overrides)
     if s is not None and s.models is not None:
         raise fail("bench measures one model (EMBEDSTREAM_MODEL); unset EMBEDSTREAM_MODELS")
     with console.status("benchmarking…") as status:

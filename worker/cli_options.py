@@ -1,76 +1,78 @@
-"""Typer option declarations shared by the commands, each declared once.
-
-Every option named after a setting overrides the ``EMBEDSTREAM_*`` variable of the same name; its
-help names that variable and the default, read from :class:`Settings` (never written twice).
+"""The commands' options. A setting's flag is derived from its declaration (``worker.settings``):
+``with_settings`` adds ``--<name>`` for each setting it names, its help the setting's description and
+``[env: EMBEDSTREAM_<NAME>; default: …]``; nothing about a setting is written here again.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 
 from worker.settings import Settings
 
+F = TypeVar("F", bound=Callable[..., Any])
 
-def _setting(name: str, what: str, default: str | None = None) -> Any:
-    """A ``--name`` option for setting ``name``: its help ends ``[env: EMBEDSTREAM_NAME; default: …]``."""
-    shown = default if default is not None else Settings.model_fields[name].default
+#: Every setting declared with ``flag=True``: what ``run`` takes.
+FLAGGED: tuple[str, ...] = tuple(n for n, f in Settings.model_fields.items()
+                                 if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("flag"))
+
+
+def _option_type(annotation: Any) -> type:
+    """The type a flag parses to: int or float where the setting is a number, else str (choices and
+    secrets are checked by the settings, with the variable's name in the message)."""
+    if typing.get_origin(annotation) is Literal:
+        return str
+    args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return args[0] if args[0] in (int, float) else str
+
+
+def setting_option(name: str) -> Any:
+    """``Annotated[type | None, typer.Option(...)]`` of setting ``name``'s flag."""
+    field = Settings.model_fields[name]
+    shown = field.default if field.default not in (None, "") else None
     tail = f"; default: {shown}" if shown is not None else ""
-    return typer.Option("--" + name.replace("_", "-"), help=f"{what} [env: EMBEDSTREAM_{name.upper()}{tail}]")
+    help_ = f"{field.description} [env: EMBEDSTREAM_{name.upper()}{tail}]"
+    return Annotated[_option_type(field.annotation) | None, typer.Option("--" + name.replace("_", "-"), help=help_)]
 
 
-Bootstrap = Annotated[str | None, _setting("kafka_bootstrap_servers", "Kafka brokers, host:port[,...]")]
-InputTopic = Annotated[str | None, _setting("input_topic", "Topic of documents")]
-OutputTopic = Annotated[str | None, _setting("output_topic", "Topic of embeddings")]
-DlqTopic = Annotated[str | None, _setting("dlq_topic", "Dead-letter topic")]
-GroupId = Annotated[str | None, _setting("group_id", "Consumer group of the workers")]
-Delivery = Annotated[str | None, _setting(
-    "delivery", "at-least-once|exactly-once; exactly-once commits each group of batches' output and DLQ records "
-                "with their input offsets in one Kafka transaction", "at-least-once")]
-GroupInstanceId = Annotated[str | None, _setting("group_instance_id", "Static membership id, e.g. the pod name")]
-Model = Annotated[str | None, _setting("model", "sentence-transformers model path or name",
-                                       "the packaged all-MiniLM-L6-v2")]
-Precision = Annotated[str | None, _setting(
-    "precision", "auto|fp32|fp16|bf16|int8; auto = fp16 on CUDA; on CPUs with VNNI int8 by OpenVINO where "
-                 "it is installed (embedstream[int8]), else bf16 on CPUs with avx512_bf16/AMX, else int8 by "
-                 "onnxruntime on CPUs with VNNI, else fp32; int8 = the model quantized once (OpenVINO, else "
-                 "onnxruntime) and cached on disk, on CPUs")]
-Device = Annotated[str | None, _setting("device", "auto|cpu|cuda")]
-MaxBatchSize = Annotated[int | None, _setting("max_batch_size", "Close a batch at this many records")]
-MaxBatchTokens = Annotated[int | None, _setting("max_batch_tokens", "Close a batch at this many tokens")]
-MaxBatchWaitMs = Annotated[int | None, _setting("max_batch_wait_ms", "Close a batch when its oldest record "
-                                                                    "waited this many milliseconds")]
-RedisUrl = Annotated[str | None, _setting("redis_url", "Redis for the embedding cache; unset = no cache")]
-CacheTtl = Annotated[int | None, _setting("cache_ttl_seconds", "Cache entry lifetime in seconds")]
-MilvusUri = Annotated[str | None, _setting("milvus_uri", "Milvus server, e.g. http://host:19530")]
-MilvusCollection = Annotated[str | None, _setting(
-    "milvus_collection", "Milvus collection name: each model writes <name>__<model>_<version> behind the alias")]
-MilvusAlias = Annotated[str | None, _setting(
-    "milvus_alias", "Milvus alias that readers query and `migrate` moves", "the collection name")]
-MetricsPort = Annotated[int | None, _setting("metrics_port", "Port of /metrics, /healthz, /readyz; 0 = off")]
-Processes = Annotated[int | None, _setting(
-    "processes", "Worker processes of the group to start here, e.g. several on one GPU; process i serves "
-                 "its metrics on the metrics port + i and, with a static member id, joins as <id>-<i>")]
-SchemaRegistryUrl = Annotated[str | None, _setting(
-    "schema_registry_url", "Schema registry URL (reads registry-framed Avro)")]
-OutputFormat = Annotated[str | None, _setting("output_format", "avro|avro-registry|json: output topic values")]
-KeyField = Annotated[str | None, _setting(
-    "key_field", "Field of a structured record key (JSON or registry Avro) that holds the document id")]
-DocumentPrompt = Annotated[str | None, _setting(
-    "document_prompt", "Text put before each document (\"\" = none)", "the model's document prompt")]
-QueryPrompt = Annotated[str | None, _setting(
-    "query_prompt", "Text put before each search query (\"\" = none)", "the model's query prompt")]
-TruncateDim = Annotated[int | None, _setting(
-    "truncate_dim", "Keep the first N dimensions of each vector (Matryoshka models), renormalised", "all")]
-Models = Annotated[str | None, _setting(
-    "models", "A set of models by name: JSON, or the path of a YAML/JSON file; a record's model field picks one",
-    "one model, EMBEDSTREAM_MODEL")]
-ModelMemoryMb = Annotated[int | None, _setting(
-    "model_memory_mb", "MB of model weights held at once; the least recently used model is unloaded", "no limit")]
+def with_settings(*names: str) -> Callable[[F], F]:
+    """A command that takes ``--<name>`` for each setting in ``names`` (after its own parameters) and
+    receives them as ``overrides`` (name → value, None where not given): its signature is the
+    command's own, less ``overrides``, plus one option per setting, which Typer reads."""
+    unknown = [n for n in names if n not in Settings.model_fields]
+    if unknown:
+        raise ValueError(f"no such settings: {unknown}")
+
+    def wrap(func: F) -> F:
+        sig = inspect.signature(func)
+        hints = typing.get_type_hints(func, include_extras=True)
+        own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in sig.parameters.values()
+               if p.name != "overrides"]
+        added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=setting_option(n))
+                 for n in names]
+
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            overrides = {n: kwargs.pop(n, None) for n in names}
+            return func(*args, overrides=overrides, **kwargs)
+
+        params = [*own, *added]
+        command.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command  # type: ignore[return-value]
+    return wrap
+
+
 StateDir = Annotated[Path, typer.Option(
     "--state-dir", help="Where the local stack keeps its pids, ports, logs and data")]
+
+
 def _one_of(*values: str):
     def check(value: str) -> str:
         if value not in values:

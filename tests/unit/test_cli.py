@@ -14,7 +14,9 @@ ENV_SETTINGS = ["kafka_bootstrap_servers", "input_topic", "output_topic", "dlq_t
                 "group_instance_id", "model", "precision", "device", "max_batch_size", "max_batch_tokens",
                 "max_batch_wait_ms", "redis_url", "cache_ttl_seconds", "milvus_uri", "milvus_collection",
                 "milvus_alias", "metrics_port", "schema_registry_url", "output_format", "key_field",
-                "document_prompt", "query_prompt", "truncate_dim", "models", "model_memory_mb", "delivery", "processes"]
+                "document_prompt", "query_prompt", "truncate_dim", "models", "model_memory_mb", "delivery", "processes",
+                "chunking", "chunk_tokens", "chunk_overlap", "max_chunks", "max_inflight_batches", "log_format",
+                "log_level"]
 
 
 def test_run_help_in_80_columns_shows_every_variable_whole_with_its_default():
@@ -32,8 +34,8 @@ def test_run_passes_exactly_its_flags_as_settings(monkeypatch):
 
     seen = {}
 
-    def fake_settings(**overrides):
-        seen.update(overrides)
+    def fake_settings(overrides, **more):
+        seen.update(overrides, **more)
         raise SystemExit(0)
 
     monkeypatch.setattr(cli, "settings_or_exit", fake_settings)

@@ -61,3 +61,34 @@ def test_flags_override_the_environment_and_none_means_not_given(monkeypatch):
     monkeypatch.setenv("EMBEDSTREAM_MAX_BATCH_SIZE", "64")
     s = load_settings({"group_id": "from-flag", "max_batch_size": None})
     assert s.group_id == "from-flag" and s.max_batch_size == 64
+
+
+def test_each_setting_is_declared_once_in_one_section_with_what_it_means():
+    from worker.settings import SECTIONS
+
+    declared = [name for section in SECTIONS for name in section.model_fields]
+    assert len(declared) == len(set(declared)) == len(Settings.model_fields) > 40
+    assert declared == list(Settings.model_fields)  # the sections' order is the settings' order
+    assert all(Settings.model_fields[n].description for n in declared)
+
+
+def test_a_section_holds_its_settings_and_only_them(monkeypatch):
+    from worker.settings import BatchingSettings, ChunkingSettings
+
+    monkeypatch.setenv("EMBEDSTREAM_MAX_BATCH_SIZE", "7")
+    s = load_settings({"chunk_overlap": 3})
+    batching, chunking = s.section(BatchingSettings), s.section(ChunkingSettings)
+    assert type(batching) is BatchingSettings and batching.max_batch_size == 7 and chunking.chunk_overlap == 3
+    assert not hasattr(batching, "chunk_overlap") and not hasattr(chunking, "max_batch_size")
+
+
+def test_every_flag_is_derived_from_its_settings_declaration():
+    from typer.testing import CliRunner
+
+    from worker.cli import app
+    from worker.cli_options import FLAGGED
+
+    out = CliRunner().invoke(app, ["run", "--help"], terminal_width=200, env={"COLUMNS": "200"}).output
+    for name in FLAGGED:
+        description = Settings.model_fields[name].description
+        assert f"--{name.replace('_', '-')}" in out and description.split()[0] in out, name
