@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet "$(TORCH_PIN)"
 	@# setuptools warns at length about editable installs (on stderr, from its build process): quiet it.
 	PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet -e ".[dev]" "$(TORCH_PIN)"
+	@# The tools (tools/: dev stack, bench, demo, fakes) are not in the package: put the checkout on the
+	@# environment's path, so that `embedstream dev|bench|demo` and the tests find them.
+	$(BIN)/python -c "import site, sys; open(site.getsitepackages()[0] + '/embedstream-checkout.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)"
 	touch $(STAMP)
 
 # The whole suite: lint and types first, then every test (unit, connectors on fakes and on the real
@@ -62,7 +65,7 @@ dev-down: setup
 	$(BIN)/embedstream dev down
 
 lint: setup
-	$(BIN)/ruff check worker schemas connectors tests
+	$(BIN)/ruff check worker schemas connectors tools tests
 	$(BIN)/mypy
 
 clean:

@@ -13,7 +13,7 @@ into this project's three kinds of failure:
 Writer schemas are cached by id (the client's cache, plus the ids known to be missing), so the
 registry is asked once per schema id, not per record. :meth:`SchemaRegistry.resolve` asks for every
 id of a consumed chunk up front: the polling thread can then hold that chunk while the registry is
-out (``worker.loop``), and decoding itself never waits on the network.
+out (``worker.core.loop``), and decoding itself never waits on the network.
 """
 
 from __future__ import annotations

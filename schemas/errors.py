@@ -8,6 +8,8 @@ worker all import these without crossing a layer (style.md: retry, dead-letter, 
 * :class:`DecodeError` — a record that can never succeed; it goes to the dead-letter topic with
   its ``reason`` (a dead-letter reason of the contract).
 * :class:`ConfigError` — a wrong setting found at start-up; the message says what to fix.
+* :class:`DlqLimitExceeded` — so many records are dead-lettered that a deploy or a producer is
+  probably wrong; the worker halts and says what to check.
 * :class:`RecordRefused` — the broker refuses a record of ours for a reason that retrying cannot
   change (its size, the topic's policy); the worker stops with a one-line message that says what
   to fix, and resumes at that record once it is fixed.
@@ -42,3 +44,9 @@ class ConfigError(RuntimeError):
 
 class RecordRefused(RuntimeError):
     """The broker refused a record for good; ``str(err)`` names it and says what to do."""
+
+
+class DlqLimitExceeded(RuntimeError):
+    """Too many records are being dead-lettered (``worker.steps.polling.dlq_limit``): probably a
+    configuration or producer bug. The worker halts, committing nothing past the first unprocessed
+    record; the message names the likely cause."""

@@ -26,7 +26,7 @@ def _cache_home(tmp_path_factory):
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     """Broker, Redis and Milvus on free ports; yields the KEY=VALUE env of `dev up`; stops them after."""
-    from worker.tools.dev import LocalStack
+    from tools.dev import LocalStack
 
     local = LocalStack(tmp_path_factory.mktemp("stack"))
     env, started = local.up(partitions=6)

@@ -12,10 +12,10 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from connectors.kafka import create_topics, make_admin
-from worker.settings import Settings
+from worker.process.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "worker.cli"]
+CLI = [sys.executable, "-m", "worker.commands.cli"]
 
 
 class CountingModel:
@@ -158,8 +158,8 @@ def min_cosine_to_direct_encode(model, docs: dict[str, list[dict]], texts: dict[
     text (``texts``: document id → the text as produced) by ``reference_model(model)``."""
     import numpy as np
 
-    from worker.records import normalise_text
-    from worker.tools.reference import encode_reference
+    from tools.reference import encode_reference
+    from worker.core.records import normalise_text
 
     rows = [r for chunks in docs.values() for r in chunks]
     if not rows:

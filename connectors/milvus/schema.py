@@ -4,7 +4,7 @@ One row per chunk of a document (a document that fits the model is one chunk). T
 ``id`` is ``<document id>#<chunk index>``; ``doc_id``, ``chunk_index``, ``chunk_count`` and the
 character span (``span_start``, ``span_end``, into the normalised text) are fields of their own, and
 ``excerpt`` holds the chunk's first characters (what ``search`` shows). ``source`` and
-``source_offset`` say which version of the document a row holds (``worker.steps.versions``).
+``source_offset`` say which version of the document a row holds (``worker.steps.writing.versions``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The sink's side of Milvus: chunk rows upserted and deleted, and the versions the guard compares
-(``worker.steps.versions``), deletes included through the companion collection."""
+(``worker.steps.writing.versions``), deletes included through the companion collection."""
 
 from __future__ import annotations
 

@@ -163,7 +163,7 @@ def test_a_reply_that_came_too_late_never_answers_the_next_command(tmp_path):
     import subprocess
     import time
 
-    from worker.tools.dev import free_port, redis_server_bin
+    from tools.dev import free_port, redis_server_bin
 
     port = free_port()
     proc = subprocess.Popen([redis_server_bin(), "--bind", "127.0.0.1", "--port", str(port), "--save", "",

@@ -13,7 +13,7 @@ PARTITIONS = 6
 
 @pytest.fixture(scope="session")
 def fault_stack(tmp_path_factory):
-    from worker.tools.dev import LocalStack
+    from tools.dev import LocalStack
 
     local = LocalStack(tmp_path_factory.mktemp("fault-stack"))
     env, _ = local.up(partitions=PARTITIONS)
@@ -27,7 +27,7 @@ def fs(fault_stack):
     small batches (so a kill loses little), a commit after every batch, and a 2 s group session
     (joins take ~1 s instead of ~3 s on Tansu, a killed member's partitions move on after 2 s). The
     scenarios that freeze a member past its session on purpose use ``fault_stack``'s 6 s."""
-    from worker.tools.dev import QUICK_JOIN_SESSION
+    from tools.dev import QUICK_JOIN_SESSION
 
     local, env = fault_stack
     return fresh_settings(env, partitions=PARTITIONS, max_batch_size=32, commit_interval_ms=0,

@@ -34,9 +34,9 @@ from tests.helpers import (
     read_topic,
     settings_env,
 )
-from worker.produce import document_record, produce_records
-from worker.settings import Settings
-from worker.tools.corpus import stdlib_docstrings
+from tools.corpus import stdlib_docstrings
+from worker.commands.produce import document_record, produce_records
+from worker.process.settings import Settings
 
 
 def short_docs(n: int, prefix: str) -> list[Document]:

@@ -12,9 +12,9 @@ from prometheus_client import REGISTRY
 
 from tests.faults.harness import committed_total, short_docs, wait_until
 from tests.helpers import read_topic
-from worker.produce import document_record, produce_records
-from worker.settings import Settings
-from worker.tools.mock_broker import MockCluster
+from tools.mock_broker import MockCluster
+from worker.commands.produce import document_record, produce_records
+from worker.process.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -38,7 +38,7 @@ def mock_settings(fault_stack):
 
 
 def _run_in_thread(s, model, idle: float = 3.0):
-    from worker.runner import build_worker
+    from worker.assembly.runner import build_worker
 
     worker = build_worker(s, embedder=model)
     result = {}

@@ -68,7 +68,7 @@ class SlowModel:
 
 
 def test_slow_model_never_gets_the_worker_evicted(fault_stack, model, tmp_path):
-    from worker.runner import build_worker
+    from worker.assembly.runner import build_worker
 
     _, env = fault_stack
     # no cache: earlier tests cached these texts, and a cache hit would never reach the slow model

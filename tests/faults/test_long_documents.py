@@ -18,9 +18,9 @@ from tests.faults.harness import (
     wait_until,
 )
 from tests.helpers import documents_in_milvus
-from worker.records import normalise_text
-from worker.steps.chunk import plan_chunks
-from worker.tools.corpus import stdlib_docstrings
+from tools.corpus import stdlib_docstrings
+from worker.core.records import normalise_text
+from worker.steps.model.chunk import plan_chunks
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

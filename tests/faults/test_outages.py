@@ -20,8 +20,8 @@ from tests.faults.harness import (
     wait_until,
 )
 from tests.helpers import document_schema_with, read_topic, registry_serializer
-from worker.produce import produce_records
-from worker.tools.dev import free_port
+from tools.dev import free_port
+from worker.commands.produce import produce_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -111,7 +111,7 @@ def test_registry_frozen_holds_framed_records_and_dead_letters_none(fs, model, p
     the worker holds them (never a DLQ), and takes them once it answers."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    from worker.wire import document_encoder
+    from worker.commands.wire import document_encoder
 
     _, env = fault_stack
     s = fs.model_copy(update={"schema_registry_url": env["EMBEDSTREAM_SCHEMA_REGISTRY_URL"]})

@@ -27,8 +27,8 @@ from tests.faults.harness import (
     wait_until,
 )
 from tests.helpers import fresh_settings, read_topic
-from worker.tools.corpus import stdlib_docstrings
-from worker.tools.dev import free_port
+from tools.corpus import stdlib_docstrings
+from tools.dev import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

@@ -15,8 +15,8 @@ import pytest
 from connectors.kafka import make_producer
 from schemas.codec import encode_document
 from tests.helpers import documents_in_milvus, fresh_settings, read_topic
-from worker.records import normalise_text
-from worker.tools.corpus import sample_documents
+from tools.corpus import sample_documents
+from worker.core.records import normalise_text
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -50,7 +50,7 @@ def cpu_fp32():
 
 @pytest.fixture(scope="module")
 def gpu_stack(tmp_path_factory):
-    from worker.tools.dev import LocalStack
+    from tools.dev import LocalStack
 
     local = LocalStack(tmp_path_factory.mktemp("gpu-stack"), broker=_broker())
     env, _ = local.up(partitions=4)
@@ -79,7 +79,7 @@ def test_auto_precision_on_cuda_is_fp16_and_matches_fp32(cuda_model, cpu_fp32):
 
 
 def test_worker_on_cuda_end_to_end(gpu_stack, cuda_model, cpu_fp32):
-    from worker.runner import build_worker
+    from worker.assembly.runner import build_worker
 
     s = fresh_settings(gpu_stack, partitions=4, max_text_bytes=200_000, model=os.environ.get("EMBEDSTREAM_MODEL"))
     docs = sample_documents(1500, repeat_fraction=0.1, prefix="gpu")
@@ -110,7 +110,7 @@ def test_several_processes_share_the_gpu_end_to_end(gpu_stack):
     and each key's records on the output topic in the order of their input offsets."""
     from schemas.codec import Document, decode_embedding
     from tests.helpers import run_cli, settings_env
-    from worker.records import content_hash
+    from worker.core.records import content_hash
 
     s = fresh_settings(gpu_stack, partitions=4, max_text_bytes=200_000, device="cuda", processes=4,
                        model=os.environ.get("EMBEDSTREAM_MODEL"))

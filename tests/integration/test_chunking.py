@@ -12,8 +12,8 @@ from prometheus_client import REGISTRY
 from connectors.kafka import make_producer
 from schemas.codec import Document, decode_embedding, encode_document
 from tests.helpers import cosine_floor, documents_in_milvus, fresh_settings, min_cosine_to_direct_encode, read_topic
-from worker.records import content_hash, normalise_text
-from worker.tools.corpus import stdlib_docstrings
+from tools.corpus import stdlib_docstrings
+from worker.core.records import content_hash, normalise_text
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ def _doc(doc_id: str, text: str) -> tuple[str, bytes]:
 
 
 def _run(s, model):
-    from worker.runner import build_worker
+    from worker.assembly.runner import build_worker
 
     return build_worker(s, embedder=model).run(stop_when_idle=2)
 
@@ -140,7 +140,7 @@ def test_off_truncates_as_before_and_counts_it(stack, model):
 
 
 def test_search_ranks_documents_by_their_best_chunk(stack, model):
-    from worker.search import search_documents
+    from worker.commands.search import search_documents
 
     s = fresh_settings(stack, partitions=1, **CHUNK)
     p = _prose(30, skip=80)

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from tests.helpers import run_cli
-from worker.tools.dev import LocalStack
+from tools.dev import LocalStack
 
 pytestmark = pytest.mark.integration
 

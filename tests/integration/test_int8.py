@@ -36,11 +36,11 @@ def fp32_model():
 
 
 def test_the_export_is_cached_gated_and_close_to_fp32(int8_model, fp32_model, cache_home):
+    from tools.corpus import sample_documents
+    from tools.derived_models import packaged_model_path
+    from worker.core.records import normalise_text
     from worker.embedding import int8
     from worker.embedding.sentence import SentenceTransformerEmbedder
-    from worker.records import normalise_text
-    from worker.tools.corpus import sample_documents
-    from worker.tools.derived_models import packaged_model_path
 
     engine = int8.engine()
     folder = cache_home / "embedstream" / "int8" / int8.model_key(packaged_model_path(), engine)
@@ -76,7 +76,7 @@ def test_the_worker_runs_int8_on_the_real_stack(stack, int8_model, fp32_model):
     from connectors.kafka import make_producer
     from schemas.codec import Document, encode_document
     from tests.helpers import documents_in_milvus, fresh_settings
-    from worker.runner import build_worker
+    from worker.assembly.runner import build_worker
 
     s = fresh_settings(stack, precision="int8")
     texts = {f"i8-{i}": f"Item {i}: the worker embeds this sentence with an int8 model." for i in range(30)}
@@ -95,8 +95,8 @@ def test_the_worker_runs_int8_on_the_real_stack(stack, int8_model, fp32_model):
 
 
 def test_the_bench_s_raw_encode_runs_the_int8_model(int8_model, fp32_model):
-    from worker.tools.bench import measure
-    from worker.tools.corpus import sample_documents
+    from tools.bench import measure
+    from tools.corpus import sample_documents
 
     texts = [d.text[:1000] for d in sample_documents(40, prefix="r")]
     st = int8_model.sentence_transformer
@@ -111,7 +111,7 @@ def test_the_bench_s_raw_encode_runs_the_int8_model(int8_model, fp32_model):
 
 
 def test_the_int8_warmup_runs_the_largest_forward_passes_once(int8_model, fp32_model):
-    from worker.tools.bench.measure import model_tokens
+    from tools.bench.measure import model_tokens
 
     before = model_tokens()[1]  # padded tokens through the models so far
     fp32_model.warmup()

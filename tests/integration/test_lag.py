@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from connectors.lag import PartitionLag, desired_replicas, partition_lag
 from tests.helpers import run_cli
-from worker.tools.mock_broker import MockCluster
+from tools.mock_broker import MockCluster
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ def test_a_drained_transactional_input_reads_lag_0_on_tansu(stack, model):
     the records only), so here the end is the last record's offset + 1."""
     from schemas.codec import Document, encode_document
     from tests.helpers import fresh_settings, read_topic, settings_env
-    from worker.runner import build_worker
+    from worker.assembly.runner import build_worker
 
     s = fresh_settings(stack, partitions=2, redis_url=None)
     p = Producer({**s.kafka_common(), "transactional.id": f"tx-{s.group_id}"})

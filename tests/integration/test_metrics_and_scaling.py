@@ -16,7 +16,7 @@ from connectors.milvus import MilvusReader
 from schemas.codec import Document, encode_document
 from tests.faults.harness import WorkerProcess, short_docs
 from tests.helpers import fresh_settings, run_cli, settings_env
-from worker.tools.dev import free_port
+from tools.dev import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -34,12 +34,12 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 
 def test_metrics_move_by_the_right_amounts_and_health_answers(stack, model):
-    from worker.runner import build_worker
+    from worker.assembly.runner import build_worker
 
     port = free_port()
     s = fresh_settings(stack, metrics_port=port, max_batch_size=50)
     # hits are counted exactly below: start from an empty cache, whatever earlier tests stored
-    from worker.tools.bench.measure import flush_cache
+    from tools.bench.measure import flush_cache
 
     flush_cache(s)
     before = {

@@ -28,13 +28,13 @@ from tests.helpers import (
     run_cli,
     settings_env,
 )
-from worker.migrate import BackfillLag, backfill_lag
-from worker.naming import versioned_name
-from worker.runner import build_worker, load_embedder
-from worker.settings import Settings
-from worker.tools.corpus import sample_documents
-from worker.tools.derived_models import projected_model
-from worker.tools.mock_broker import MockCluster
+from tools.corpus import sample_documents
+from tools.derived_models import projected_model
+from tools.mock_broker import MockCluster
+from worker.assembly.naming import versioned_name
+from worker.assembly.runner import build_worker, load_embedder
+from worker.commands.migrate import BackfillLag, backfill_lag
+from worker.process.settings import Settings
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from schemas.errors import ConfigError
-from worker.chain import chunker_for
+from tools.derived_models import packaged_model_path, prompted_model
+from worker.assembly.chain import chunker_for
 from worker.embedding.sentence import SentenceTransformerEmbedder
-from worker.settings import Settings
-from worker.tools.derived_models import packaged_model_path, prompted_model
+from worker.process.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,7 @@ def test_the_worker_embeds_with_the_document_prompt_and_search_with_the_query_pr
     from connectors.milvus import MilvusAdmin
     from schemas.codec import Document, encode_document
     from tests.helpers import documents_in_milvus, fresh_settings, run_cli, settings_env
-    from worker.search import search_documents
+    from worker.commands.search import search_documents
 
     path = prompted_model(tmp_path / "m", {"query": "query: ", "document": "passage: "})
     texts = {f"p-{i}": t for i, t in enumerate(

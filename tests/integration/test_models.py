@@ -12,8 +12,8 @@ import pytest
 from connectors.kafka import make_producer
 from schemas.codec import Document, encode_document
 from tests.helpers import documents_in_milvus, fresh_settings, read_topic, run_cli, settings_env
-from worker.naming import collection_name
-from worker.tools.derived_models import packaged_model_path, projected_model
+from tools.derived_models import packaged_model_path, projected_model
+from worker.assembly.naming import collection_name
 
 pytestmark = pytest.mark.integration
 

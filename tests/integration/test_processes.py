@@ -10,7 +10,7 @@ import pytest
 from connectors.kafka import make_producer
 from schemas.codec import Document, encode_document
 from tests.helpers import documents_in_milvus, fresh_settings, read_topic, run_cli, settings_env
-from worker.records import content_hash, normalise_text
+from worker.core.records import content_hash, normalise_text
 
 pytestmark = pytest.mark.integration
 

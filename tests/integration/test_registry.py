@@ -135,7 +135,7 @@ def test_a_cdc_stream_with_struct_keys_updates_and_deletes_by_key(run):
         if text is None:
             assert doc_id not in docs, f"{doc_id} was deleted by a tombstone with a struct key"
         else:
-            from worker.records import content_hash, normalise_text
+            from worker.core.records import content_hash, normalise_text
 
             assert docs[doc_id][0]["content_hash"] == content_hash(normalise_text(text)), doc_id
 

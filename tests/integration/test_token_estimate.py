@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.tools.bench.workloads import mixed_texts, short_texts
+from tools.bench.workloads import mixed_texts, short_texts
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from tests.helpers import (
     run_cli,
     settings_env,
 )
-from worker.tools.corpus import sample_documents
+from tools.corpus import sample_documents
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,7 @@ def test_end_to_end(stack, model):
 
 
 def test_cache_second_stream_is_all_hits_and_survives_redis_down(stack, model, tmp_path):
-    from worker.runner import build_worker
+    from worker.assembly.runner import build_worker
 
     s = fresh_settings(stack)
     texts = [d.text for d in sample_documents(300, prefix="c")]

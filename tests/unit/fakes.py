@@ -6,8 +6,8 @@ import json
 
 from pymilvus.grpc_gen import schema_pb2
 
-from worker.delivery import AtLeastOnce
-from worker.tools.memory_source import EndOfPartition, MemoryMessage, MemorySource
+from tools.memory_source import EndOfPartition, MemoryMessage, MemorySource
+from worker.core.delivery import AtLeastOnce
 
 
 class Clock:
@@ -124,7 +124,7 @@ class RecordingProducer:
 
 
 class FakeConsumer(MemorySource):
-    """The bench's in-memory consumer (``worker.tools.memory_source``), plus what the loop's tests
+    """The bench's in-memory consumer (``tools.memory_source``), plus what the loop's tests
     inject and count: ``revoke_next`` / ``lose_next`` make the next ``consume`` call the rebalance
     callback first, as librdkafka does; pauses, resumes and explicit commits are counted."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from worker.assignment import Assignment
+from worker.core.assignment import Assignment
 
 from .fakes import Clock, EofMessage, FakeConsumer, FakeMessage
 

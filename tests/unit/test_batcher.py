@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.records import Delete, Item, Source
-from worker.steps.batcher import Batcher
+from worker.core.records import Delete, Item, Source
+from worker.steps.polling.batcher import Batcher
 
 from .fakes import Clock
 
@@ -77,7 +77,7 @@ def test_drop_removes_revoked_partitions_only():
 
 
 def test_closes_at_byte_budget_and_counts_dead_letters():
-    from worker.records import DeadLetter, Source
+    from worker.core.records import DeadLetter, Source
 
     b = Batcher(max_size=100, max_tokens=10_000, max_wait=60, max_bytes=1000, clock=Clock())
     big = Item(Source("t", 0, 0), "a", "x" * 600, "h", 5, {})

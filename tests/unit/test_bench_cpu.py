@@ -8,9 +8,9 @@ import time
 
 from rich.console import Console
 
-from worker.tools.bench import workloads
-from worker.tools.bench.measure import _thread_group, host_gauge, thread_cpu
-from worker.tools.bench.report import cpu_table
+from tools.bench import workloads
+from tools.bench.measure import _thread_group, host_gauge, thread_cpu
+from tools.bench.report import cpu_table
 
 
 def _spin(seconds: float) -> None:

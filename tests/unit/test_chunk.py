@@ -9,11 +9,11 @@ import pytest
 from prometheus_client import REGISTRY
 
 from schemas.errors import ConfigError
-from worker.chain import chunker_for
+from worker.assembly.chain import chunker_for
+from worker.core.records import Batch, DeadLetter, Item, Source, content_hash, share_of
 from worker.embedding.fake import FakeEmbedder
-from worker.records import Batch, DeadLetter, Item, Source, content_hash, share_of
-from worker.settings import Settings
-from worker.steps.chunk import Chunker, plan_chunks
+from worker.process.settings import Settings
+from worker.steps.model.chunk import Chunker, plan_chunks
 
 
 def _words(text: str) -> list[tuple[int, int]]:

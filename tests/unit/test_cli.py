@@ -7,8 +7,8 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from worker.cli import app
-from worker.settings import Settings
+from worker.commands.cli import app
+from worker.process.settings import Settings
 
 ENV_SETTINGS = ["kafka_bootstrap_servers", "input_topic", "output_topic", "dlq_topic", "group_id",
                 "group_instance_id", "model", "precision", "device", "max_batch_size", "max_batch_tokens",
@@ -30,7 +30,7 @@ def test_run_help_in_80_columns_shows_every_variable_whole_with_its_default():
 
 
 def test_run_passes_exactly_its_flags_as_settings(monkeypatch):
-    import worker.cli as cli
+    import worker.commands.cli as cli
 
     seen = {}
 

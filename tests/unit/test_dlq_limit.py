@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from worker.steps.dlq_limit import HINTS, DlqLimit, DlqLimitExceeded
+from worker.steps.polling.dlq_limit import HINTS, DlqLimit, DlqLimitExceeded
 
 
 def test_dlq_limit_trips_on_a_run_and_on_a_ratio():

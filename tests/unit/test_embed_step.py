@@ -6,11 +6,11 @@ import time
 
 import numpy as np
 
+from worker.core.pipeline import in_turn
+from worker.core.records import Batch, Item, Source, share_of
 from worker.embedding.fake import FakeEmbedder
-from worker.pipeline import in_turn
-from worker.records import Batch, Item, Source, share_of
-from worker.steps.chunk import Chunker
-from worker.steps.embed import EmbedStep
+from worker.steps.model.chunk import Chunker
+from worker.steps.model.embed import EmbedStep
 
 
 class DictCache:
@@ -33,7 +33,7 @@ def _batch(offset: int, *texts: str) -> Batch:
 
 
 def _step(model, cache, max_tokens: int = 254):
-    """The embed stage's work: the chunk step, then the embed step (``worker.chain``)."""
+    """The embed stage's work: the chunk step, then the embed step (``worker.assembly.chain``)."""
     return _stage(Chunker(model, "tokens", max_tokens, 2, 512).process, EmbedStep(model, cache).process)
 
 
@@ -83,7 +83,7 @@ def test_a_long_document_edited_in_one_place_re_embeds_only_the_chunk_that_chang
 
 
 def test_the_cache_is_skipped_while_its_lookups_cost_more_than_the_hits_save():
-    from worker.steps.embed import PROBE_EVERY, LookupPolicy
+    from worker.steps.model.embed import PROBE_EVERY, LookupPolicy
 
     gpu = LookupPolicy()  # a lookup costs 50 µs a text, the model 100 µs: half the time, for no hit
     assert gpu.lookup()
@@ -97,7 +97,7 @@ def test_the_cache_is_skipped_while_its_lookups_cost_more_than_the_hits_save():
 
 
 def test_a_cheap_lookup_is_always_made_whatever_the_hit_ratio():
-    from worker.steps.embed import LookupPolicy
+    from worker.steps.model.embed import LookupPolicy
 
     cpu = LookupPolicy()  # 10 µs a text against 1.5 ms of model: asked even at no hit
     cpu.looked_up(100, 0, 0.001)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from worker.fence import Fence, FenceClosed, lease_seconds
+from worker.core.fence import Fence, FenceClosed, lease_seconds
 
 from .fakes import Clock
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.records import DeadLetter, Source
-from worker.steps.fit import TopicLimits, dead_letter_record, output_room, record_size
+from worker.core.records import DeadLetter, Source
+from worker.steps.writing.fit import TopicLimits, dead_letter_record, output_room, record_size
 
 CONTRACT = ("embedstream.error.reason", "embedstream.error.message", "embedstream.source.topic",
             "embedstream.source.partition", "embedstream.source.offset")

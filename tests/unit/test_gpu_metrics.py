@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from worker.gpu_metrics import GpuCollector, register_gpu_metrics
+from worker.process.gpu_metrics import GpuCollector, register_gpu_metrics
 
 
 class FakeNvml:

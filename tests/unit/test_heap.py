@@ -1,4 +1,4 @@
-"""worker.heap: a settled heap is out of the collector's walks, and ``release`` still frees a frozen
+"""worker.process.heap: a settled heap is out of the collector's walks, and ``release`` still frees a frozen
 reference cycle (an unloaded model's)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from worker import heap
+from worker.process import heap
 
 
 class _Node:
@@ -51,7 +51,7 @@ def test_keep_pages_has_megabyte_buffers_reuse_the_heap_instead_of_faulting_page
     script = tmp_path / "faults.py"
     script.write_text(
         "import resource, sys\n"
-        "from worker import heap\n"
+        "from worker.process import heap\n"
         "def faults():\n"
         "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
         "    for i in range(40):\n"

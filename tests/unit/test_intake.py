@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from schemas.codec import Document, encode_document
-from worker.records import Batch, DeadLetter, Item
-from worker.steps.batcher import Batcher
-from worker.steps.dlq_limit import DlqLimit, DlqLimitExceeded
-from worker.steps.intake import Intake
-from worker.steps.validate import Validator
+from worker.core.records import Batch, DeadLetter, Item
+from worker.steps.polling.batcher import Batcher
+from worker.steps.polling.dlq_limit import DlqLimit, DlqLimitExceeded
+from worker.steps.polling.intake import Intake
+from worker.steps.polling.validate import Validator
 
 from .fakes import FakeMessage
 

@@ -1,5 +1,7 @@
 """The layering rules, read from the source: schemas imports nothing of ours, connectors import only
-schemas, the runtime never imports a tool, and only the CLI layer touches the environment."""
+schemas, each room of the worker imports only the rooms below it (``ROOMS``), the steps of one thread
+never import those of another, the runtime never imports a tool, nothing forms an import cycle, and
+only the CLI layer touches the environment."""
 
 from __future__ import annotations
 
@@ -9,9 +11,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Every module of the worker but its tools and the command line (which starts the tools' commands).
-RUNTIME = [str(p.relative_to(ROOT)) for p in (ROOT / "worker").rglob("*.py")
-           if "tools" not in p.relative_to(ROOT).parts and p.name != "cli.py"]
+#: Every module of the worker (the command line reaches the tools by name, at run time, where they exist).
+RUNTIME = [str(p.relative_to(ROOT)) for p in (ROOT / "worker").rglob("*.py")]
+
+#: The rooms, bottom first: a module may import its own room and the rooms below it, never above.
+ROOMS = ["schemas", "connectors", "worker.process", "worker.embedding", "worker.core", "worker.steps",
+         "worker.assembly", "worker.commands"]
 
 
 def _imports(path: Path) -> set[str]:
@@ -41,14 +46,14 @@ def test_connectors_import_no_worker(path):
 @pytest.mark.parametrize("rel", sorted(RUNTIME))
 def test_the_runtime_never_imports_a_tool(rel):
     assert len(RUNTIME) > 40
-    assert {n for n in _imports(ROOT / rel) if n.startswith("worker.tools")} == set()
+    assert {n for n in _imports(ROOT / rel) if n.startswith("tools")} == set()
 
 
 def test_only_the_cli_layer_reads_or_writes_the_environment():
     offenders = []
     for path in [*ROOT.glob("worker/**/*.py"), *ROOT.glob("connectors/**/*.py"), *ROOT.glob("schemas/*.py")]:
         rel = str(path.relative_to(ROOT))
-        if rel in ("worker/cli.py", "worker/settings.py") or rel.startswith("worker/tools/"):
+        if rel in ("worker/commands/cli.py", "worker/process/settings.py") or rel.startswith("tools/"):
             continue
         text = path.read_text()
         if "os.environ" in text or "getenv" in text:
@@ -94,3 +99,23 @@ def test_no_import_cycles():
         if state[m] == 0:
             visit(m, [m])
     assert len(graph) > 50 and cycles == []
+
+
+def _room(module: str) -> str:
+    return next(r for r in sorted(ROOMS, key=len, reverse=True) if module == r or module.startswith(r + "."))
+
+
+def test_each_room_imports_only_the_rooms_below_it_and_one_threads_steps_no_others():
+    paths = [p for root in ("worker", "connectors", "schemas") for p in (ROOT / root).rglob("*.py")
+             if p != ROOT / "worker" / "__init__.py"]  # the package itself, empty
+    assert {_room(_module(p)) for p in paths} == set(ROOMS)  # every module sits in a room
+    upward, across = [], []
+    for path in paths:
+        mine = _module(path)
+        for name in _ours(_imports(path)):
+            if ROOMS.index(_room(name)) > ROOMS.index(_room(mine)):
+                upward.append(f"{mine} -> {name}")
+            if mine.startswith("worker.steps.") and name.startswith("worker.steps."):
+                if mine.split(".")[2] != name.split(".")[2]:
+                    across.append(f"{mine} -> {name}")
+    assert upward == [] and across == []

@@ -9,18 +9,18 @@ import time
 import pytest
 
 from schemas.codec import Document, encode_document
-from worker.assignment import Assignment
-from worker.chain import Chain
-from worker.fence import Fence, FenceClosed
-from worker.loop import Worker
-from worker.metrics import Health
-from worker.offsets import OffsetCommitter
-from worker.pipeline import Pipeline, Stage
-from worker.records import DeadLetter
-from worker.steps.batcher import Batcher
-from worker.steps.dlq_limit import DlqLimit, DlqLimitExceeded
-from worker.steps.intake import Intake
-from worker.steps.validate import Validator
+from worker.core.loop import Chain
+from worker.core.assignment import Assignment
+from worker.core.fence import Fence, FenceClosed
+from worker.core.loop import Worker
+from worker.core.offsets import OffsetCommitter
+from worker.core.pipeline import Pipeline, Stage
+from worker.core.records import DeadLetter
+from worker.process.metrics import Health
+from worker.steps.polling.batcher import Batcher
+from worker.steps.polling.dlq_limit import DlqLimit, DlqLimitExceeded
+from worker.steps.polling.intake import Intake
+from worker.steps.polling.validate import Validator
 
 from .fakes import Clock, FakeConsumer, FakeMessage, at_least_once
 

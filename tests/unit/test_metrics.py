@@ -7,7 +7,7 @@ import json
 import numpy as np
 from prometheus_client import REGISTRY, CollectorRegistry, Histogram, generate_latest
 
-from worker.metrics import BatchHistogram, Health, record_lag_from_stats
+from worker.process.metrics import BatchHistogram, Health, record_lag_from_stats
 
 
 def _lag(topic: str, partition: str) -> float | None:

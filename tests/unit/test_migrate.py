@@ -5,9 +5,9 @@ from __future__ import annotations
 from concurrent.futures import Future
 from types import SimpleNamespace
 
-from worker.migrate import Plan, drop_old, retention_warnings
-from worker.naming import versioned_name
-from worker.settings import Settings
+from worker.assembly.naming import versioned_name
+from worker.commands.migrate import Plan, drop_old, retention_warnings
+from worker.process.settings import Settings
 
 
 def test_a_collection_per_vector_space_named_after_the_model():

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from schemas.errors import ConfigError
-from worker.chain import embed_by_model
+from worker.assembly.chain import embed_by_model
+from worker.assembly.naming import collection_name
+from worker.assembly.runner import inflight_limit
+from worker.core.records import Batch, Chunk, Item, Source, split_by_model
 from worker.embedding.fake import FakeEmbedder
 from worker.embedding.models import ModelSet, ModelSpec, parse_models
-from worker.naming import collection_name
-from worker.records import Batch, Chunk, Item, Source, split_by_model
-from worker.runner import inflight_limit
-from worker.settings import Settings
+from worker.process.settings import Settings
 
 
 class Sized(FakeEmbedder):
@@ -104,7 +104,7 @@ def test_each_models_step_sees_only_its_items_loaded_models_first():
 
 
 def test_the_embed_step_fills_only_its_models_vectors():
-    from worker.steps.embed import EmbedStep
+    from worker.steps.model.embed import EmbedStep
 
     a, b = FakeEmbedder(dim=4, model_id="a"), FakeEmbedder(dim=6, model_id="b")
     batch = Batch()

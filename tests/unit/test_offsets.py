@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException
 
-from worker.offsets import OffsetCommitter
+from worker.core.offsets import OffsetCommitter
 
 from .fakes import Clock, FakeConsumer, at_least_once
 

@@ -9,8 +9,8 @@ import pytest
 
 from connectors.registry import frame
 from schemas.codec import decode_embedding
-from worker.output import JsonOutput, OutputFormat, RegistryOutput, records
-from worker.records import Chunk, Item, Source
+from worker.core.records import Chunk, Item, Source
+from worker.steps.writing.output import JsonOutput, OutputFormat, RegistryOutput, records
 
 
 def _item(chunks: int, metadata: dict[str, str]) -> Item:

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from schemas.errors import TransientError
-from worker.pipeline import Pipeline, Stage
-from worker.records import Batch
+from worker.core.pipeline import Pipeline, Stage
+from worker.core.records import Batch
 
 
 def _batch(n: int) -> Batch:

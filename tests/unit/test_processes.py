@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from worker.processes import Processes, child_environment
-from worker.settings import Settings
+from worker.process.processes import Processes, child_environment
+from worker.process.settings import Settings
 
 
 def _settings(**kw) -> Settings:
@@ -21,7 +21,7 @@ def test_each_child_gets_the_parents_settings_for_one_process_and_its_own_port_a
     assert env["EMBEDSTREAM_GROUP_INSTANCE_ID"] == "pod-7-2"
     assert env["EMBEDSTREAM_KAFKA__SASL_PASSWORD"] == "s3cret" and env["EMBEDSTREAM_REDIS_URL"] == "redis://:pw@r:6379/0"
     # the child loads the same settings, but for the three that are its own
-    from worker.settings import kafka_passthrough, passthrough
+    from worker.process.settings import kafka_passthrough, passthrough
 
     child = Settings(_env_file=None, kafka=kafka_passthrough(env),
                      schema_registry=passthrough("EMBEDSTREAM_SCHEMA_REGISTRY__", env),
@@ -39,12 +39,12 @@ def test_metrics_off_stays_off_and_no_member_id_is_made_up():
 
 def test_a_failing_child_stops_the_others_and_its_code_is_the_parents(monkeypatch):
     scripts = iter(["import time; time.sleep(60)", "import sys; sys.exit(3)", "import time; time.sleep(60)"])
-    monkeypatch.setattr("worker.processes.child_command", lambda _idle: [sys.executable, "-c", next(scripts)])
+    monkeypatch.setattr("worker.process.processes.child_command", lambda _idle: [sys.executable, "-c", next(scripts)])
     children = Processes(_settings(shutdown_grace_seconds=5).model_copy(update={"processes": 3}), {})
     assert children.wait() == 3
     assert [c.returncode for c in children.children] == [-15, 3, -15]  # SIGTERM'd
 
 
 def test_every_child_done_is_a_clean_exit(monkeypatch):
-    monkeypatch.setattr("worker.processes.child_command", lambda _idle: [sys.executable, "-c", "pass"])
+    monkeypatch.setattr("worker.process.processes.child_command", lambda _idle: [sys.executable, "-c", "pass"])
     assert Processes(_settings(), {}).wait() == 0

@@ -8,7 +8,7 @@ import pytest
 
 from schemas.codec import Document
 from schemas.errors import TransientError
-from worker.produce import BadLine, detect_format, produce_records, read_documents, text_id
+from worker.commands.produce import BadLine, detect_format, produce_records, read_documents, text_id
 
 
 def test_jsonl(tmp_path):

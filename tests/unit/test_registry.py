@@ -23,8 +23,8 @@ from schemas.codec import (
 )
 from schemas.errors import TransientError
 from tests.helpers import document_schema_with, registry_serializer
-from worker.tools.registry import compatible, make_server
-from worker.wire import embedding_decoder
+from tools.registry import compatible, make_server
+from worker.commands.wire import embedding_decoder
 
 from .fakes import FakeConsumer, FakeMessage
 from .test_loop import _worker

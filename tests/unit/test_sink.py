@@ -9,12 +9,12 @@ from confluent_kafka import KafkaError, KafkaException
 
 from connectors.milvus import MilvusStore
 from schemas.errors import RecordRefused, TransientError
-from worker.delivery import AtLeastOnce
-from worker.fence import Fence, FenceClosed
-from worker.records import Batch, Chunk, DeadLetter, Delete, Item, Source
-from worker.steps.fit import TopicLimits, record_size
-from worker.steps.sink import ModelTarget, SinkStep
-from worker.steps.versions import VersionGuard, final_operations
+from worker.core.delivery import AtLeastOnce
+from worker.core.fence import Fence, FenceClosed
+from worker.core.records import Batch, Chunk, DeadLetter, Delete, Item, Source
+from worker.steps.writing.fit import TopicLimits, record_size
+from worker.steps.writing.sink import ModelTarget, SinkStep
+from worker.steps.writing.versions import VersionGuard, final_operations
 
 from .fakes import RecordingMilvusClient, RecordingProducer, at_least_once
 

@@ -12,12 +12,12 @@ from confluent_kafka import KafkaError
 
 from connectors.transactions import Transactions, TransactionsFailed, transactional_id
 from schemas.errors import TransientError
-from worker.delivery import ExactlyOnce
-from worker.fence import Fence
-from worker.offsets import OffsetCommitter
-from worker.records import Batch, DeadLetter, Source
-from worker.steps.sink import ModelTarget, SinkStep
-from worker.steps.versions import VersionGuard
+from worker.core.delivery import ExactlyOnce
+from worker.core.fence import Fence
+from worker.core.offsets import OffsetCommitter
+from worker.core.records import Batch, DeadLetter, Source
+from worker.steps.writing.sink import ModelTarget, SinkStep
+from worker.steps.writing.versions import VersionGuard
 
 from .fakes import RecordingMilvusClient, TransactionalProducer
 from .test_sink import _item, _store

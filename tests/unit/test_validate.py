@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from schemas.codec import Document, encode_document
-from worker.records import DeadLetter, Delete, Item
-from worker.steps.validate import Validator
+from worker.core.records import DeadLetter, Delete, Item
+from worker.steps.polling.validate import Validator
 
 from .fakes import FakeMessage
 

@@ -36,8 +36,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.errors import ConfigError, TransientError
-from worker import heap, metrics
 from worker.embedding.base import Embedder, ModelProfile
+from worker.process import heap, metrics
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class ModelSet:
         t0 = time.monotonic()
         model = self._load(spec)
         model.warmup()
-        if heap.settled():  # a model loaded mid-stream joins the frozen heap (worker.heap)
+        if heap.settled():  # a model loaded mid-stream joins the frozen heap (worker.process.heap)
             heap.settle()
         self.loads += 1
         metrics.MODEL_LOADS.labels(name).inc()

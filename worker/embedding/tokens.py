@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker import metrics
+from worker.process import metrics
 
 
 class Tokens:

@@ -1,1 +1,3 @@
-"""The steps of the pipeline, one file each: validate → batch → cache → embed → sink → commit."""
+"""The steps of the chain, by the thread they run on: ``polling`` (validate, estimate tokens, DLQ
+breaker, batch), ``model`` (chunk, embed) and ``writing`` (version guard, sink). The order is
+``worker.assembly.chain``."""

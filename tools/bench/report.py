@@ -1,0 +1,200 @@
+"""The bench's outputs: the ratio table (rich), bench.json and a PNG chart."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from rich.table import Table
+
+from tools.bench.run import CPU_US_PER_DOC_GOAL, GOALS
+
+
+def _fmt(x, digits: int = 2) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    return f"{x:,.{digits}f}"
+
+
+def ratio_table(out: dict) -> Table:
+    r, w, d = out["ratios"], out["workloads"], out["denominators"]
+    t = Table("ratio", "value", "goal", "measured as", title=f"[bold]embedstream bench[/] — {out['model']} "
+              f"{out['precision']} on {out['device']}{' (quick)' if out['quick'] else ''}", title_justify="left")
+
+    def row(name: str, value, goal_text: str, how: str, ok: bool | None) -> None:
+        mark = "" if ok is None else (" [green]✓[/]" if ok else " [red]✗[/]")
+        t.add_row(name, _fmt(value) + mark, goal_text, how)
+
+    def met(name: str):
+        return None if r.get(name) is None else r[name] >= GOALS[name]
+
+    row("R1", r["R1"], "≥ 0.90", f"worker {_fmt(w['S2']['docs_per_s'], 1)} ÷ raw encode "
+        f"{_fmt(d['raw_S2']['docs_per_s'], 1)} docs/s (S2)", met("R1"))
+    if r.get("R1_S2_chunks"):
+        row("R1 (S2, same chunks)", r["R1_S2_chunks"], "", f"worker ÷ raw encode of the {d['raw_S2_chunks']['chunks']} "
+            f"chunks the worker embeds ({_fmt(d['raw_S2_chunks']['docs_per_s'], 1)} docs/s): raw encode truncates "
+            "long texts", None)
+    if r.get("R1_S2_registry"):
+        row("R1 (S2, registry)", r["R1_S2_registry"], "≈ R1", f"worker {_fmt(w['S2_registry']['docs_per_s'], 1)} "
+            "docs/s with registry-framed Avro in and avro-registry out ÷ the same raw encode", None)
+    if r.get("Rmix"):
+        tm = w["two_models"]
+        row("Rmix (two models)", r["Rmix"], "≥ 0.90", f"50/50 interleaved {_fmt(tm['docs_per_s'], 1)} docs/s ÷ "
+            f"harmonic mix {_fmt(tm['harmonic_docs_per_s'], 1)} of MiniLM {_fmt(tm['minilm_docs_per_s'], 1)} and "
+            f"MiniLM+projection {_fmt(tm['proj_docs_per_s'], 1)} alone", met("Rmix"))
+    row("R1 (S1 short)", r["R1_S1"], "", f"worker {_fmt(w['S1']['docs_per_s'], 1)} ÷ raw "
+        f"{_fmt(d['raw_S1']['docs_per_s'], 1)} docs/s", None)
+    row("Rpeer", r["Rpeer"], "≥ 1.3", "worker ÷ infinity-emb engine (S2)" if r["Rpeer"] else
+        "peer not run (--peer-python)", met("Rpeer"))
+    row("Rdup90", r["Rdup90"], "≥ 6", f"{_fmt(w['S4_90']['docs_per_s'], 1)} ÷ {_fmt(w['S4_0']['docs_per_s'], 1)} "
+        "docs/s (90% vs 0% repeats)", met("Rdup90"))
+    row("Rio", r["Rio"], "≥ 0.7", f"instant model {_fmt(w['io']['docs_per_s'], 0)} docs/s ÷ MilvusClient.upsert "
+        f"{_fmt(d['milvus_upsert_rows_per_s'], 0)} rows/s", met("Rio"))
+    if r.get("Rio_columnar"):
+        row("Rio (columnar)", r["Rio_columnar"], "", "the same ÷ the worker's own columnar upsert "
+            f"{_fmt(d['milvus_upsert_columnar_rows_per_s'], 0)} rows/s", None)
+    for name, by_cache in out.get("cpu_per_doc", {}).items():
+        for cache, us in by_cache.items():
+            ok = us <= CPU_US_PER_DOC_GOAL
+            gauge = out.get("cpu_gauge_ns", {}).get(name, {}).get(cache)
+            t.add_row(f"CPU/doc ({name}, {cache.replace('_', ' ')})", _fmt(us, 0) + " µs" +
+                      (" [green]✓[/]" if ok else " [red]✗[/]"), f"≤ {CPU_US_PER_DOC_GOAL:.0f} µs",
+                      "worker-process CPU seconds ÷ documents, first record to last batch done, instant model "
+                      "(the stack runs in other processes)" + (f"; host gauge {_fmt(gauge, 0)} ns" if gauge else "")
+                      + ("; after an unmeasured warm-up run" if out.get("warm_up_docs") else ""))
+    if w.get("io_registry", {}).get("cpu_us_per_doc"):
+        t.add_row("CPU/doc (io, registry)", _fmt(w["io_registry"]["cpu_us_per_doc"], 0) + " µs", "",
+                  "the same with registry-framed Avro in and avro-registry out")
+    row("Rpad", r["Rpad"], "≥ 0.85", "real ÷ padded tokens in the model (S2)", met("Rpad"))
+    if "long" in w:
+        lw = w["long"]
+        row("R1 (long docs)", r.get("R1_long"), "≥ 0.90", f"worker {_fmt(lw['chunks_per_s'], 1)} ÷ raw encode "
+            f"{_fmt(d['raw_long_chunks_per_s']['chunks_per_s'], 1)} chunks/s ({lw['docs']} documents, "
+            f"{lw['words']:,} words, {lw['chunks']} chunks; {_fmt(lw['docs_per_s'], 2)} docs/s)", met("R1_long"))
+        t.add_row("cache on an edit", f"{lw['edit_cache_hit_rate']:.0%}", "", "chunks served by the cache when "
+                  "each long document is produced again with one paragraph changed")
+    q = out.get("quality")
+    if q:
+        t.add_row(f"quality ({out['precision']})", _fmt(q["min_cosine"], 4), "", f"cosine to {q['vs']} on "
+                  f"{q['texts']} S2 texts: min {_fmt(q['min_cosine'], 4)}, mean {_fmt(q['mean_cosine'], 5)}")
+    for lat in out["latency"]:
+        row(f"latency @ {lat['load']:.0%}", None, "", f"p50 {_fmt(lat['p50_s'], 3)} s, p99 {_fmt(lat['p99_s'], 3)} s "
+            f"at {_fmt(lat['rate'], 0)} docs/s ({lat['n']} docs)", None)
+    t.add_row("p99 @ 50%", _fmt(r["p99_at_50pct_s"], 3) + (" [green]✓[/]" if r["p99_goal_met"] else " [red]✗[/]"),
+              f"≤ {_fmt(out['latency_bound_s'], 3)} s", "max wait + 3 × one batch's compute")
+    dl = out.get("delivery")
+    if dl:
+        row("Reos (S2)", r.get("Reos"), "≥ 0.90", f"exactly-once {_fmt(dl['S2']['exactly_once'], 1)} ÷ at-least-once "
+            f"{_fmt(dl['S2']['at_least_once'], 1)} docs/s, back to back (one transaction per group of batches: "
+            f"{_fmt(dl['S2'].get('docs_per_transaction', 0), 0)} documents each)", met("Reos"))
+        row("Reos (io)", r.get("Reos_io"), "≥ 0.90", f"the same with an instant model: "
+            f"{_fmt(dl['io']['exactly_once'], 0)} ÷ {_fmt(dl['io']['at_least_once'], 0)} docs/s "
+            f"({_fmt(dl['io'].get('docs_per_transaction', 0), 0)} documents per transaction)", met("Reos_io"))
+        p99 = dl["p99_at_50pct_s"]
+        t.add_row("p99 @ 50%, exactly-once", _fmt(p99["exactly_once"], 3), "",
+                  f"vs {_fmt(p99['at_least_once'], 3)} s at-least-once; p50 {_fmt(p99['p50_exactly_once'], 3)} s "
+                  f"({p99['n']} docs)")
+    prec = out.get("precisions", {})
+    for name, p in prec.items():
+        label = f"precision {name}" + (f" ({p['engine']})" if p.get("engine") else "")
+        t.add_row(label, _fmt(p["docs_per_s"], 1) + " docs/s", "",
+                  f"worker on S2; vs fp32: cosine mean {p['mean_cosine']:.4f} min {p['min_cosine']:.4f}, "
+                  f"top-10 overlap {p['top10_overlap']:.2f} ({p['queries']} queries)")
+    if "Rint8" in r:
+        row("Rint8", r["Rint8"], "≥ 1.5", "int8 ÷ the best of fp32 and bf16 (docs/s, the rows above)", met("Rint8"))
+    for name in ("S1", "S2"):
+        if f"{name}_instant_sink" in w:
+            fast, raw = w[f"{name}_instant_sink"], d[f"raw_{name}"]["docs_per_s"]
+            t.add_row(f"instant sink ({name})", _fmt(fast["docs_per_s"], 0) + " docs/s", "",
+                      f"the worker without Redis and Milvus (R1 {_fmt(fast['docs_per_s'] / raw)}"
+                      f"; raw encode {_fmt(raw, 0)} docs/s; "
+                      f"{_fmt(fast.get('cpu_us_per_doc', 0), 0)} µs CPU/doc)")
+        if f"{name}_instant_source" in w:
+            mem, raw = w[f"{name}_instant_source"], d[f"raw_{name}"]["docs_per_s"]
+            t.add_row(f"instant source ({name})", _fmt(mem["docs_per_s"], 0) + " docs/s", "",
+                      f"fed from memory, writing nowhere: the pipeline's ceiling (R1 {_fmt(mem['docs_per_s'] / raw)}"
+                      f"; {_fmt(mem.get('tokens_per_s', 0), 0)} tokens/s)")
+    tflops = out.get("achieved_tflops")
+    if tflops:
+        t.add_row("TFLOP/s", " / ".join(_fmt(v) for v in tflops.values()), "",
+                  "real tokens/s × 2 × parameters on S2: " + " / ".join(tflops))
+    return t
+
+
+#: Columns of the CPU table, in pipeline order (any other thread comes before "other").
+_THREAD_ORDER = ("polling", "embed", "sink", "milvus-write", "grpc")
+
+
+def cpu_table(out: dict) -> Table:
+    """``run_cpu``'s figures, a column a run: its CPU per document while busy, against the goal, then
+    each thread's share over the whole run (start-up included, so the shares add up to a little more)."""
+    runs = [(name, cache) for name, by_cache in out["cpu_per_doc"].items() for cache in by_cache]
+    names: list[str] = []
+    for name, cache in runs:
+        names += [n for n in out["cpu_threads"][name][cache] if n not in names]
+    known = [n for n in _THREAD_ORDER if n in names]
+    rest = sorted(n for n in names if n not in _THREAD_ORDER and n != "other")
+    t = Table("µs a document", *(f"{name}, {cache.replace('_', ' ')}" for name, cache in runs),
+              title=f"[bold]embedstream bench --cpu[/] — instant model, {out['docs']:,} documents a run",
+              title_justify="left", caption="busy: the worker process, first record to last batch done (the "
+              f"bench's CPU/doc row; goal ≤ {CPU_US_PER_DOC_GOAL:.0f} µs); the threads: each over the whole run; "
+              "other: librdkafka's threads, and the worker's that outlived the run; host gauge: the median CPU a step "
+              "of a fixed Python loop timed in a process of its own during the run (how fast this host ran)"
+              + (f"; after a warm-up run of {out['warm_up_docs']:,} documents, not counted" if out.get("warm_up_docs")
+                 else ""),
+              caption_justify="left")
+    busy = [out["cpu_per_doc"][name][cache] for name, cache in runs]
+    t.add_row("busy", *(_fmt(us, 1) + (" [green]✓[/]" if us <= CPU_US_PER_DOC_GOAL else " [red]✗[/]") for us in busy))
+    for thread in [*known, *rest, *(["other"] if "other" in names else [])]:
+        t.add_row(thread, *(_fmt(out["cpu_threads"][name][cache].get(thread), 1) for name, cache in runs))
+    if "cpu_gauge_ns" in out:
+        t.add_row("host gauge, ns", *(_fmt(out["cpu_gauge_ns"][name][cache], 0) for name, cache in runs),
+                  style="dim")
+    return t
+
+
+def write_json(out: dict, path: Path) -> None:
+    path.write_text(json.dumps(out, indent=2, default=float))
+
+
+def write_chart(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    w, d = out["workloads"], out["denominators"]
+    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(15, 4.5), gridspec_kw={"width_ratios": [3, 1.4, 2.2]})
+    names = ["S1", "S2", "S4_0", "S4_50", "S4_90"]
+    worker = [w[n]["docs_per_s"] for n in names]
+    raw = [d["raw_S1"]["docs_per_s"], d["raw_S2"]["docs_per_s"], d["raw_S2"]["docs_per_s"],
+           d["raw_S2"]["docs_per_s"], d["raw_S2"]["docs_per_s"]]
+    x = range(len(names))
+    ax1.bar([i - 0.2 for i in x], worker, width=0.4, label="embedstream (end to end)")
+    ax1.bar([i + 0.2 for i in x], raw, width=0.4, label="raw encode", alpha=0.6)
+    if d.get("peer_docs_per_s"):
+        ax1.axhline(d["peer_docs_per_s"], color="tab:red", linestyle="--", label="infinity-emb (S2)")
+    ax1.set_xticks(list(x), ["S1 short", "S2 mixed", "S4 0%", "S4 50%", "S4 90%"])
+    ax1.set_ylabel("docs/s")
+    ax1.set_title(f"Throughput — {out['precision']} on {out['device']}")
+    ax1.legend()
+    io_bars = [("worker,\ninstant model", w["io"]["docs_per_s"]),
+               ("MilvusClient\n.upsert", d["milvus_upsert_rows_per_s"])]
+    if d.get("milvus_upsert_columnar_rows_per_s"):
+        io_bars.append(("columnar\nupsert", d["milvus_upsert_columnar_rows_per_s"]))
+    ax3.bar(range(len(io_bars)), [v for _, v in io_bars], color=["tab:blue", "tab:grey", "tab:grey"][:len(io_bars)])
+    ax3.set_xticks(range(len(io_bars)), [n for n, _ in io_bars])
+    ax3.set_ylabel("docs/s (rows/s)")
+    ax3.set_title("I/O path (Rio)")
+    loads = [lat["load"] * 100 for lat in out["latency"]]
+    ax2.plot(loads, [lat["p50_s"] for lat in out["latency"]], marker="o", label="p50")
+    ax2.plot(loads, [lat["p99_s"] for lat in out["latency"]], marker="o", label="p99")
+    ax2.axhline(out["latency_bound_s"], color="grey", linestyle=":", label="p99 goal")
+    ax2.set_xlabel("load (% of peak)")
+    ax2.set_ylabel("end-to-end latency (s)")
+    ax2.set_title("Latency vs load (S5)")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

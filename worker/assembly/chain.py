@@ -1,0 +1,128 @@
+"""The chain of steps, built in one place. Read ``build_chain`` top to bottom to see every step a
+record goes through, in order:
+
+    polling thread:  1 validate → 2 estimate tokens → 3 DLQ breaker → 4 batch        (Intake)
+    pipeline:        5 embed: chunk + cache lookup + model → 6 sink: fence + version guard →
+                                                    Milvus + output/DLQ topics + cache fill
+    polling thread:  7 store offsets → commit                                        (OffsetCommitter)
+
+Steps 6 and 7 follow the delivery chosen at assembly (``worker.core.delivery`` tells the order once:
+under exactly-once the sink commits each group's offsets in its transaction, in step 6).
+
+A new step is one line here: a ``Stage`` in the pipeline's list (its own thread, queue and retry
+state), or a step inside intake. The connectors and the model are opened by ``worker.assembly.runner``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from confluent_kafka import Consumer
+
+from connectors.milvus import MilvusStore
+from connectors.redis_cache import RedisCache
+from connectors.registry import SchemaRegistry
+from schemas.errors import ConfigError
+from worker.core.delivery import Delivery
+from worker.core.fence import Fence
+from worker.core.loop import Chain
+from worker.core.offsets import OffsetCommitter
+from worker.core.pipeline import Pipeline, Stage, in_turn
+from worker.core.records import Batch, Share, split_by_model
+from worker.embedding.base import Embedder
+from worker.embedding.models import ModelSet
+from worker.process.settings import (
+    BatchingSettings,
+    ChunkingSettings,
+    DeliverySettings,
+    KafkaSettings,
+    OperationsSettings,
+    RecordSettings,
+    Settings,
+)
+from worker.steps.model.chunk import Chunker
+from worker.steps.model.embed import EmbedStep
+from worker.steps.polling.batcher import Batcher
+from worker.steps.polling.dlq_limit import DlqLimit
+from worker.steps.polling.intake import Intake
+from worker.steps.polling.validate import Validator
+from worker.steps.writing.fit import TopicLimits
+from worker.steps.writing.output import output_format
+from worker.steps.writing.sink import ModelTarget, SinkStep
+from worker.steps.writing.versions import VersionGuard
+
+
+def chunker_for(s: ChunkingSettings, embedder: Embedder,
+                dead_lettered: Callable[[str, str], None] = lambda reason, message: None) -> Chunker:
+    """The chunk step for the model; raises :class:`ConfigError` on chunk settings it cannot serve."""
+    room = embedder.chunk_room
+    tokens = s.chunk_tokens or room
+    if tokens > room:
+        prompt = f" and {embedder.prompt_tokens} of the document prompt" if embedder.prompt_tokens else ""
+        raise ConfigError(f"EMBEDSTREAM_CHUNK_TOKENS={tokens} is more than the model takes: {room} tokens "
+                          f"({embedder.max_seq_length} less {embedder.special_tokens} special ones{prompt}). Lower "
+                          "it, or unset it for the model's own length.")
+    if 2 * s.chunk_overlap > tokens:
+        raise ConfigError(f"EMBEDSTREAM_CHUNK_OVERLAP={s.chunk_overlap} is more than half a chunk ({tokens} tokens): "
+                          "lower it (the default is 32).")
+    return Chunker(embedder, s.chunking, tokens, s.chunk_overlap, s.max_chunks, dead_lettered)
+
+
+def embed_by_model(steps: dict[str, Callable[[Share], None]],
+                   loaded: Callable[[str], bool]) -> Callable[[list[Batch]], None]:
+    """One step that splits a group by model once and runs each model's chunk + embed steps on its
+    share: the models the group needs, those already loaded first (under a memory cap that holds one
+    model, a group of two models swaps once, not twice). A forward pass never mixes models."""
+    def run(group: list[Batch]) -> None:
+        shares = split_by_model(group)
+        for name in sorted(shares, key=lambda n: not loaded(n)):
+            steps[name](shares[name])
+    return run
+
+
+def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: ModelSet,
+                caches: dict[str, RedisCache | None], stores: dict[str, MilvusStore], fence: Fence,
+                topic_ids: dict[str, str], registry: SchemaRegistry | None = None,
+                limits: TopicLimits | None = None) -> Chain:
+    """Every step, in the order a record meets it (the pipeline is built first only because intake
+    hands its batches to it), each given its own section of the settings. ``models``, ``caches`` and
+    ``stores`` are by model name; ``delivery`` makes the sink's groups and their offsets durable
+    (``worker.core.delivery``); ``limits``: the largest record the output and DLQ topics take."""
+    handles = models.handles
+    limits = limits or TopicLimits()
+    topics, records, durable = s.section(KafkaSettings), s.section(RecordSettings), s.section(DeliverySettings)
+    batching = s.section(BatchingSettings)
+    committer = OffsetCommitter(consumer, durable.commit_interval_ms / 1000, delivery)           # 7 commit
+    # The breaker (3) counts the dead letters the chunk and sink steps make too (late ones).
+    breaker = DlqLimit(durable.dlq_max_consecutive, durable.dlq_max_ratio, durable.dlq_ratio_window)
+    sink = SinkStep({n: ModelTarget(stores[n], m.model_id, m.dim, caches[n]) for n, m in handles.items()},
+                    delivery, fence=fence,
+                    guard=VersionGuard(topic_ids), output_topic=topics.output_topic, dlq_topic=topics.dlq_topic,
+                    delivery_timeout_s=topics.kafka_timeout_seconds,
+                    output=output_format(records.output_format, topics.output_topic, registry), limits=limits,
+                    dead_lettered=breaker.record_late)
+    chunking = s.section(ChunkingSettings)
+    chunkers = {n: chunker_for(chunking, m, breaker.record_late) for n, m in handles.items()}
+    # Past this many characters a text may make too many chunks for some model: its record is kept.
+    safe_chars = min(c.safe_chars for c in chunkers.values())
+    embed = Stage("embed", embed_by_model({                                          # 5 per model:
+        n: in_turn(chunkers[n].process,                                              #   chunk (tokenizer:
+                   EmbedStep(m, caches[n], model=n).process)                         #   embed thread only)
+        for n, m in handles.items()}, models.loaded))                                #   + cache + model
+    pipeline = Pipeline([
+        embed,
+        Stage("sink", sink.process),                                                 # 6 Milvus + topics
+    ], backoff_max=s.section(OperationsSettings).retry_backoff_max_seconds, release=sink.close)
+    intake = Intake(
+        Validator(records.max_text_bytes, models.resolve,                            # 1 Item | Delete | DeadLetter
+                  lambda chars: chars > safe_chars,                                  #   (key = identity,
+                  registry=registry, key_field=records.key_field,                    #   model by name)
+                  keep_large=min(sink.output_rooms.values())),
+        lambda texts, model: handles[model].estimate_tokens(                         # 2 token estimate
+            texts, chunked=chunking.chunking == "tokens"),
+        breaker,                                                                     # 3 halt a bad deploy
+        Batcher(batching.max_batch_size, batching.max_batch_tokens,                  # 4 count, tokens,
+                batching.max_batch_wait_ms / 1000, max_bytes=batching.max_batch_bytes),  # deadline, bytes
+        next_step=pipeline.submit,
+    )
+    return Chain(intake, pipeline, committer, fence, model_free=lambda: embed.backlog == 0)

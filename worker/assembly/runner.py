@@ -1,0 +1,269 @@
+"""Build a ready-to-run worker from settings, checking every setting before the first record.
+
+Start-up fails with :class:`ConfigError` (a message that says what to fix) when the broker does
+not answer, a topic is missing, the model cannot be loaded, or the Milvus collection holds vectors
+of another dim. Redis is optional: an unreachable one is a warning, and the worker runs uncached.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+from confluent_kafka import Consumer
+from confluent_kafka.schema_registry import SchemaRegistryError
+
+from connectors.kafka import (
+    check_broker,
+    make_admin,
+    make_consumer,
+    make_output_producer,
+    topic_ids,
+    topic_max_bytes,
+)
+from connectors.milvus import MilvusAdmin, MilvusConnection, MilvusStore
+from connectors.redis_cache import RedisCache
+from connectors.registry import SchemaRegistry, client_conf
+from connectors.transactions import Transactions, transactional_id
+from schemas.codec import DOCUMENT_SCHEMA_TEXT
+from schemas.errors import ConfigError
+from worker.assembly.chain import build_chain
+from worker.assembly.naming import alias_of, collection_of
+from worker.core.assignment import Assignment
+from worker.core.delivery import AtLeastOnce, Delivery, ExactlyOnce
+from worker.core.fence import Fence, lease_seconds
+from worker.core.loop import Worker
+from worker.core.stats import RunStats
+from worker.embedding.base import Embedder
+from worker.embedding.models import ModelSet, ModelSpec, describe, parse_models
+from worker.process import heap, metrics
+from worker.process.gpu_metrics import register_gpu_metrics
+from worker.process.settings import Settings
+from worker.steps.writing.fit import DEFAULT_MESSAGE_MAX_BYTES, TopicLimits
+
+log = logging.getLogger(__name__)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": self.formatTime(record), "level": record.levelname, "logger": record.name,
+               "message": record.getMessage()}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(settings: Settings) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if settings.log_format == "json"
+                         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.log_level.upper())
+    for noisy in ("httpx", "urllib3", "sentence_transformers", "transformers", "pymilvus"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def check_topics(settings: Settings) -> None:
+    meta = make_admin(settings.kafka_common()).list_topics(timeout=10)
+    missing = [t for t in (settings.input_topic, settings.output_topic, settings.dlq_topic)
+               if t not in meta.topics or meta.topics[t].error is not None]
+    if missing:
+        raise ConfigError(f"topic(s) {', '.join(missing)} do not exist on {settings.kafka_bootstrap_servers}: "
+                          "create them, or fix EMBEDSTREAM_INPUT_TOPIC / _OUTPUT_TOPIC / _DLQ_TOPIC")
+
+
+def load_embedder(settings: Settings, spec: ModelSpec | None = None) -> Embedder:
+    """The model of ``spec`` (one of EMBEDSTREAM_MODELS), else of EMBEDSTREAM_MODEL and its neighbours."""
+    from worker.embedding.sentence import SentenceTransformerEmbedder
+
+    if spec is not None:
+        return SentenceTransformerEmbedder(spec.path, spec.precision or settings.precision,
+                                           spec.device or settings.device, document_prompt=spec.document_prompt,
+                                           query_prompt=spec.query_prompt, truncate_dim=spec.truncate_dim)
+    return SentenceTransformerEmbedder(settings.model, settings.precision, settings.device,
+                                       document_prompt=settings.document_prompt, query_prompt=settings.query_prompt,
+                                       truncate_dim=settings.truncate_dim)
+
+
+def load_models(settings: Settings, embedder: Embedder | None = None) -> ModelSet:
+    """The worker's models: ``embedder`` alone when given (tests, the bench), the set of
+    EMBEDSTREAM_MODELS, else the one model of EMBEDSTREAM_MODEL. Raises ConfigError."""
+    if embedder is None and settings.models is not None:
+        return ModelSet(parse_models(settings.models), lambda spec: load_embedder(settings, spec),
+                        settings.model_memory_mb)
+    embedder = embedder or load_embedder(settings)
+    embedder.warmup()
+    return ModelSet.single(embedder)
+
+
+def inflight_limit(settings: Settings, models: ModelSet) -> int:
+    """Batches queued or running before the polling thread stops consuming:
+    EMBEDSTREAM_MAX_INFLIGHT_BATCHES for each model the worker serves. A group of batches is split by
+    model, each model's part in a call of its own; so each model's call holds what a one-model
+    worker's would, rather than a share of it (a model called on half a group cuts more, smaller
+    forward passes: two models at int8 here, 3,000 S2 documents interleaved, six alternating runs
+    each, embedded 323 docs/s with 8 batches in flight against 381 with 16, where each model alone
+    ran the same at both)."""
+    return settings.max_inflight_batches * len(models.handles)
+
+
+M = TypeVar("M", bound=MilvusConnection)
+
+
+def open_milvus(settings: Settings, job: type[M], collection: str | None = None) -> M:
+    """A client of Milvus for ``job`` (``MilvusStore``, ``MilvusReader`` or ``MilvusAdmin``) on
+    ``collection`` (EMBEDSTREAM_MILVUS_COLLECTION when None)."""
+    return job(settings.milvus_uri or "", collection or settings.milvus_collection,
+               settings.milvus_token.get_secret_value() if settings.milvus_token else None,
+               settings.milvus_timeout_seconds)
+
+
+def open_cache(settings: Settings, embedder: Embedder) -> RedisCache | None:
+    if settings.redis_url is None:
+        log.info("EMBEDSTREAM_REDIS_URL unset: running without the cache")
+        return None
+    cache = RedisCache(settings.redis_url.get_secret_value(), embedder.cache_id, embedder.dim,
+                       settings.cache_ttl_seconds, settings.redis_timeout_ms)
+    if cache.get_many(["startup-probe"]) == [None] and cache.errors:
+        log.warning("Redis did not answer at start-up; running without hits until it does")
+    return cache
+
+
+def open_registry(settings: Settings) -> SchemaRegistry | None:
+    """The schema registry client when ``EMBEDSTREAM_SCHEMA_REGISTRY_URL`` is set. An unreachable
+    registry is a warning here: framed records wait for it (the loop holds them), they are never
+    dead-lettered for it."""
+    if settings.schema_registry_url is None:
+        return None
+    registry = SchemaRegistry(client_conf(settings.schema_registry_url, settings.schema_registry),
+                              DOCUMENT_SCHEMA_TEXT)
+    try:
+        subjects = registry.client.get_subjects()
+        log.info("schema registry %s: %d subjects", registry.url, len(subjects))
+    except SchemaRegistryError as exc:
+        if exc.http_status_code in (401, 403):
+            raise ConfigError(f"the schema registry at {registry.url} refused our credentials ({exc}): fix "
+                              "EMBEDSTREAM_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO or the bearer settings") from None
+        log.warning("schema registry %s answered %s; framed records wait until it answers", registry.url, exc)
+    except Exception as exc:
+        log.warning("schema registry %s does not answer (%r); framed records wait until it does", registry.url, exc)
+    return registry
+
+
+def serve_metrics(settings: Settings, health: metrics.Health) -> None:
+    if not settings.metrics_port:
+        return
+    try:
+        metrics.serve(settings.metrics_port, health)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on port {settings.metrics_port} ({exc}): set "
+                          "EMBEDSTREAM_METRICS_PORT to a free port, or 0 to turn it off") from None
+
+
+def open_delivery(s: Settings, consumer: Consumer, delivery_timeout_s: float) -> Delivery:
+    """The delivery of ``EMBEDSTREAM_DELIVERY`` (``worker.core.delivery``): the one place that asks which.
+    At-least-once records may wait ``delivery_timeout_s`` in librdkafka (the fence's lease bounds it)."""
+    if s.delivery == "exactly-once":
+        return ExactlyOnce(open_transactions(s), s.kafka_timeout_seconds)
+    return AtLeastOnce(consumer, lambda: make_output_producer(s.kafka_common(), delivery_timeout_s),
+                       s.kafka_timeout_seconds)
+
+
+def open_transactions(s: Settings) -> Transactions:
+    """Exactly-once: the worker's transactional producer, its ``transactional.id`` from the group and
+    the static member id (the pod name under the chart), else host and process id (then a killed
+    worker's open transaction ends only by the broker's ``transaction.timeout.ms``).
+
+    Its records may wait ``EMBEDSTREAM_KAFKA_TIMEOUT_SECONDS``, longer than the fence's lease that
+    bounds the at-least-once producer's: a zombie's records wake into a transaction that its commit
+    check (ownership and lease, ``worker.steps.writing.sink``) aborts, so read_committed readers never see
+    them; and a record that times out costs an epoch bump that a broker may refuse (Tansu does)."""
+    delivery_timeout_s = s.kafka_timeout_seconds
+    member = s.group_instance_id or f"{socket.gethostname()}-{os.getpid()}"
+    tid = transactional_id(s.group_id, member)
+    log.info("exactly-once delivery: transactional.id %s", tid)
+    txn_timeout_ms = int(s.kafka.get("transaction.timeout.ms", max(60.0, delivery_timeout_s) * 1000))
+    conf = {"transactional.id": tid, "transaction.timeout.ms": txn_timeout_ms}
+    return Transactions(lambda: make_output_producer(s.kafka_common(), delivery_timeout_s, **conf),
+                        s.kafka_timeout_seconds, keep_open_s=txn_timeout_ms / 2000)
+
+
+#: The smallest record limit the worker runs with: a dead letter's own headers take up to ~6 KB.
+MIN_RECORD_LIMIT = 16_384
+
+
+def topic_limits(s: Settings) -> TopicLimits:
+    """The largest record the output and DLQ topics take: their ``max.message.bytes`` where the
+    broker tells it, bounded by the producer's ``message.max.bytes`` (EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES)."""
+    try:
+        producer_max = int(s.kafka.get("message.max.bytes", DEFAULT_MESSAGE_MAX_BYTES))
+    except ValueError:
+        raise ConfigError(f"EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES={s.kafka['message.max.bytes']!r} is not a "
+                          "number of bytes") from None
+    told = topic_max_bytes(s.kafka_common(), [s.output_topic, s.dlq_topic])
+    limits = TopicLimits.of(producer_max, told.get(s.output_topic), told.get(s.dlq_topic))
+    if min(limits.output, limits.dlq) < MIN_RECORD_LIMIT:
+        raise ConfigError(f"the output or DLQ topic takes records of at most {min(limits.output, limits.dlq):,} bytes "
+                          f"(max.message.bytes / EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES): a dead letter's own headers "
+                          f"need more; allow at least {MIN_RECORD_LIMIT:,}")
+    log.info("largest records: %d bytes to %s, %d to %s", limits.output, s.output_topic, limits.dlq, s.dlq_topic)
+    return limits
+
+
+def build_worker(settings: Settings, embedder: Embedder | None = None,
+                 on_progress: Callable[[RunStats], None] | None = None,
+                 store_factory: Callable[[Settings, str], MilvusStore] | None = None) -> Worker:
+    """Check the settings against the real systems, open them, and assemble the worker around the
+    chain of ``worker.assembly.chain.build_chain``. ``store_factory(settings, collection)`` stands in for
+    Milvus (the bench's instant sink). Raises ConfigError."""
+    s = settings
+    try:
+        s.require("kafka_bootstrap_servers", "milvus_uri")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    check_broker(s.kafka_common())
+    check_topics(s)
+    models = load_models(s, embedder)
+    log.info("models: %s", describe(models))
+    stores, caches = {}, {}
+    for name, model in models.handles.items():
+        collection = collection_of(s, name, model)
+        if store_factory is None:
+            stores[name] = open_milvus(s, MilvusStore, collection)
+            MilvusAdmin.sharing(stores[name]).prepare(alias_of(s, name), model.model_id, model.dim)
+        else:
+            stores[name] = store_factory(s, collection)
+        caches[name] = open_cache(s, model)
+    heap.settle()  # the models' objects out of the collector's walks (worker.process.heap)
+    heap.keep_pages()  # a group's megabyte buffers reuse the heap's pages (worker.process.heap)
+    health = metrics.Health(s.healthz_max_tick_age_seconds)
+    health.model_loaded = True
+    serve_metrics(s, health)
+    if any(m.device == "cuda" for m in models.handles.values()):
+        register_gpu_metrics("cuda")
+    session_s = int(s.kafka.get("session.timeout.ms", 45000)) / 1000
+    heartbeat_s = int(s.kafka.get("heartbeat.interval.ms", 3000)) / 1000
+    fence = Fence(lease_seconds(session_s, heartbeat_s))
+    # A record still queued in librdkafka when the process froze must time out on waking rather than
+    # be sent after the new owner's records (worker/core/fence.py): deliveries never outlast the lease.
+    delivery_timeout_s = min(s.kafka_timeout_seconds, fence.lease_s)
+    consumer = make_consumer(s.kafka_common(), s.group_id, s.group_instance_id, **{
+        "statistics.interval.ms": 5000, "stats_cb": metrics.record_lag_from_stats,
+        "error_cb": health.on_kafka_error})
+    chain = build_chain(s, consumer, open_delivery(s, consumer, delivery_timeout_s), models, caches, stores, fence,
+                        topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s), topic_limits(s))
+    max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
+    # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without
+    # partitions waits two session timeouts (a rejoin) before it counts as idle.
+    assignment = Assignment(pause_after=min(5.0, max_poll_s / 3), join_grace=max(10.0, 2 * session_s))
+    max_inflight = inflight_limit(s, models)
+    log.info("up to %d batches in flight (%d a model served)", max_inflight, s.max_inflight_batches)
+    return Worker(consumer, s.input_topic, chain, assignment, max_inflight=max_inflight,
+                  shutdown_grace=s.shutdown_grace_seconds, health=health, backoff_max=s.retry_backoff_max_seconds,
+                  on_progress=on_progress)

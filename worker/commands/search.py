@@ -1,0 +1,60 @@
+"""Semantic search through the alias readers query (``worker.assembly.naming.alias_of``), with the worker's
+own model and precision (queries embedded with the model's query prompt, documents were with its
+document prompt)."""
+
+from __future__ import annotations
+
+from schemas.errors import ConfigError
+from worker.core.records import normalise_text
+from worker.embedding.base import Embedder
+from worker.process.settings import Settings
+
+#: Chunk rows asked of Milvus per document shown: a long document's chunks crowd the nearest rows.
+ROWS_PER_DOCUMENT = 4
+
+
+def best_chunk_per_document(rows: list[dict], top_k: int) -> list[dict]:
+    """Rank documents by their best chunk: the first row of each ``doc_id`` among ``rows`` (nearest
+    first), as ``{id: the document id, score, chunk, chunks, span, excerpt, metadata, model}``."""
+    seen: dict[str, dict] = {}
+    for r in rows:
+        doc = r.get("doc_id") or r["id"]
+        if doc not in seen:
+            seen[doc] = {"id": doc, "score": r["score"], "chunk": r.get("chunk_index", 0),
+                         "chunks": r.get("chunk_count", 1), "span": [r.get("span_start", 0), r.get("span_end", -1)],
+                         "excerpt": r.get("excerpt", ""), "metadata": r.get("metadata") or {}, "model": r.get("model")}
+    return list(seen.values())[:top_k]
+
+
+def search_documents(settings: Settings, queries: list[str], top_k: int = 5,
+                     embedder: Embedder | None = None) -> list[list[dict]]:
+    """The ``top_k`` nearest documents per query, each ranked by its best chunk and showing which
+    span matched (``best_chunk_per_document``). Raises ConfigError on a missing collection or a dim
+    mismatch."""
+    if settings.milvus_uri is None:
+        raise ConfigError("EMBEDSTREAM_MILVUS_URI (or --milvus-uri) is not set")
+    from connectors.milvus import MilvusReader
+    from worker.assembly.naming import alias_of
+    from worker.assembly.runner import load_embedder, open_milvus
+
+    collection = alias_of(settings, "")
+    if embedder is None and settings.models is not None:
+        # A model set: EMBEDSTREAM_MODEL (--model) names the model to ask, else the default one.
+        from worker.embedding.models import default_model, parse_models
+
+        specs = parse_models(settings.models)
+        name = settings.model if settings.model in specs else default_model(specs)
+        embedder, collection = load_embedder(settings, specs[name]), alias_of(settings, name)
+    embedder = embedder or load_embedder(settings)
+    store = open_milvus(settings, MilvusReader, collection)
+    try:
+        if not store.exists():
+            raise ConfigError(f"no collection {collection!r} in Milvus at {settings.milvus_uri}: "
+                              "run the worker first, or fix EMBEDSTREAM_MILVUS_ALIAS / EMBEDSTREAM_MILVUS_COLLECTION")
+        if store.dim() != embedder.dim:
+            raise ConfigError(f"collection {collection!r} holds {store.dim()}-dim vectors, the "
+                              f"model makes {embedder.dim}: use the model the collection was built with")
+        vectors = embedder.embed_query([normalise_text(q) for q in queries])
+        return [best_chunk_per_document(store.search(v, top_k * ROWS_PER_DOCUMENT), top_k) for v in vectors]
+    finally:
+        store.close()

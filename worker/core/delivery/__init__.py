@@ -1,0 +1,45 @@
+"""Delivery: how a group's writes and its input offsets become durable, and in what order.
+
+One interface (:class:`~worker.core.delivery.base.Delivery`), two implementations, chosen once at
+assembly (``worker.assembly.runner.open_delivery``, from ``EMBEDSTREAM_DELIVERY``); nothing else asks which
+one runs. This docstring is the one place the commit order is told.
+
+For each group of batches, on the sink thread (``worker.steps.writing.sink`` plans it, the delivery orders
+the writes):
+
+1. **Fence.** The entries of partitions this member no longer owns are left out (their new owner
+   redoes them, and their offsets are not committed here); a lease past its end stops the write
+   before each step and before each output record (``worker.core.fence``: the loop renews the lease
+   while the group's member proves itself alive, and a member that stalled past its session must
+   prove its membership, a commit the group accepts, before it writes again).
+2. **Version guard.** Milvus is asked which versions it holds for the group's ids (one Strong
+   read); an operation older than the row's from the same partition is written nowhere
+   (``worker.steps.writing.versions``).
+3. **Milvus and the topics, side by side.** Milvus' upserts and deletes run on a helper thread
+   while the output and dead-letter records are handed to the producer; both must be acknowledged
+   before the group counts as written. An outage raises ``TransientError`` and the group is retried
+   whole: Milvus' writes are idempotent.
+
+   - *at-least-once* (:class:`AtLeastOnce`): the idempotent producer; records an earlier attempt
+     had delivered are not produced again when only Milvus failed. A producer fenced or broken is
+     replaced before the retry.
+   - *exactly-once* (:class:`ExactlyOnce`): the group is one Kafka transaction, begun before its
+     first record. A Milvus outage keeps the transaction open (the retry writes Milvus alone) for
+     at most half the transaction timeout; any other failure aborts it and the group is redone.
+4. **Offsets.**
+
+   - *at-least-once*: when the group leaves the pipeline, the polling thread stores its next
+     offsets in the consumer (for partitions it still owns) and commits them every
+     ``EMBEDSTREAM_COMMIT_INTERVAL_MS``, synchronously on a revoke and at a stop.
+   - *exactly-once*: the sink sends the group's offsets to the transaction and commits it, under the
+     transactions' lock, after checking that it still owns their partitions. A revoke publishes
+     the smaller ownership, then takes that lock once (``barrier``): no transaction commits offsets
+     of a partition given away. What the polling thread stores past the transactions' offsets (a
+     drained partition's end past a commit marker) is committed by a transaction of offsets alone.
+"""
+
+from worker.core.delivery.at_least_once import AtLeastOnce
+from worker.core.delivery.base import Delivery, GroupWriter, Planned
+from worker.core.delivery.exactly_once import ExactlyOnce
+
+__all__ = ["AtLeastOnce", "Delivery", "ExactlyOnce", "GroupWriter", "Planned"]

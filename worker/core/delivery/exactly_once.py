@@ -1,0 +1,133 @@
+"""Exactly-once: each group one Kafka transaction, its offsets inside it (``connectors.transactions``
+says how each kind of Kafka error is met; ``worker.core.delivery`` tells the order)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import wait
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from connectors.transactions import Transactions
+from schemas.errors import TransientError
+from worker.core.delivery.base import Delivery, GroupWriter, Planned
+from worker.core.records import Batch, TopicPartitionKey
+from worker.process import metrics
+
+
+class ExactlyOnce(Delivery):
+    """``EMBEDSTREAM_DELIVERY=exactly-once``: the sink commits each group's records and offsets in
+    one transaction; the consumer never commits."""
+
+    def __init__(self, transactions: Transactions, close_timeout_s: float) -> None:
+        self.txn = transactions
+        self.close_timeout_s = close_timeout_s
+        #: The group whose records are in the open transaction while Milvus is retried.
+        self._carried: tuple[list[Batch], Planned] | None = None
+        #: Per partition, the offset its last transaction committed (written by the sink's thread),
+        #: and what the polling thread stored past it, to commit in a transaction of its own.
+        self._in_txn: dict[TopicPartitionKey, int] = {}
+        self._ahead: dict[TopicPartitionKey, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def producer(self) -> Producer:
+        return self.txn.producer
+
+    # -- the sink thread ---------------------------------------------------------------------
+    def write(self, group: list[Batch], writer: GroupWriter) -> None:
+        """The group as one transaction: records, Milvus, then offsets and commit.
+
+        A Milvus outage does not abort it: its records stay in the open transaction and the retry
+        writes Milvus alone, then commits (an abort would cost the redo, and a broker without
+        aborted-transaction filtering, like Tansu, would show the aborted records), for at most half
+        the transaction timeout; any other failure aborts it and the retry redoes the group."""
+        txn = self.txn
+        if txn.pending:  # the last attempt's commit timed out: it may still go through, never redo it
+            with txn.lock:
+                txn.finish_pending()
+            self._done(group, writer)
+            return
+        carried = self._carried if self._carried is not None and self._carried[0] is group and txn.open else None
+        planned = carried[1] if carried is not None else writer.plan(group)
+        write = writer.write_milvus(planned)
+        t0 = time.perf_counter()
+        keep_open = False
+        try:
+            if carried is None:
+                txn.begin()
+                writer.produce(planned, txn.producer).confirm()
+            try:
+                metrics.SINK_SECONDS.labels("milvus").observe(write.result())  # Milvus first: it raises here
+            except TransientError:
+                keep_open = txn.open_for() < txn.keep_open_s
+                self._carried = (group, planned) if keep_open else None
+                raise
+            with txn.lock:  # a revoke waits for this: no offsets of a partition given away commit
+                txn.commit(writer.owned_offsets(group))
+            metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
+            writer.written(planned)
+        except BaseException as exc:
+            wait([write])  # never leave a write running behind a retry: one writer at a time
+            if not keep_open:
+                self._carried = None
+                if not txn.pending:
+                    txn.abort()
+            if isinstance(exc, KafkaException):  # a produce refused by the transaction's state
+                raise TransientError("kafka", f"{exc}: the transaction was aborted, its batches are redone") from None
+            raise
+        self._carried = None
+        self._done(group, writer)
+
+    def _done(self, group: list[Batch], writer: GroupWriter) -> None:
+        for batch in group:
+            batch.delivered = True
+        self.committed(writer.written_offsets(group))
+
+    def committed(self, offsets: Mapping[TopicPartitionKey, int]) -> None:
+        """A transaction committed ``offsets`` (next offset per partition): the committer is told."""
+        with self._lock:
+            for tp, o in offsets.items():
+                self._in_txn[tp] = max(self._in_txn.get(tp, -1), o)
+        self.on_committed(offsets)
+
+    def close(self) -> None:
+        self.txn.close(self.close_timeout_s)
+
+    # -- the polling thread ------------------------------------------------------------------
+    def store(self, offsets: list[TopicPartition]) -> None:
+        with self._lock:
+            self._ahead.update({(tp.topic, tp.partition): tp.offset for tp in offsets
+                                if tp.offset > self._in_txn.get((tp.topic, tp.partition), -1)})
+
+    def commit(self, sync: bool) -> bool:
+        """What was stored past the transactions' offsets, in a transaction of offsets alone."""
+        if not self._ahead:
+            return True
+        ahead = dict(self._ahead)
+        self.txn.commit_offsets([TopicPartition(t, p, o) for (t, p), o in ahead.items()])
+        self.committed(ahead)
+        with self._lock:
+            self._ahead = {tp: o for tp, o in self._ahead.items() if o > ahead.get(tp, -1)}
+        return not self._ahead
+
+    def recommit(self, offsets: list[TopicPartition]) -> None:
+        self.txn.commit_offsets(offsets)  # offsets only ever go through a transaction
+
+    def barrier(self) -> None:
+        with self.txn.lock:
+            pass
+
+    def new_generation(self, consumer: Consumer) -> None:
+        # The generation the transactions' offsets are committed under. Asked for here, on the
+        # polling thread: from the sink's thread, librdkafka's consumer_group_metadata blocked for
+        # good once the consumer had paused its partitions (measured, librdkafka 2.16).
+        self.txn.group_metadata = consumer.consumer_group_metadata()
+
+    def forget(self, tps: Iterable[TopicPartitionKey]) -> None:
+        with self._lock:
+            for tp in tps:
+                self._in_txn.pop(tp, None)
+                self._ahead.pop(tp, None)

@@ -1,0 +1,308 @@
+"""The polling loop: the cycle that drives the chain, on the consumer's thread.
+
+Each turn: consume what is there → intake (validate, estimate, batch) → submit closed batches to
+the pipeline → collect finished ones and store their offsets → pause or resume → commit if due →
+check for idle. The parts each own one thing: ``Intake`` the batching, ``Pipeline`` the stages,
+``OffsetCommitter`` what is committed and when, ``Assignment`` the partitions with their pause and
+end state, ``RunStats`` the counting. The chain is assembled in ``worker.assembly.chain.build_chain``.
+
+Rebalance callbacks and signal handlers run on this thread too. On revoke the loop finishes the
+in-flight batches (within a budget) and commits synchronously; on *lost* it commits nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, TopicPartition
+
+from schemas.errors import DlqLimitExceeded, RecordRefused, TransientError
+from worker.core.assignment import Assignment
+from worker.core.fence import Fence
+from worker.core.offsets import OffsetCommitter
+from worker.core.pipeline import Pipeline
+from worker.core.records import TopicPartitionKey
+from worker.core.stats import RunStats
+from worker.process.metrics import Health
+from worker.process.signals import GracefulStop
+
+log = logging.getLogger(__name__)
+
+
+class Intake(Protocol):
+    """What the loop asks of the polling thread's steps (``worker.steps.polling.intake.Intake``)."""
+
+    batcher: Any
+
+    def add(self, messages: list) -> None: ...
+    def poll(self) -> None: ...
+    def flush(self) -> None: ...
+    def drop(self, partitions: Iterable[TopicPartitionKey]) -> int: ...
+    def __len__(self) -> int: ...
+
+
+@dataclass
+class Chain:
+    """The assembled steps the loop drives (``worker.assembly.chain.build_chain``)."""
+
+    intake: Intake
+    pipeline: Pipeline
+    committer: OffsetCommitter
+    #: Whether this member may still write for a partition (ticked by the loop, read by the sink).
+    fence: Fence
+    #: True when the model has nothing waiting: the loop closes a batch by its deadline only then.
+    model_free: Callable[[], bool]
+
+#: Records taken from the consumer per call when some are at hand (at least a batch's worth; never
+#: more than the batches still allowed in flight hold: ``Worker._chunk``).
+CONSUME_CHUNK = 500
+#: Longest a revoke waits for in-flight batches (the rebalance waits for it).
+REVOKE_BUDGET_S = 20.0
+#: Longest a stop waits, after giving up on unfinished batches, for a stage to leave its step.
+ABORT_WAIT_S = 30.0
+
+
+class Held:
+    """Consumed records intake could not take yet because the schema registry did not answer: kept
+    in consumption order and offered again with capped exponential backoff. Nothing after them is
+    consumed meanwhile (the loop holds, then pauses), so none is skipped and none is committed."""
+
+    def __init__(self, backoff_max: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.backoff_max = backoff_max
+        self._clock = clock
+        self.msgs: list = []
+        self._delay = 0.0
+        self._retry_at = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.msgs)
+
+    def hold(self, msgs: list, exc: TransientError) -> None:
+        self._delay = min(max(2 * self._delay, 0.5), self.backoff_max)
+        self._retry_at = self._clock() + self._delay
+        self.msgs = msgs
+        log.warning("%s: holding %d records, retrying in %.1fs", exc, len(msgs), self._delay)
+
+    def take(self, more: list) -> list:
+        """The held records (when their retry is due) followed by ``more``; [] while not due (then
+        ``more`` joins the held ones)."""
+        if not self.msgs:
+            return more
+        if self._clock() < self._retry_at:
+            self.msgs.extend(more)
+            return []
+        msgs, self.msgs = self.msgs + more, []
+        return msgs
+
+    def taken(self) -> None:
+        """Intake took them: the outage is over."""
+        if self._delay:
+            log.info("schema registry answers again")
+        self._delay = 0.0
+
+    def drop(self, tps: set) -> None:
+        self.msgs = [m for m in self.msgs if (m.topic(), m.partition()) not in tps]
+
+
+class Worker:
+    """One consumer-group member. ``run()`` blocks until stopped, idle (if asked), or a bug."""
+
+    def __init__(self, consumer: Consumer, topic: str, chain: Chain, assignment: Assignment, *,
+                 max_inflight: int, shutdown_grace: float, health: Health, backoff_max: float = 10.0,
+                 on_progress: Callable[[RunStats], None] | None = None) -> None:
+        self.consumer = consumer
+        self.topic = topic
+        self.chain = chain
+        self.assignment = assignment
+        self.max_inflight = max_inflight
+        self.shutdown_grace = shutdown_grace
+        self.health = health
+        self.on_progress = on_progress
+        self.stats = RunStats()
+        self.stop = GracefulStop()
+        self.held = Held(backoff_max)
+
+    def install_signal_handlers(self) -> None:
+        self.stop.install()
+
+    # -- rebalance callbacks (run inside consume(), on this thread) ----------------------------
+    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assignment.add(consumer, partitions)
+        # Inside close() (another member left at the same time) the read of the committed offsets
+        # times out after 10 s on Tansu. Skipping it there once left close() hung for over a minute
+        # in a zombie scenario (in librdkafka, after the revoke): it stays, a known 10 s.
+        self.chain.committer.new_generation(self.assignment.partitions)
+        self.chain.fence.publish(self.assignment.partitions)
+        self.health.assigned = len(self.assignment)
+        log.info("assigned %s", sorted(p.partition for p in partitions))
+
+    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Finish what is in flight (within a budget) and commit it before the partitions go. After a
+        stall (the fence is closed) nothing in flight can be written: give them up at once."""
+        if not self.chain.fence.suspect:
+            self._wait_inflight(min(self.shutdown_grace, REVOKE_BUDGET_S))
+        self.chain.committer.commit(sync=True)
+        dropped = self._forget(partitions, lost=False)
+        log.info("revoked %s (dropped %d uncommitted records still batching)",
+                 sorted(p.partition for p in partitions), dropped)
+
+    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Another member may own them already: commit nothing for them."""
+        self._forget(partitions, lost=True)
+        log.warning("lost %s: committing nothing for them", sorted(p.partition for p in partitions))
+
+    def _forget(self, partitions: list[TopicPartition], lost: bool) -> int:
+        """Drop what is batching for ``partitions`` and stop owning them; returns the entries dropped."""
+        tps = {(p.topic, p.partition) for p in partitions}
+        dropped = self.chain.intake.drop(tps)
+        self.held.drop(tps)
+        self.assignment.remove(tps, lost=lost)
+        self.chain.fence.publish(self.assignment.partitions)
+        # Exactly-once: a transaction that checked the ownership before it shrank finishes now; any
+        # later one sees the smaller ownership and leaves these partitions out (worker.steps.writing.sink).
+        self.chain.committer.barrier()
+        self.chain.committer.forget(tps)
+        self.health.assigned = len(self.assignment)
+        return dropped
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self, stop_when_idle: float | None = None) -> RunStats:
+        chain = self.chain
+        self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke,
+                                on_lost=self.on_lost)
+        chain.fence.start()
+        try:
+            while not self.stop.requested:
+                self.health.tick()
+                chain.fence.tick(self._membership_proven)
+                # A full pipeline holds off consuming for ``pause_after`` before it pauses: pausing
+                # drops what librdkafka prefetched, and after a resume the first record came back only
+                # 0.7-0.8 s later (measured on Tansu). Holding serves no callbacks meanwhile.
+                waiting = self._full() or bool(self.held)
+                holding = waiting and not self.assignment.paused
+                self._take([] if holding else self._consume())
+                # A batch past its deadline closes only when the model is free: until then it keeps
+                # growing instead of queueing as many small batches (continuous batching).
+                if chain.model_free():
+                    chain.intake.poll()
+                self._collect(0.02 if holding else 0.0)
+                self.assignment.update_pause(self.consumer, waiting)
+                quiet = not len(chain.intake) and not chain.pipeline.inflight and not self.held
+                if quiet:
+                    self._step_past_markers()
+                chain.committer.tick()
+                if stop_when_idle is not None and self.assignment.idle_for(
+                        stop_when_idle, quiet, self.health.last_kafka_error):
+                    log.info("idle for %.1fs: stopping", stop_when_idle)
+                    break
+            self._drain()
+        except DlqLimitExceeded:
+            # Finish and commit the batches already in flight (all before the bad run), then halt.
+            self._wait_inflight(self.shutdown_grace)
+            chain.committer.commit(sync=True, attempts=5)
+            chain.pipeline.abort(wait=ABORT_WAIT_S)
+            raise
+        except RecordRefused:
+            # The broker refuses a record for good: commit what finished before it, then stop there.
+            chain.pipeline.abort(wait=ABORT_WAIT_S)
+            chain.committer.commit(sync=True, attempts=5)
+            raise
+        except BaseException:
+            chain.pipeline.abort()
+            raise
+        finally:
+            chain.fence.stop()
+            self.consumer.close()
+        return self.stats
+
+    def _membership_proven(self) -> bool:
+        """After a stall: the proof ``worker.core.fence`` asks for before writes resume (same member id,
+        no takeover commit, a commit the group accepts)."""
+        return self.assignment.same_member(self.consumer) and self.chain.committer.membership_holds()
+
+    def _step_past_markers(self) -> None:
+        """With nothing batching, held or in flight, a partition at its end is done up to that end.
+        A transactional producer's input ends in a commit marker that the consumer never hands out,
+        so the offset after the last record stays one short of the end, and lag (KEDA's included)
+        reads 1 on a drained partition forever: store the end itself. Never while the fence is
+        closed (what this member owns is in doubt)."""
+        if self.chain.fence.suspect:
+            return
+        ahead = self.chain.committer.behind(self.assignment.ends_reached())
+        if ahead:
+            self.chain.committer.store(ahead, self.assignment)
+
+    def _consume(self) -> list:
+        """What the consumer holds now, else wait briefly for the first record.
+
+        ``consume(n, timeout)`` blocks until it has ``n`` records *or* the timeout passes, so asking
+        for a chunk with a timeout stalls the loop whenever fewer records are at hand. Take what is
+        there without waiting; only when nothing is, wait for one record."""
+        msgs = self.consumer.consume(self._chunk(), 0)
+        if msgs:
+            return msgs
+        busy = len(self.chain.intake) or self.chain.pipeline.inflight
+        return self.consumer.consume(1, 0.02 if busy else 0.2)
+
+    def _take(self, msgs: list) -> None:
+        good = self.held.take(self.assignment.records(msgs))
+        if not good:
+            return
+        self.stats.arrived()
+        try:
+            self.chain.intake.add(good)
+        except TransientError as exc:  # the schema registry is out: intake took none of them
+            self.held.hold(good, exc)
+            return
+        self.held.taken()
+
+    def _collect(self, timeout: float = 0.0) -> None:
+        """Account for finished batches and store their offsets (only for partitions still ours)."""
+        for batch in self.chain.pipeline.completed(timeout):
+            self.stats.account(batch)
+            self.chain.committer.store(batch.offsets, self.assignment)
+            if self.on_progress:
+                self.on_progress(self.stats)
+
+    def _wait_inflight(self, seconds: float) -> bool:
+        """Collect finished batches until none is in flight or ``seconds`` pass; True when none is.
+        Stops early after a stall (the fence is closed: nothing in flight can be written now)."""
+        pipeline, fence, deadline = self.chain.pipeline, self.chain.fence, time.monotonic() + seconds
+        while pipeline.inflight and not pipeline.aborted and time.monotonic() < deadline:
+            if fence.suspect:
+                break
+            self._collect(timeout=0.1)
+        return pipeline.inflight == 0
+
+    def _chunk(self) -> int:
+        """Records to take in one call: a batch's worth or ``CONSUME_CHUNK``, whichever is more, but
+        no more than the in-flight batches still allowed hold with what is batching (a large chunk
+        would otherwise queue batches past the limit, each record held the longer)."""
+        max_size = self.chain.intake.batcher.max_size
+        room = (self.max_inflight - self.chain.pipeline.inflight) * max_size - len(self.chain.intake)
+        return max(1, min(max(CONSUME_CHUNK, max_size), room))
+
+    def _full(self) -> bool:
+        """As many batches in flight as allowed: consume nothing more for now."""
+        return self.chain.pipeline.inflight >= self.max_inflight
+
+    def _drain(self) -> None:
+        """Shutdown: close the open batch, finish in-flight batches within the grace, commit."""
+        chain = self.chain
+        if len(self.assignment):
+            self.consumer.pause(self.consumer.assignment())
+        chain.intake.flush()
+        if self._wait_inflight(self.shutdown_grace):
+            chain.pipeline.close()
+        else:
+            log.warning("%d batches unfinished after %.0fs grace: not committing them", chain.pipeline.inflight,
+                        self.shutdown_grace)
+            if not chain.pipeline.abort(wait=ABORT_WAIT_S):
+                log.warning("a stage is still inside a step after %.0fs", ABORT_WAIT_S)
+        if chain.committer.commit(sync=True, attempts=10) and len(self.assignment):
+            committed = self.consumer.committed(self.consumer.assignment(), timeout=10)
+            log.info("shutdown: committed %s", {tp.partition: tp.offset for tp in committed})

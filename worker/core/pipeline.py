@@ -1,0 +1,230 @@
+"""Stages on threads of their own, joined by queues: batches go in with ``submit`` and come out of
+``completed`` in the order they went in.
+
+    submit ──▶ [stage 1] ──▶ [stage 2] ──▶ … ──▶ completed()
+
+Which stages there are, and in what order, is decided in one place: ``worker.assembly.chain.build_chain``.
+This module knows no stage by name.
+
+Stages are FIFO and single-threaded, so batches complete in submission order and per-partition
+offsets only move forward. While one batch is in a stage the next one is in the stage before it,
+so the model never waits on I/O.
+
+A stage takes every batch already waiting in its queue as one *group* (dynamic batching): under a
+backlog the model sorts and cuts a larger set of texts by length (less padding) and Milvus gets
+fewer, larger upserts, while at low load a group is a single batch and latency is unchanged. The
+number of batches in flight (the polling thread's limit) bounds a group. Batches still leave a
+stage one by one, in order. A stage that meets a :class:`TransientError` retries the same group
+with capped exponential backoff and jitter (its own clock: one stage's outage does not change
+another's backoff) until it succeeds or the pipeline is aborted; any other exception is a bug and
+is re-raised on the polling thread by ``completed()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from schemas.errors import TransientError
+from worker.core.records import Batch
+from worker.process import metrics
+
+W = TypeVar("W")
+
+log = logging.getLogger(__name__)
+
+def in_turn(*steps: Callable[[W], None]) -> Callable[[W], None]:
+    """Several steps as one stage's work, run one after the other on its thread on the same work (a
+    group, or a model's share of it): steps that must share a thread, like the chunk step and the
+    model, which both use the tokenizer."""
+    def run(work: W) -> None:
+        for step in steps:
+            step(work)
+
+    return run
+
+
+#: A stage's work: process a group of batches (in submission order) in place.
+Step = Callable[[list[Batch]], None]
+
+
+class Aborted(Exception):
+    """The pipeline was aborted while a stage was retrying."""
+
+
+class Stage:
+    """One step of the chain with its own thread, queue, counters and retry state.
+
+    ``backlog`` (batches waiting for or inside this stage) is read from any thread; ``groups`` and
+    ``retries`` are written by the stage's thread only."""
+
+    def __init__(self, name: str, step: Step) -> None:
+        self.name = name
+        self.step = step
+        self.backlog = 0
+        self.groups = 0
+        self.retries = 0
+        #: When the current run of transient failures began (None: not retrying).
+        self.retrying_since: float | None = None
+        self._inbox: queue.Queue[Batch | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def put(self, batch: Batch | None) -> None:
+        """Hand a batch to this stage (``None``: no more batches)."""
+        if batch is not None:
+            with self._lock:
+                self.backlog += 1
+        self._inbox.put(batch)
+
+    def start(self, forward: Callable[[Batch | None], None], abort: threading.Event, backoff_max: float,
+              on_bug: Callable[[BaseException], None]) -> None:
+        self._thread = threading.Thread(target=self._run, args=(forward, abort, backoff_max, on_bug),
+                                        name=self.name, daemon=True)
+        self._thread.start()
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the thread to end; True when it has."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._thread is None or not self._thread.is_alive()
+
+    def _next_group(self) -> tuple[list[Batch], bool]:
+        """Block for one batch, then take those already waiting: ``(group, the end was reached)``."""
+        group: list[Batch] = []
+        item = self._inbox.get()
+        while item is not None:
+            group.append(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return group, False
+        return group, True
+
+    def _run(self, forward: Callable[[Batch | None], None], abort: threading.Event, backoff_max: float,
+             on_bug: Callable[[BaseException], None]) -> None:
+        while True:
+            group, end = self._next_group()
+            try:
+                if group:
+                    self._process(group, abort, backoff_max)
+                    with self._lock:
+                        self.backlog -= len(group)
+                    for batch in group:
+                        forward(batch)
+            except Aborted:
+                return
+            except BaseException as exc:  # a bug: hand it to the polling thread, which crashes
+                on_bug(exc)
+                return
+            if end:
+                forward(None)
+                return
+
+    def _process(self, group: list[Batch], abort: threading.Event, backoff_max: float) -> None:
+        """``step(group)``, retrying :class:`TransientError` with capped exponential backoff + jitter."""
+        delay = 0.1
+        while True:
+            if abort.is_set():
+                raise Aborted()
+            try:
+                self.step(group)
+                self.groups += 1
+                if self.retrying_since is not None:
+                    log.info("%s: recovered after %.1fs", self.name, time.monotonic() - self.retrying_since)
+                    self.retrying_since = None
+                return
+            except TransientError as exc:
+                self.retries += 1
+                metrics.RETRIES.labels(exc.system).inc()
+                if self.retrying_since is None:
+                    self.retrying_since = time.monotonic()
+                log.warning("%s: %s; retrying in %.1fs (nothing committed meanwhile)", self.name, exc, delay)
+                if abort.wait(delay * random.uniform(0.5, 1.0)):
+                    raise Aborted() from None
+                delay = min(delay * 2, backoff_max)
+
+
+class Pipeline:
+    """``submit`` batches, collect them from ``completed``; ``inflight`` counts those in between.
+
+    ``submit``, ``completed``, ``abort`` and ``close`` are called from one thread (the polling
+    thread); the stages run on their own."""
+
+    def __init__(self, stages: list[Stage], backoff_max: float = 10.0,
+                 release: Callable[[], None] | None = None) -> None:
+        if not stages:
+            raise ValueError("a pipeline needs at least one stage")
+        self.stages = stages
+        #: Called once by ``close`` after every stage has stopped (closes what the steps hold).
+        self.release = release
+        self.failure: BaseException | None = None
+        self._abort = threading.Event()
+        self._done: queue.Queue[Batch | None] = queue.Queue()
+        self._inflight = 0
+        for stage, after in zip(stages, [*stages[1:], None]):
+            stage.start(after.put if after is not None else self._done.put, self._abort, backoff_max,
+                        self._on_bug)
+
+    def _on_bug(self, exc: BaseException) -> None:
+        self.failure = exc
+        self._done.put(None)  # wake a waiting ``completed``
+
+    @property
+    def aborted(self) -> bool:
+        return self._abort.is_set()
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    def submit(self, batch: Batch) -> None:
+        self._inflight += 1
+        metrics.INFLIGHT_BATCHES.set(self._inflight)
+        metrics.BATCH_SIZE.observe(len(batch))
+        metrics.BATCH_TOKENS.observe(batch.tokens)
+        self.stages[0].put(batch)
+
+    def completed(self, timeout: float = 0.0) -> list[Batch]:
+        """Batches finished since the last call (waits up to ``timeout`` for the first one).
+
+        Re-raises a stage's unexpected exception."""
+        out: list[Batch] = []
+        try:
+            item = self._done.get(timeout=timeout) if timeout > 0 else self._done.get_nowait()
+            while True:
+                if item is not None:
+                    out.append(item)
+                item = self._done.get_nowait()
+        except queue.Empty:
+            pass
+        self._inflight -= len(out)
+        metrics.INFLIGHT_BATCHES.set(self._inflight)
+        if self.failure is not None:
+            raise self.failure
+        return out
+
+    def abort(self, wait: float = 0.0) -> bool:
+        """Stop the stages as soon as they can; unfinished batches are dropped (never committed).
+
+        Waits up to ``wait`` seconds for the stage threads to end; True when they have. A thread
+        inside a step (the model's forward pass) ends when that call returns: a process that exits
+        while one still runs native code can die in the C++ runtime instead of exiting cleanly."""
+        self._abort.set()
+        for stage in self.stages:  # wake a stage that waits for input, too
+            stage.put(None)
+        deadline = time.monotonic() + wait
+        return all([stage.join(max(0.0, deadline - time.monotonic())) for stage in self.stages])
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Finish what was submitted, then stop the stage threads."""
+        self.stages[0].put(None)
+        stopped = all([stage.join(timeout) for stage in self.stages])
+        if self.release is not None and stopped:
+            release, self.release = self.release, None
+            release()

@@ -1,0 +1,180 @@
+"""What travels through the worker: one entry per input record, and batches that carry their offsets.
+
+Every consumed record becomes exactly one entry — :class:`Item` (to embed), :class:`Delete`
+(a tombstone) or :class:`DeadLetter` (can never succeed) — and every entry rides in a batch with
+its partition and offset, so a batch knows, per partition, the next offset to commit once it is
+done (arroyo's habit: offsets travel with the data; only the commit step turns them into commits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import unicodedata
+from dataclasses import dataclass, field
+
+import numpy as np
+
+TopicPartitionKey = tuple[str, int]
+
+
+def normalise_text(text: str) -> str:
+    """The text the model sees and the cache key hashes: Unicode NFC, outer whitespace stripped."""
+    return unicodedata.normalize("NFC", text).strip()
+
+
+def content_hash(text: str) -> str:
+    """sha256 (hex) of a normalised text: the cache key's suffix and the ``content_hash`` field."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(slots=True)
+class Source:
+    """Where a record came from."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None = None
+
+    @property
+    def tp(self) -> TopicPartitionKey:
+        return (self.topic, self.partition)
+
+
+@dataclass(slots=True)
+class Chunk:
+    """A window of a document's text that the model takes whole: ``text == doc.text[start:end]``.
+    ``vector`` and ``cached`` are filled by the embed step; ``hash`` is its cache key's suffix."""
+
+    index: int
+    start: int
+    end: int
+    text: str
+    hash: str
+    vector: np.ndarray | None = None
+    cached: bool = False
+
+
+@dataclass(slots=True)
+class Item:
+    """A document to embed: split into ``chunks`` by the chunk step (one chunk when it fits the
+    model), whose vectors the embed step fills."""
+
+    source: Source
+    id: str
+    text: str
+    hash: str
+    tokens: int
+    metadata: dict[str, str]
+    chunks: list[Chunk] = field(default_factory=list)
+    #: Written nowhere: Milvus already held a newer version of this id (``worker.steps.writing.versions``).
+    superseded: bool = False
+    #: The original key, value and headers, kept only for a text long enough that it might yield
+    #: too many chunks (the chunk step then dead-letters it whole), or a record large enough that its
+    #: output might not fit the output topic (the sink then dead-letters it).
+    original: tuple[bytes | None, bytes | None, list | None] | None = None
+    #: The name of the model that embeds it (``worker.embedding.models``; "" when the worker runs one).
+    model: str = ""
+
+
+@dataclass(slots=True)
+class Delete:
+    """A tombstone: delete ``id`` from Milvus and forward a tombstone to the output topic."""
+
+    source: Source
+    id: str
+    #: Written nowhere: Milvus already held a newer version of this id (``worker.steps.writing.versions``).
+    superseded: bool = False
+
+
+@dataclass(slots=True)
+class DeadLetter:
+    """A record that can never succeed, with the original bytes and the reason (contract DLQ headers)."""
+
+    source: Source
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] | None
+    reason: str
+    message: str
+
+
+Entry = Item | Delete | DeadLetter
+
+
+def entry_size(entry: Item | Delete | DeadLetter) -> int:
+    """Approximate bytes an entry holds: its text or original value."""
+    if isinstance(entry, Item):
+        return len(entry.text)
+    if isinstance(entry, DeadLetter):
+        return len(entry.value or b"")
+    return 0
+
+
+@dataclass
+class Batch:
+    """Entries in consumption order, plus the next offset to commit per partition they touched."""
+
+    entries: list[Entry] = field(default_factory=list)
+    offsets: dict[TopicPartitionKey, int] = field(default_factory=dict)
+    tokens: int = 0
+    #: Bytes of the record values in the batch (bounds the memory a batch holds).
+    size: int = 0
+    opened_at: float = field(default_factory=time.monotonic)
+    #: Vectors computed by the models for this batch, by model name, then chunk hash (written back
+    #: to each model's cache).
+    fresh: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    #: Its output and dead-letter records were acknowledged (a retry for Milvus skips them).
+    delivered: bool = False
+    #: Partitions whose entries the sink left unwritten: this member no longer owns them.
+    fenced: set[TopicPartitionKey] = field(default_factory=set)
+
+    def add(self, entry: Entry) -> None:
+        self.entries.append(entry)
+        src = entry.source
+        self.offsets[src.tp] = max(self.offsets.get(src.tp, 0), src.offset + 1)
+        if isinstance(entry, Item):
+            self.tokens += entry.tokens
+        self.size += entry_size(entry)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def items(self) -> list[Item]:
+        return [e for e in self.entries if isinstance(e, Item)]
+
+
+@dataclass
+class Share:
+    """One model's part of a group (:func:`split_by_model`): its items, each with the batch and the
+    position it sits at (a step may put a dead letter in its place), and the whole group (whose
+    batches hold the model's fresh vectors)."""
+
+    model: str
+    group: list[Batch]
+    places: list[tuple[Batch, int, Item]] = field(default_factory=list)
+
+    @property
+    def items(self) -> list[Item]:
+        return [it for _, _, it in self.places]
+
+
+def split_by_model(group: list[Batch]) -> dict[str, Share]:
+    """The group's items by model (``Item.model``), in one pass: each model's steps see only their
+    share. A model without items in the group has no share."""
+    shares: dict[str, Share] = {}
+    for batch in group:
+        for pos, e in enumerate(batch.entries):
+            if isinstance(e, Item):
+                share = shares.get(e.model)
+                if share is None:
+                    share = shares[e.model] = Share(e.model, group)
+                share.places.append((batch, pos, e))
+    return shares
+
+
+def share_of(group: list[Batch], model: str = "") -> Share:
+    """``model``'s share of ``group`` (empty when the group has no items of it)."""
+    return split_by_model(group).get(model) or Share(model, group)

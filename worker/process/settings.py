@@ -1,0 +1,287 @@
+"""The worker's settings: one typed object, validated once at start-up.
+
+Values come from ``EMBEDSTREAM_*`` environment variables, overridden by command-line flags of the
+same name (the CLI is the only place that reads the environment). Any librdkafka property passes
+through as ``EMBEDSTREAM_KAFKA__<property with dots as _>``; :func:`kafka_passthrough` collects
+those, and :meth:`Settings.kafka_common` builds the librdkafka dict in this one place.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+KAFKA_PREFIX = "EMBEDSTREAM_KAFKA__"
+#: librdkafka properties whose values are never logged.
+SECRET_KAFKA_KEYS = ("sasl.password", "sasl.oauthbearer.client.secret", "ssl.key.password", "ssl.key.pem")
+#: SchemaRegistryClient properties whose values are never logged.
+SECRET_REGISTRY_KEYS = ("basic.auth.user.info", "bearer.auth.token", "bearer.auth.client.secret", "ssl.key.password")
+
+
+REGISTRY_PREFIX = "EMBEDSTREAM_SCHEMA_REGISTRY__"
+
+
+def passthrough(prefix: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Client properties given as ``<prefix>SASL_MECHANISM=...`` → ``{"sasl.mechanism": ...}``."""
+    environ = os.environ if environ is None else environ
+    return {
+        key[len(prefix) :].lower().replace("_", "."): value
+        for key, value in environ.items()
+        if key.startswith(prefix) and len(key) > len(prefix)
+    }
+
+
+def kafka_passthrough(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """librdkafka properties given as ``EMBEDSTREAM_KAFKA__SASL_MECHANISM=...`` → ``{"sasl.mechanism": ...}``."""
+    return passthrough(KAFKA_PREFIX, environ)
+
+
+def setting(default: Any = None, description: str = "", *, flag: bool = False, **constraints: Any) -> Any:
+    """One setting's declaration: its default, what it means (the ``--help`` of its flag and the
+    README's table read it here), ``flag``: whether commands take it as ``--<name>`` too
+    (``worker.commands.options.with_settings``), and pydantic's constraints (``ge``, ``repr``, ...)."""
+    extra: Any = {"flag": True} if flag else None
+    if default is dict:  # a fresh dict for each Settings
+        return Field(default_factory=dict, description=description, json_schema_extra=extra, **constraints)
+    return Field(default, description=description, json_schema_extra=extra, **constraints)
+
+
+class KafkaSettings(BaseModel):
+    """The brokers, the three topics and the consumer group."""
+
+    kafka_bootstrap_servers: str | None = setting(None, "Kafka brokers, host:port[,...]", flag=True)
+    input_topic: str = setting("documents", "Topic of documents", flag=True)
+    output_topic: str = setting("embeddings", "Topic of embeddings", flag=True)
+    dlq_topic: str = setting("documents.dlq", "Dead-letter topic", flag=True)
+    group_id: str = setting("embedstream", "Consumer group of the workers", flag=True)
+    group_instance_id: str | None = setting(None, "Static membership id, e.g. the pod name", flag=True)
+    # repr=False: the passthrough may hold secrets (sasl.password); redacted() shows it masked.
+    kafka: dict[str, str] = setting(dict, "librdkafka passthrough properties (EMBEDSTREAM_KAFKA__<NAME>)",
+                                    repr=False)
+    kafka_timeout_seconds: float = setting(30.0, "deadline for delivery confirmation", gt=0)
+
+
+class DeliverySettings(BaseModel):
+    """How a group of batches becomes durable, when offsets are committed, when bad input halts."""
+
+    delivery: Literal["at-least-once", "exactly-once"] = setting(
+        "at-least-once", "at-least-once|exactly-once; exactly-once commits each group of batches' output and DLQ "
+                         "records with their input offsets in one Kafka transaction (its transactional.id is "
+                         "embedstream-<group>-<group instance id, else host-pid>)", flag=True)
+    commit_interval_ms: int = setting(1000, "0 = commit synchronously after every batch", ge=0)
+    dlq_max_consecutive: int = setting(1000, "halt after this many dead-lettered records in a row", ge=1)
+    dlq_max_ratio: float = setting(0.9, "halt when more of the last window is dead-lettered", gt=0, le=1)
+    dlq_ratio_window: int = setting(1000, "records in the window of the ratio", ge=10)
+
+
+class RecordSettings(BaseModel):
+    """What input records look like and how output records are written."""
+
+    # repr=False: a URL may carry user:password@; redacted() masks it.
+    schema_registry_url: str | None = setting(
+        None, "Schema registry URL (reads registry-framed Avro; comma-separated URLs are tried in turn)",
+        flag=True, repr=False)
+    # repr=False: credentials (basic.auth.user.info, bearer.auth.token); redacted() masks them.
+    schema_registry: dict[str, str] = setting(
+        dict, "SchemaRegistryClient properties, given as EMBEDSTREAM_SCHEMA_REGISTRY__<property with dots as _>",
+        repr=False)
+    output_format: Literal["avro", "avro-registry", "json"] = setting(
+        "avro", "avro|avro-registry|json: output topic values", flag=True)
+    key_field: str | None = setting(
+        None, "Field of a structured record key (JSON or registry Avro) that holds the document id", flag=True)
+    max_text_bytes: int = setting(1_000_000, "hard limit on a record's value; larger records are dead-lettered",
+                                  ge=16)
+
+
+class ModelSettings(BaseModel):
+    """The model (or the set of models) and how it runs."""
+
+    model: str | None = setting(None, "sentence-transformers model path or name (default: the packaged "
+                                      "all-MiniLM-L6-v2)", flag=True)
+    precision: Literal["auto", "fp32", "fp16", "bf16", "int8"] = setting(
+        "auto", "auto|fp32|fp16|bf16|int8; auto = fp16 on CUDA; on CPUs with VNNI int8 by OpenVINO where it is "
+                "installed (embedstream[int8]), else bf16 on CPUs with avx512_bf16/AMX, else int8 by onnxruntime "
+                "on CPUs with VNNI, else fp32; int8 = the model quantized once (OpenVINO, else onnxruntime) and "
+                "cached on disk, on CPUs", flag=True)
+    device: Literal["auto", "cpu", "cuda"] = setting("auto", "auto|cpu|cuda", flag=True)
+    # None: the model's own prompts (sentence-transformers' encode_document / encode_query); "": none.
+    document_prompt: str | None = setting(
+        None, "Text put before each document (\"\" = none; default: the model's document prompt)", flag=True)
+    query_prompt: str | None = setting(
+        None, "Text put before each search query (\"\" = none; default: the model's query prompt)", flag=True)
+    truncate_dim: int | None = setting(
+        None, "Keep the first N dimensions of each vector (Matryoshka models), renormalised (default: all)",
+        flag=True, ge=1)
+    models: str | None = setting(
+        None, "A set of models by name: JSON, or the path of a YAML/JSON file; a record's model field picks one "
+              "(default: one model, EMBEDSTREAM_MODEL)", flag=True)
+    model_memory_mb: int | None = setting(
+        None, "MB of model weights held at once; the least recently used model is unloaded (default: no limit)",
+        flag=True, ge=1)
+
+
+class ChunkingSettings(BaseModel):
+    """How long texts are cut into chunks the model takes whole."""
+
+    chunking: Literal["tokens", "off"] = setting(
+        "tokens", "tokens: split long texts into windows the model takes whole; off: truncate (counted)",
+        flag=True)
+    chunk_tokens: int | None = setting(
+        None, "tokens per chunk (default: the model's max length minus its special tokens)", flag=True, ge=8)
+    chunk_overlap: int = setting(32, "tokens shared by consecutive chunks", flag=True, ge=0)
+    max_chunks: int = setting(512, "a text that would yield more chunks is dead-lettered", flag=True, ge=1)
+
+
+class BatchingSettings(BaseModel):
+    """When a batch closes, and how many may be in flight."""
+
+    max_batch_size: int = setting(256, "Close a batch at this many records", flag=True, ge=1, le=100_000)
+    max_batch_tokens: int = setting(32_768, "Close a batch at this many tokens", flag=True, ge=16)
+    max_batch_wait_ms: int = setting(100, "Close a batch when its oldest record waited this many milliseconds",
+                                     flag=True, ge=0)
+    max_batch_bytes: int = setting(16 * 1024 * 1024, "close a batch at this many bytes of text", ge=1024)
+    max_inflight_batches: int = setting(
+        8, "batches queued or running, for each model served, before partitions pause", flag=True, ge=1)
+
+
+class CacheSettings(BaseModel):
+    """The Redis cache of vectors by content hash."""
+
+    redis_url: SecretStr | None = setting(None, "Redis for the embedding cache; unset = no cache", flag=True)
+    cache_ttl_seconds: int = setting(7 * 24 * 3600, "Cache entry lifetime in seconds", flag=True, ge=1)
+    redis_timeout_ms: int = setting(150, "a lookup slower than this is a miss", ge=1)
+
+
+class MilvusSettings(BaseModel):
+    """The Milvus server, the collection family and the alias readers query (``worker.assembly.naming``)."""
+
+    milvus_uri: str | None = setting(None, "Milvus server, e.g. http://host:19530", flag=True)
+    milvus_token: SecretStr | None = setting(None, "Milvus token (user:password or an API key)")
+    milvus_collection: str = setting(
+        "embeddings", "Milvus collection name: each model writes <name>__<model>_<version> behind the alias",
+        flag=True)
+    milvus_alias: str | None = setting(
+        None, "Milvus alias that readers query and `migrate` moves (default: the collection name)", flag=True)
+    milvus_timeout_seconds: float = setting(10.0, "deadline of each Milvus call", gt=0)
+
+
+class OperationsSettings(BaseModel):
+    """The process: metrics, processes, shutdown, health, retries, logs."""
+
+    metrics_port: int = setting(9400, "Port of /metrics, /healthz, /readyz; 0 = off", flag=True, ge=0, le=65535)
+    processes: int = setting(
+        1, "Worker processes of the group to start here, e.g. several on one GPU; process i serves its metrics "
+           "on the metrics port + i and, with a static member id, joins as <id>-<i>", flag=True, ge=1, le=64)
+    shutdown_grace_seconds: float = setting(30.0, "time in-flight batches get to finish at a stop", gt=0)
+    healthz_max_tick_age_seconds: float = setting(60.0, "/healthz fails when the loop is older", gt=0)
+    retry_backoff_max_seconds: float = setting(10.0, "longest wait between retries of a stage", gt=0)
+    log_format: Literal["text", "json"] = setting("text", "text|json", flag=True)
+    log_level: str = setting("INFO", "DEBUG|INFO|WARNING|ERROR", flag=True)
+
+
+#: The sections, in the order the README and ``--help`` show them.
+SECTIONS: tuple[type[BaseModel], ...] = (KafkaSettings, DeliverySettings, RecordSettings, ModelSettings,
+                                         ChunkingSettings, BatchingSettings, CacheSettings, MilvusSettings,
+                                         OperationsSettings)
+
+S = TypeVar("S", bound=BaseModel)
+
+
+# The sections in reverse: pydantic collects the fields of the last base first, so they come out in
+# the order of SECTIONS.
+class Settings(BaseSettings, OperationsSettings, MilvusSettings, CacheSettings, BatchingSettings, ChunkingSettings,
+               ModelSettings, RecordSettings, DeliverySettings, KafkaSettings):
+    """Everything the worker and the CLI commands need, with the contract's names and defaults: the
+    sections above, each setting declared once there and read from ``EMBEDSTREAM_<NAME>``. A part of
+    the chain is handed only its own section (:meth:`section`)."""
+
+    model_config = SettingsConfigDict(env_prefix="EMBEDSTREAM_", extra="ignore", validate_default=True)
+
+    def section(self, kind: type[S]) -> S:
+        """This section's settings alone (already validated: not checked again)."""
+        return kind.model_construct(**{name: getattr(self, name) for name in kind.model_fields})
+
+    @field_validator("kafka_bootstrap_servers", "redis_url", "milvus_uri", "model", "schema_registry_url",
+                     "key_field", "models", "milvus_alias", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, v):
+        return None if isinstance(v, str) and not v.strip() else v
+
+    @model_validator(mode="after")
+    def _topics_differ(self) -> Settings:
+        if len({self.input_topic, self.output_topic, self.dlq_topic}) != 3:
+            raise ValueError(
+                "EMBEDSTREAM_INPUT_TOPIC, EMBEDSTREAM_OUTPUT_TOPIC and EMBEDSTREAM_DLQ_TOPIC must be "
+                f"three different topics (got {self.input_topic!r}, {self.output_topic!r}, {self.dlq_topic!r})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _registry_for_output(self) -> Settings:
+        if self.output_format == "avro-registry" and self.schema_registry_url is None:
+            raise ValueError("EMBEDSTREAM_OUTPUT_FORMAT=avro-registry registers the output schema in a schema "
+                             "registry: set EMBEDSTREAM_SCHEMA_REGISTRY_URL too (or use avro or json)")
+        return self
+
+    def require(self, *names: str) -> None:
+        """Raise ``ValueError`` naming the environment variable of each setting in ``names`` that is unset."""
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            envs = ", ".join(f"EMBEDSTREAM_{n.upper()} (or --{n.replace('_', '-')})" for n in missing)
+            raise ValueError(f"missing setting: {envs}. `embedstream dev env` prints values for the local stack.")
+
+    def kafka_common(self) -> dict[str, str]:
+        """librdkafka properties shared by every client: bootstrap servers plus the passthrough."""
+        self.require("kafka_bootstrap_servers")
+        return {"bootstrap.servers": str(self.kafka_bootstrap_servers), **self.kafka}
+
+    def environment(self) -> dict[str, str]:
+        """The ``EMBEDSTREAM_*`` variables that make another process load these same settings
+        (secrets included: hand them to a child process, never to a log)."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is None or name in ("kafka", "schema_registry"):
+                continue
+            if hasattr(value, "get_secret_value"):
+                value = value.get_secret_value()
+            env[f"EMBEDSTREAM_{name.upper()}"] = str(value)
+        for prefix, props in ((KAFKA_PREFIX, self.kafka), (REGISTRY_PREFIX, self.schema_registry)):
+            for prop, value in props.items():
+                env[prefix + prop.replace(".", "_").upper()] = str(value)
+        return env
+
+    def redacted(self) -> dict[str, object]:
+        """The settings as a dict safe to log: secrets and secret librdkafka properties masked."""
+        out = self.model_dump()
+        for key in ("redis_url", "milvus_token"):
+            if out.get(key) is not None:
+                out[key] = "***"
+        out["kafka"] = {k: ("***" if k in SECRET_KAFKA_KEYS else v) for k, v in self.kafka.items()}
+        out["schema_registry"] = {k: ("***" if k in SECRET_REGISTRY_KEYS else v)
+                                  for k, v in self.schema_registry.items()}
+        if self.schema_registry_url:
+            from connectors.registry import without_userinfo  # the client library loads only when asked
+
+            out["schema_registry_url"] = without_userinfo(self.schema_registry_url)
+        return out
+
+
+def load_settings(overrides: Mapping[str, object] | None = None) -> Settings:
+    """Build :class:`Settings` from the environment, then ``overrides`` (flags) where not None.
+
+    Raises ``pydantic.ValidationError`` with the offending names when a value is invalid."""
+    given: dict[str, Any] = {k: v for k, v in (overrides or {}).items() if v is not None}
+    given.setdefault("kafka", kafka_passthrough())
+    given.setdefault("schema_registry", passthrough(REGISTRY_PREFIX))
+    return Settings(**given)
+
+
+def cache_home() -> Path:
+    """The user's cache directory (``$XDG_CACHE_HOME``, else ``~/.cache``): where files the worker
+    derives from its model once (the int8 export) are kept between starts."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")

@@ -1,0 +1,83 @@
+"""Turn a consumed Kafka message into one entry: Item, Delete or DeadLetter.
+
+Runs on the polling thread, so it does only cheap checks; the size limit is enforced on the raw
+bytes before anything is decoded or tokenised, so a 50 MB value costs one ``len``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from connectors.registry import SchemaRegistry, schema_id
+from schemas.codec import DecodeError, Tombstone, decode_document
+from worker.core.records import DeadLetter, Delete, Entry, Item, Source, content_hash, normalise_text
+
+#: Milvus VARCHAR primary key limit (bytes) of the collection this worker creates.
+MAX_ID_BYTES = 512
+
+
+class Validator:
+    """``validate(msg)`` → an :class:`Entry`; never raises for any message content.
+
+    ``resolve_model(name)`` names the model of the worker's set that serves a record's ``model`` field
+    (None: none does).
+    Token counts are filled later, per consumed chunk, by the caller (one tokenizer call).
+    """
+
+    def __init__(self, max_bytes: int, resolve_model: Callable[[str | None], str | None],
+                 keep_original: Callable[[int], bool] = lambda chars: False, *,
+                 registry: SchemaRegistry | None = None, key_field: str | None = None,
+                 keep_large: int | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.resolve_model = resolve_model
+        #: Reads registry-framed keys and values; None: no registry configured.
+        self.registry = registry
+        self.key_field = key_field
+        #: Whether a text of so many characters might be dead-lettered later (too many chunks):
+        #: its item then keeps the original record.
+        self.keep_original = keep_original
+        #: Bytes of key and value past which a record's output might be over the output topic's
+        #: limit (``worker.steps.writing.fit.output_room``): its item then keeps the original record too.
+        self.keep_large = keep_large
+
+    def resolve_schemas(self, msgs: list) -> None:
+        """Look up the writer schemas of the framed records in ``msgs`` that the registry has not
+        answered for yet, so that ``validate`` never waits on the network. Raises
+        ``TransientError`` while the registry is out (the caller holds ``msgs`` and retries)."""
+        if self.registry is None:
+            return
+        self.registry.resolve({sid for m in msgs for data in (m.key(), m.value())
+                               if (sid := schema_id(data)) is not None})
+
+    def validate(self, msg) -> Entry:
+        ts_type, ts = msg.timestamp()
+        source = Source(msg.topic(), msg.partition(), msg.offset(), ts if ts_type and ts > 0 else None)
+        key, value = msg.key(), msg.value()
+        if value is not None and len(value) > self.max_bytes:
+            return _dead(source, msg, "text_too_long", f"value is {len(value):,} bytes, over the limit of "
+                                                       f"{self.max_bytes:,} (EMBEDSTREAM_MAX_TEXT_BYTES)")
+        try:
+            doc = decode_document(key, value, framed=self.registry, key_field=self.key_field)
+        except DecodeError as exc:
+            return _dead(source, msg, exc.reason, exc.message)
+        if len(doc.id.encode("utf-8")) > MAX_ID_BYTES:
+            return _dead(source, msg, "id_too_long", f"document id is over {MAX_ID_BYTES} bytes")
+        if isinstance(doc, Tombstone):
+            return Delete(source, doc.id)
+        model = self.resolve_model(doc.model)
+        if model is None:
+            return _dead(source, msg, "unknown_model",
+                         f"record asks for model {doc.model!r}, which this worker does not serve")
+        text = normalise_text(doc.text)
+        if not text:
+            return _dead(source, msg, "empty_text", "text is empty (or only whitespace)")
+        item = Item(source, doc.id, text, content_hash(text), 0, doc.metadata, model=model)
+        if self.keep_original(len(text)) or (self.keep_large is not None
+                                             and len(value) + len(key or b"") > self.keep_large):
+            item.original = (key, value, msg.headers())
+        return item
+
+
+def _dead(source: Source, msg, reason: str, message: str) -> DeadLetter:
+    """The dead letter of ``msg``: its key, value and headers as they came, and why."""
+    return DeadLetter(source, msg.key(), msg.value(), msg.headers(), reason, message)
