@@ -25,6 +25,7 @@ from tests.helpers import (
     documents_in_milvus,
     fresh_settings,
     min_cosine_to_direct_encode,
+    read_topic,
     run_cli,
     settings_env,
 )
@@ -107,12 +108,15 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
 
     for i in range(200):
         put(i, texts[i])
+    for k in range(3):  # records that can never succeed: dead-lettered once, by the live worker
+        producer.produce(s.input_topic, key=f"bad{k}", value=b"not a document {")
     producer.flush(30)
     # The deployment in use: the packaged model, writing behind the alias it creates.
     build_worker(s, embedder=model).run(stop_when_idle=2)
     store = MilvusAdmin(s.milvus_uri, s.milvus_collection, timeout=30)
     old_collection = store.alias_target(s.milvus_collection)
     assert old_collection is not None and old_collection != new_collection
+    assert len(read_topic(s, s.dlq_topic, expect=3)) == 3
 
     env = {**settings_env(s), "COLUMNS": "200"}  # long names on one line each
     dry = run_cli(["migrate", "--model", new_path, "--dry-run"], env, timeout=180)
@@ -178,6 +182,8 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
     assert models == {new.model_id}
     # every chunk holds the new model's vector of its span of the newest text
     assert min_cosine_to_direct_encode(new, docs, expected) > cosine_floor(new.precision)
+    # the backfill read the three bad records again and skipped them: the DLQ holds each once
+    assert sorted(m.key() for m in read_topic(s, s.dlq_topic, expect=3)) == [b"bad0", b"bad1", b"bad2"]
 
     again = run_cli(["migrate", "--model", new_path, "--drop-old"], env, timeout=180)
     assert again.returncode == 0, again.stderr

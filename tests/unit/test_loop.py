@@ -3,16 +3,16 @@ pauses, what a revoke, a lost partition and a tripped breaker leave committed.""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import pytest
 
 from schemas.codec import Document, encode_document
-from worker.core.loop import Chain
 from worker.core.assignment import Assignment
 from worker.core.fence import Fence, FenceClosed
-from worker.core.loop import Worker
+from worker.core.loop import Chain, Worker
 from worker.core.offsets import OffsetCommitter
 from worker.core.pipeline import Pipeline, Stage
 from worker.core.records import DeadLetter
@@ -52,6 +52,14 @@ def test_drains_every_partition_and_commits_the_next_offsets():
     stats = _worker(consumer).run(stop_when_idle=0.1)
     assert stats.embedded == 42 and stats.dead_lettered == 0
     assert consumer.committed_offsets == {0: 35, 1: 7} and consumer.closed
+
+
+def test_the_shutdown_line_shows_real_offsets_never_the_invalid_one(caplog):
+    consumer = FakeConsumer({0: _records(0, 5), 1: []})  # partition 1 never gets a record to commit
+    with caplog.at_level(logging.INFO, logger="worker.core.loop"):
+        _worker(consumer).run(stop_when_idle=0.1)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("shutdown: committed"))
+    assert line == "shutdown: committed {0: 5}; nothing yet for partitions [1]" and "-1001" not in line
 
 
 def test_a_drained_partition_is_committed_up_to_its_end_past_a_commit_marker():

@@ -31,13 +31,13 @@ def _store(client) -> MilvusStore:
 
 
 def _sink(client, producer, fence: Fence | None = None, limits: TopicLimits | None = None,
-          dead_lettered=lambda reason, message: None) -> SinkStep:
+          dead_lettered=lambda reason, message: None, dead_letters: bool = True) -> SinkStep:
     if fence is None:
         fence = Fence(lease_s=60)
         fence.publish({("docs", p) for p in range(4)})
     return SinkStep({"": ModelTarget(_store(client), "m", 4)}, at_least_once(producer=producer), fence=fence,
                     guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
-                    delivery_timeout_s=5, limits=limits, dead_lettered=dead_lettered)
+                    delivery_timeout_s=5, limits=limits, dead_lettered=dead_lettered, dead_letters=dead_letters)
 
 
 def test_sink_upserts_never_inserts_and_dedupes_last_wins():
@@ -103,6 +103,20 @@ def test_failed_delivery_fails_the_batch():
     batch.add(_item("a", 0, 0.1))
     with pytest.raises(TransientError):
         _sink(RecordingMilvusClient(), RecordingProducer(fail=KafkaError(KafkaError._TRANSPORT))).process([batch])
+
+
+def test_a_backfill_skips_dead_letters_and_still_commits_past_them():
+    """A migration's backfill re-reads what the live worker dead-lettered: it writes them nowhere
+    (not a second time to the DLQ) and its offsets still move past them."""
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), DeadLetter(Source("docs", 0, 1), b"k", b"\x00bad", None, "decode_error", "boom"),
+              _item("c", 2, 0.3)):
+        batch.add(e)
+    producer = RecordingProducer()
+    sink = _sink(RecordingMilvusClient(), producer, dead_letters=False)
+    sink.process([batch])
+    assert [(t, k) for t, k, _, _ in producer.records] == [("embeddings", b"a"), ("embeddings", b"c")]
+    assert sink.written_offsets([batch]) == {("docs", 0): 3}
 
 
 def test_dead_letters_keep_original_bytes_and_get_contract_headers():

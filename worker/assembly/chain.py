@@ -83,11 +83,12 @@ def embed_by_model(steps: dict[str, Callable[[Share], None]],
 def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: ModelSet,
                 caches: dict[str, RedisCache | None], stores: dict[str, MilvusStore], fence: Fence,
                 topic_ids: dict[str, str], registry: SchemaRegistry | None = None,
-                limits: TopicLimits | None = None) -> Chain:
+                limits: TopicLimits | None = None, dead_letters: bool = True) -> Chain:
     """Every step, in the order a record meets it (the pipeline is built first only because intake
     hands its batches to it), each given its own section of the settings. ``models``, ``caches`` and
     ``stores`` are by model name; ``delivery`` makes the sink's groups and their offsets durable
-    (``worker.core.delivery``); ``limits``: the largest record the output and DLQ topics take."""
+    (``worker.core.delivery``); ``limits``: the largest record the output and DLQ topics take;
+    ``dead_letters=False`` writes no dead letter (a migration's backfill: the live worker wrote them)."""
     handles = models.handles
     limits = limits or TopicLimits()
     topics, records, durable = s.section(KafkaSettings), s.section(RecordSettings), s.section(DeliverySettings)
@@ -100,7 +101,7 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
                     guard=VersionGuard(topic_ids), output_topic=topics.output_topic, dlq_topic=topics.dlq_topic,
                     delivery_timeout_s=topics.kafka_timeout_seconds,
                     output=output_format(records.output_format, topics.output_topic, registry), limits=limits,
-                    dead_lettered=breaker.record_late)
+                    dead_lettered=breaker.record_late, dead_letters=dead_letters)
     chunking = s.section(ChunkingSettings)
     chunkers = {n: chunker_for(chunking, m, breaker.record_late) for n, m in handles.items()}
     # Past this many characters a text may make too many chunks for some model: its record is kept.

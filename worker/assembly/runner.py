@@ -218,10 +218,12 @@ def topic_limits(s: Settings) -> TopicLimits:
 
 def build_worker(settings: Settings, embedder: Embedder | None = None,
                  on_progress: Callable[[RunStats], None] | None = None,
-                 store_factory: Callable[[Settings, str], MilvusStore] | None = None) -> Worker:
+                 store_factory: Callable[[Settings, str], MilvusStore] | None = None,
+                 dead_letters: bool = True) -> Worker:
     """Check the settings against the real systems, open them, and assemble the worker around the
     chain of ``worker.assembly.chain.build_chain``. ``store_factory(settings, collection)`` stands in for
-    Milvus (the bench's instant sink). Raises ConfigError."""
+    Milvus (the bench's instant sink); ``dead_letters=False``: records that cannot succeed are skipped,
+    not written to the DLQ topic (a migration's backfill). Raises ConfigError."""
     s = settings
     try:
         s.require("kafka_bootstrap_servers", "milvus_uri")
@@ -257,7 +259,8 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
         "statistics.interval.ms": 5000, "stats_cb": metrics.record_lag_from_stats,
         "error_cb": health.on_kafka_error})
     chain = build_chain(s, consumer, open_delivery(s, consumer, delivery_timeout_s), models, caches, stores, fence,
-                        topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s), topic_limits(s))
+                        topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s), topic_limits(s),
+                        dead_letters=dead_letters)
     max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
     # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without
     # partitions waits two session timeouts (a rejoin) before it counts as idle.

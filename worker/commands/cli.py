@@ -278,9 +278,8 @@ def run(
     producer was fenced; 5 the broker refused a record for good (the line says which and what to set).
     """
     from connectors.transactions import TransactionsFailed
-    from schemas.errors import RecordRefused
+    from schemas.errors import DlqLimitExceeded, RecordRefused
     from worker.assembly.runner import build_worker, setup_logging
-    from schemas.errors import DlqLimitExceeded
 
     s = settings_or_exit(overrides)
     setup_logging(s)

@@ -185,7 +185,8 @@ class Backfill:
     def __init__(self, settings: Settings) -> None:
         from worker.assembly.runner import build_worker
 
-        self.worker = build_worker(settings)
+        # The live worker dead-lettered the records that cannot succeed already: not twice.
+        self.worker = build_worker(settings, dead_letters=False)
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="backfill", daemon=True)
 

@@ -305,4 +305,8 @@ class Worker:
                 log.warning("a stage is still inside a step after %.0fs", ABORT_WAIT_S)
         if chain.committer.commit(sync=True, attempts=10) and len(self.assignment):
             committed = self.consumer.committed(self.consumer.assignment(), timeout=10)
-            log.info("shutdown: committed %s", {tp.partition: tp.offset for tp in committed})
+            # A partition the group never committed reads back as OFFSET_INVALID (-1001): not an offset.
+            done = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+            never = sorted(tp.partition for tp in committed if tp.offset < 0)
+            log.info("shutdown: committed %s%s", done or "nothing",
+                     f"; nothing yet for partitions {never}" if never else "")

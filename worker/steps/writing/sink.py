@@ -97,8 +97,12 @@ class SinkStep:
     def __init__(self, targets: dict[str, ModelTarget], delivery: Delivery, *, fence: Fence,
                  guard: VersionGuard, output_topic: str, dlq_topic: str, delivery_timeout_s: float,
                  limits: TopicLimits | None = None, output: OutputFormat | None = None,
-                 dead_lettered: Callable[[str, str], None] = lambda reason, message: None) -> None:
+                 dead_lettered: Callable[[str, str], None] = lambda reason, message: None,
+                 dead_letters: bool = True) -> None:
         self.targets = targets
+        #: Whether dead letters are written to the DLQ topic (a migration's backfill re-reads records
+        #: the live worker dead-lettered already: it skips them, writing them nowhere).
+        self.dead_letters = dead_letters
         #: Told of each dead letter made here (``DlqLimit.record_late``: the breaker counts it).
         self.dead_lettered = dead_lettered
         #: A tombstone's ``embedstream.model`` header: the model when there is one, else every one.
@@ -187,7 +191,7 @@ class SinkStep:
                     delivery.produce(self.output_topic, key, encoded, target.headers[ch.cached])
             elif isinstance(e, Delete):
                 delivery.produce(self.output_topic, e.id.encode(), None, [("embedstream.model", self._delete_header)])
-            else:
+            elif self.dead_letters:
                 dlq_key, value, headers = dead_letter_record(e, self.limits.dlq)
                 delivery.produce(self.dlq_topic, dlq_key, value, headers, what=f"the dead letter ({e.reason}) of "
                                  f"{e.source.topic} partition {e.source.partition} offset {e.source.offset}")
