@@ -110,6 +110,7 @@ def test_bench_cpu_prints_each_run_and_its_threads(tmp_path):
     assert "warm-up" in res.stdout
     assert {k: set(v) for k, v in out["cpu_per_doc"].items()} == {"S1": {"cache", "no_cache"},
                                                                   "S2": {"cache", "no_cache"}}
+    assert all(us > 0 for by_cache in out["cpu_per_doc"].values() for us in by_cache.values())
     for name, by_cache in out["cpu_threads"].items():
         for cache, threads in by_cache.items():
             assert {"polling", "embed", "sink", "milvus-write", "other"} <= set(threads), (name, cache)

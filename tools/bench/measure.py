@@ -22,7 +22,8 @@ from connectors.milvus import MilvusAdmin, MilvusStore
 from connectors.milvus.schema import ChunkRows
 from schemas.codec import Document, encode_document
 from worker.commands.produce import document_record, produce_records
-from worker.core.records import normalise_text
+from worker.core.records import Batch, normalise_text
+from worker.core.stats import RunStats
 from worker.embedding.base import Embedder
 from worker.process.settings import Settings
 
@@ -32,6 +33,32 @@ def cache_counts() -> tuple[float, float]:
     get = REGISTRY.get_sample_value
     return (get("embedstream_cache_requests_total", {"result": "hit"}) or 0.0,
             get("embedstream_cache_requests_total", {"result": "miss"}) or 0.0)
+
+
+@dataclass
+class CpuRunStats(RunStats):
+    """The run's counters, plus this process's CPU clock (``time.process_time``) when the first
+    record arrived and when the last batch finished: CPU per document while busy, without the
+    start-up and the group join (the CPU/doc rows). Handed to the worker (``build_worker(stats=)``)."""
+
+    first_record_cpu: float | None = None
+    last_done_cpu: float | None = None
+
+    def arrived(self) -> None:
+        if self.first_record_at is None:
+            self.first_record_cpu = time.process_time()
+        super().arrived()
+
+    def account(self, batch: Batch) -> None:
+        super().account(batch)
+        self.last_done_cpu = time.process_time()
+
+    @property
+    def busy_cpu_seconds(self) -> float:
+        """CPU seconds of this process (all its threads) over :attr:`busy_seconds`."""
+        if self.first_record_cpu is None or self.last_done_cpu is None:
+            return 0.0
+        return self.last_done_cpu - self.first_record_cpu
 
 
 @dataclass
@@ -250,7 +277,8 @@ def worker_stream(base: Settings, embedder: Embedder | None, texts: list[str], p
     real0, pad0 = model_tokens()
     by_thread: dict[str, float] = {}
     with thread_cpu(by_thread) if threads else nullcontext():
-        worker = build_worker(s, embedder=embedder, store_factory=InstantStore if instant_sink else None)
+        worker = build_worker(s, embedder=embedder, store_factory=InstantStore if instant_sink else None,
+                              stats=CpuRunStats())
         cpu0, polling0 = time.process_time(), time.thread_time()
         # The backlog was produced before the worker started, so the input is at its end (every
         # partition at EOF) once drained: a short idle ends the run (busy time is measured: the idle
@@ -302,7 +330,8 @@ def memory_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: 
     chain = build_chain(s, consumer, delivery, models, {name: None for name in models.handles},  # type: ignore[arg-type]
                         stores, Fence(lease_s=60.0), {})
     worker = Worker(consumer, s.input_topic, chain, Assignment(pause_after=5.0, join_grace=0.1),  # type: ignore[arg-type]
-                    max_inflight=inflight_limit(s, models), shutdown_grace=s.shutdown_grace_seconds, health=Health())
+                    max_inflight=inflight_limit(s, models), shutdown_grace=s.shutdown_grace_seconds, health=Health(),
+                    stats=CpuRunStats())
     cpu0 = time.process_time()
     stats = worker.run(stop_when_idle=0.3)
     real1, pad1 = model_tokens()

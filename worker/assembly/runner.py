@@ -219,11 +219,12 @@ def topic_limits(s: Settings) -> TopicLimits:
 def build_worker(settings: Settings, embedder: Embedder | None = None,
                  on_progress: Callable[[RunStats], None] | None = None,
                  store_factory: Callable[[Settings, str], MilvusStore] | None = None,
-                 dead_letters: bool = True) -> Worker:
+                 dead_letters: bool = True, stats: RunStats | None = None) -> Worker:
     """Check the settings against the real systems, open them, and assemble the worker around the
     chain of ``worker.assembly.chain.build_chain``. ``store_factory(settings, collection)`` stands in for
     Milvus (the bench's instant sink); ``dead_letters=False``: records that cannot succeed are skipped,
-    not written to the DLQ topic (a migration's backfill). Raises ConfigError."""
+    not written to the DLQ topic (a migration's backfill); ``stats``: the run's counters (the
+    bench's also read the CPU clock). Raises ConfigError."""
     s = settings
     try:
         s.require("kafka_bootstrap_servers", "milvus_uri")
@@ -269,4 +270,4 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     log.info("up to %d batches in flight (%d a model served)", max_inflight, s.max_inflight_batches)
     return Worker(consumer, s.input_topic, chain, assignment, max_inflight=max_inflight,
                   shutdown_grace=s.shutdown_grace_seconds, health=health, backoff_max=s.retry_backoff_max_seconds,
-                  on_progress=on_progress)
+                  on_progress=on_progress, stats=stats)

@@ -113,7 +113,7 @@ class Worker:
 
     def __init__(self, consumer: Consumer, topic: str, chain: Chain, assignment: Assignment, *,
                  max_inflight: int, shutdown_grace: float, health: Health, backoff_max: float = 10.0,
-                 on_progress: Callable[[RunStats], None] | None = None) -> None:
+                 on_progress: Callable[[RunStats], None] | None = None, stats: RunStats | None = None) -> None:
         self.consumer = consumer
         self.topic = topic
         self.chain = chain
@@ -122,7 +122,8 @@ class Worker:
         self.shutdown_grace = shutdown_grace
         self.health = health
         self.on_progress = on_progress
-        self.stats = RunStats()
+        #: The run's counters (``stats``: a caller's own, e.g. one that also reads a CPU clock).
+        self.stats = stats if stats is not None else RunStats()
         self.stop = GracefulStop()
         self.held = Held(backoff_max)
 

@@ -33,10 +33,6 @@ class RunStats:
     #: When the first record arrived and when the last batch finished (monotonic), for rates.
     first_record_at: float | None = None
     last_done_at: float | None = None
-    #: This process's CPU clock (``time.process_time``) at those two moments: its CPU per document
-    #: while busy, without the start-up and the group join (the bench's CPU/doc row).
-    first_record_cpu: float | None = None
-    last_done_cpu: float | None = None
     dlq_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -56,13 +52,6 @@ class RunStats:
         return self.last_done_at - self.first_record_at
 
     @property
-    def busy_cpu_seconds(self) -> float:
-        """CPU seconds of this process (all its threads) over :attr:`busy_seconds`."""
-        if self.first_record_cpu is None or self.last_done_cpu is None:
-            return 0.0
-        return self.last_done_cpu - self.first_record_cpu
-
-    @property
     def docs_per_second(self) -> float:
         return self.done / self.busy_seconds if self.busy_seconds > 0 else 0.0
 
@@ -70,14 +59,12 @@ class RunStats:
         """Records were consumed (the first call starts the busy clock)."""
         if self.first_record_at is None:
             self.first_record_at = time.monotonic()
-            self.first_record_cpu = time.process_time()
 
     def account(self, batch: Batch) -> None:
         """Count a finished batch, and feed the outcome, DLQ and end-to-end metrics."""
         now_ms = time.time() * 1000
         self.batches += 1
         self.last_done_at = time.monotonic()
-        self.last_done_cpu = time.process_time()
         items = deletes = superseded = fenced = 0
         stamps = []
         for e in batch.entries:
