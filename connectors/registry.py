@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
@@ -87,10 +89,18 @@ def client_conf(url: str, passthrough: Mapping[str, str]) -> dict[str, Any]:
     return conf
 
 
+#: Schema ids the registry answered it does not know are remembered this long (a producer may
+#: register the schema later) and at most this many (a topic of garbage whose first bytes spell a
+#: frame names a new "schema id" with nearly every record: memory must not grow with them).
+MISSING_TTL_S = 300.0
+MISSING_MAX = 10_000
+
+
 class SchemaRegistry:
     """Read registry-framed Avro against our schema, and register our output schema."""
 
-    def __init__(self, conf: Mapping[str, Any], reader_schema: str) -> None:
+    def __init__(self, conf: Mapping[str, Any], reader_schema: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         try:
             self.client = SchemaRegistryClient(dict(conf))
         except (ValueError, TypeError) as exc:
@@ -104,14 +114,19 @@ class SchemaRegistry:
         self._renamed: dict[int, AvroDeserializer] = {}
         self._generic = AvroDeserializer(self.client)
         self._known: set[int] = set()
-        self._missing: set[int] = set()
+        #: Missing schema id → when the registry said so (oldest first; ``MISSING_TTL_S``, ``MISSING_MAX``).
+        self._missing: OrderedDict[int, float] = OrderedDict()
+        self._clock = clock
 
     def _fetch(self, sid: int) -> None:
         try:
             schema = self.client.get_schema(sid)
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
-                self._missing.add(sid)
+                self._missing[sid] = self._clock()
+                self._missing.move_to_end(sid)
+                while len(self._missing) > MISSING_MAX:
+                    self._missing.popitem(last=False)
                 return
             raise TransientError("schema registry", f"looking up schema id {sid} at {self.url}: {exc}") from None
         except Exception as exc:  # connection refused, timeouts: the HTTP library's own types
@@ -125,15 +140,25 @@ class SchemaRegistry:
         """Make sure every schema id in ``ids`` is known or known to be missing. Raises
         :class:`TransientError` when the registry does not answer (nothing is cached then)."""
         for sid in ids:
-            if sid not in self._known and sid not in self._missing:
+            if sid not in self._known and not self.missing(sid):
                 self._fetch(sid)
+
+    def missing(self, sid: int) -> bool:
+        """Whether the registry said lately (within ``MISSING_TTL_S``) that it does not know ``sid``."""
+        said = self._missing.get(sid)
+        if said is None:
+            return False
+        if self._clock() - said > MISSING_TTL_S:
+            del self._missing[sid]  # ask again: the schema may have been registered since
+            return False
+        return True
 
     def _read(self, deserializer: AvroDeserializer, data: bytes, what: str) -> Any:
         sid = schema_id(data)
         if sid is None:
             raise DecodeError("decode_error", f"{what} is not registry-framed (magic byte 0 and a schema id)")
         self.resolve([sid])
-        if sid in self._missing:
+        if self.missing(sid):
             raise DecodeError("unknown_schema", f"{what} is framed with schema id {sid}, which the registry at "
                                                 f"{self.url} does not know")
         try:

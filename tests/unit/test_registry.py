@@ -237,3 +237,24 @@ def test_an_outage_of_the_registry_holds_the_records_then_takes_them_all_in_orde
     assert flaky.calls > 3
     assert stats.embedded == 30 and stats.dead_lettered == 0
     assert seen == [f"d{o}" for o in range(30)] and consumer.committed_offsets == {0: 30}
+
+
+def test_missing_schema_ids_are_remembered_for_a_while_and_never_without_bound(registry_url, monkeypatch):
+    """A topic of garbage whose first bytes spell frames names a new schema id with nearly every
+    record: each is asked once, remembered at most ``MISSING_MAX`` of them, and asked again once its
+    ``MISSING_TTL_S`` is past (the schema may have been registered since)."""
+    import connectors.registry as registry_module
+
+    monkeypatch.setattr(registry_module, "MISSING_MAX", 50)
+    clock = [0.0]
+    reg = SchemaRegistry(client_conf(registry_url, {}), DOCUMENT_SCHEMA_TEXT, clock=lambda: clock[0])
+    asked: list[int] = []
+    real_get = reg.client.get_schema
+    reg.client.get_schema = lambda sid: asked.append(sid) or real_get(sid)  # type: ignore[method-assign]
+    reg.resolve(range(10_000, 10_200))
+    assert len(asked) == 200 and len(reg._missing) == 50  # the newest 50 kept
+    reg.resolve(range(10_150, 10_200))
+    assert len(asked) == 200  # remembered: not asked again
+    clock[0] = registry_module.MISSING_TTL_S + 1
+    reg.resolve([10_199])
+    assert asked[-1] == 10_199 and len(asked) == 201  # past its time: asked again
