@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml
 # The whole suite: lint and types first, then every test (unit, connectors on fakes and on the real
 # stack, integration, the fault suite).
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # No model and no stack: the unit tests and the connector contracts on their fakes (under a minute).
 test-fast: setup
