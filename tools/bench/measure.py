@@ -56,9 +56,8 @@ class CpuRunStats(RunStats):
     @property
     def busy_cpu_seconds(self) -> float:
         """CPU seconds of this process (all its threads) over :attr:`busy_seconds`."""
-        if self.first_record_cpu is None or self.last_done_cpu is None:
-            return 0.0
-        return self.last_done_cpu - self.first_record_cpu
+        started, ended = self.first_record_cpu, self.last_done_cpu
+        return ended - started if started is not None and ended is not None else 0.0
 
 
 @dataclass
