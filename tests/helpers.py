@@ -12,7 +12,7 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from connectors.kafka import create_topics, make_admin
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "worker.commands.cli"]

@@ -24,7 +24,7 @@ from tools.corpus import long_documents, sample_documents
 from tools.dev import LocalStack
 from worker.commands.produce import document_record, produce_records
 from worker.core.stats import RunStats
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 QUERIES = ("how do I read a file line by line", "parse command-line arguments", "compress data with gzip")
 #: How many long documents the demo adds (each several thousand words: tens of chunks).

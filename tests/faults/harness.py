@@ -36,7 +36,7 @@ from tests.helpers import (
 )
 from tools.corpus import stdlib_docstrings
 from worker.commands.produce import document_record, produce_records
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 
 def short_docs(n: int, prefix: str) -> list[Document]:

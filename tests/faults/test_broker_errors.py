@@ -14,7 +14,7 @@ from tests.faults.harness import committed_total, short_docs, wait_until
 from tests.helpers import read_topic
 from tools.mock_broker import MockCluster
 from worker.commands.produce import document_record, produce_records
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 

@@ -35,7 +35,7 @@ from tools.mock_broker import MockCluster
 from worker.assembly.naming import versioned_name
 from worker.assembly.runner import build_worker, load_embedder
 from worker.commands.migrate import BackfillLag, backfill_lag
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
 

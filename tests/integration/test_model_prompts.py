@@ -11,7 +11,7 @@ from schemas.errors import ConfigError
 from tools.derived_models import packaged_model_path, prompted_model
 from worker.assembly.chain import chunker_for
 from worker.embedding.sentence import SentenceTransformerEmbedder
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 pytestmark = pytest.mark.integration
 

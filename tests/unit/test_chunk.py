@@ -12,7 +12,7 @@ from schemas.errors import ConfigError
 from worker.assembly.chain import chunker_for
 from worker.core.records import Batch, DeadLetter, Item, Source, content_hash, share_of
 from worker.embedding.fake import FakeEmbedder
-from worker.process.settings import Settings
+from worker.settings import Settings
 from worker.steps.model.chunk import Chunker, plan_chunks
 
 

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from worker.commands.cli import app
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 ENV_SETTINGS = ["kafka_bootstrap_servers", "input_topic", "output_topic", "dlq_topic", "group_id",
                 "group_instance_id", "model", "precision", "device", "max_batch_size", "max_batch_tokens",

@@ -174,7 +174,7 @@ def test_schema_registry_settings_and_secrets_reach_the_worker():
     pod = objs["Deployment"]["spec"]["template"]["spec"]
     assert {"name": "registry-tls", "secret": {"secretName": "sr-ca"}} in pod["volumes"]
     # the settings these names become are the worker's own
-    from worker.process.settings import passthrough
+    from worker.settings import passthrough
 
     props = passthrough("EMBEDSTREAM_SCHEMA_REGISTRY__", {k: "x" for k in env})
     assert "basic.auth.user.info" in props and "ssl.ca.location" in props

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tools.bench.measure import memory_stream
 from worker.embedding.fake import FakeEmbedder
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 
 def test_the_worker_fed_from_memory_embeds_every_document():

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from worker.assembly.naming import versioned_name
 from worker.commands.migrate import Plan, drop_old, retention_warnings
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 
 def test_a_collection_per_vector_space_named_after_the_model():

@@ -13,7 +13,7 @@ from worker.assembly.runner import inflight_limit
 from worker.core.records import Batch, Chunk, Item, Source, split_by_model
 from worker.embedding.fake import FakeEmbedder
 from worker.embedding.models import ModelSet, ModelSpec, parse_models
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 
 class Sized(FakeEmbedder):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from worker.process.processes import Processes, child_environment
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 
 def _settings(**kw) -> Settings:
@@ -21,7 +21,7 @@ def test_each_child_gets_the_parents_settings_for_one_process_and_its_own_port_a
     assert env["EMBEDSTREAM_GROUP_INSTANCE_ID"] == "pod-7-2"
     assert env["EMBEDSTREAM_KAFKA__SASL_PASSWORD"] == "s3cret" and env["EMBEDSTREAM_REDIS_URL"] == "redis://:pw@r:6379/0"
     # the child loads the same settings, but for the three that are its own
-    from worker.process.settings import kafka_passthrough, passthrough
+    from worker.settings import kafka_passthrough, passthrough
 
     child = Settings(_env_file=None, kafka=kafka_passthrough(env),
                      schema_registry=passthrough("EMBEDSTREAM_SCHEMA_REGISTRY__", env),

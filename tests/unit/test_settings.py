@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from worker.process.settings import Settings, kafka_passthrough, load_settings
+from worker.settings import Settings, kafka_passthrough, load_settings
 
 
 def test_kafka_passthrough_maps_underscores_to_dots():
@@ -64,7 +64,7 @@ def test_flags_override_the_environment_and_none_means_not_given(monkeypatch):
 
 
 def test_each_setting_is_declared_once_in_one_section_with_what_it_means():
-    from worker.process.settings import SECTIONS
+    from worker.settings import SECTIONS
 
     declared = [name for section in SECTIONS for name in section.model_fields]
     assert len(declared) == len(set(declared)) == len(Settings.model_fields) > 40
@@ -73,7 +73,7 @@ def test_each_setting_is_declared_once_in_one_section_with_what_it_means():
 
 
 def test_a_section_holds_its_settings_and_only_them(monkeypatch):
-    from worker.process.settings import BatchingSettings, ChunkingSettings
+    from worker.settings import BatchingSettings, ChunkingSettings
 
     monkeypatch.setenv("EMBEDSTREAM_MAX_BATCH_SIZE", "7")
     s = load_settings({"chunk_overlap": 3})

@@ -25,7 +25,7 @@ from worker.commands.produce import document_record, produce_records
 from worker.core.records import Batch, normalise_text
 from worker.core.stats import RunStats
 from worker.embedding.base import Embedder
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 
 def cache_counts() -> tuple[float, float]:

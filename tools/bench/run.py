@@ -14,7 +14,7 @@ from pathlib import Path
 from tools.bench import measure, workloads
 from tools.dev import LocalStack, quick_join_session
 from worker.embedding.fake import FakeEmbedder
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 GOALS = {"R1": 0.90, "Rpeer": 1.3, "Rdup90": 6.0, "Rio": 0.7, "Rpad": 0.85, "R1_long": 0.90, "Rmix": 0.90,
          "Rint8": 1.5, "Reos": 0.90, "Reos_io": 0.90}

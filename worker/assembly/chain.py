@@ -31,7 +31,7 @@ from worker.core.pipeline import Pipeline, Stage, in_turn
 from worker.core.records import Batch, Share, split_by_model
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet
-from worker.process.settings import (
+from worker.settings import (
     BatchingSettings,
     ChunkingSettings,
     DeliverySettings,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 
 from worker.embedding.base import Embedder
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 #: Parts an alias's family from the space in a collection's name.
 FAMILY_MARK = "__"

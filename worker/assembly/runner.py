@@ -43,7 +43,7 @@ from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet, ModelSpec, describe, parse_models
 from worker.process import heap, metrics
 from worker.process.gpu_metrics import register_gpu_metrics
-from worker.process.settings import Settings
+from worker.settings import Settings
 from worker.steps.writing.fit import DEFAULT_MESSAGE_MAX_BYTES, TopicLimits
 
 log = logging.getLogger(__name__)

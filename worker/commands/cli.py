@@ -19,7 +19,7 @@ from rich.table import Table
 
 from schemas.errors import ConfigError, TransientError
 from worker.commands import options as opt
-from worker.process.settings import Settings, load_settings
+from worker.settings import Settings, load_settings
 
 app = typer.Typer(
     name="embedstream",

@@ -39,7 +39,7 @@ from schemas.errors import ConfigError
 from worker.assembly.naming import alias_of, collection_of, family_prefix
 from worker.commands.search import ROWS_PER_DOCUMENT, best_chunk_per_document
 from worker.embedding.base import Embedder
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The commands' options. A setting's flag is derived from its declaration (``worker.process.settings``):
+"""The commands' options. A setting's flag is derived from its declaration (``worker.settings``):
 ``with_settings`` adds ``--<name>`` for each setting it names, its help the setting's description and
 ``[env: EMBEDSTREAM_<NAME>; default: …]``; nothing about a setting is written here again.
 """
@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 

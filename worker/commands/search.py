@@ -7,7 +7,7 @@ from __future__ import annotations
 from schemas.errors import ConfigError
 from worker.core.records import normalise_text
 from worker.embedding.base import Embedder
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 #: Chunk rows asked of Milvus per document shown: a long document's chunks crowd the nearest rows.
 ROWS_PER_DOCUMENT = 4

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
 from schemas.codec import DecodeError, decode_embedding
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 
 def tail_records(settings: Settings, *, topic: str | None = None, from_beginning: bool = False,

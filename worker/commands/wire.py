@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from schemas.codec import DOCUMENT_SCHEMA_TEXT, DecodeError, Document, decode_embedding, encode_document
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 FORMATS = ("avro", "avro-registry", "json")
 

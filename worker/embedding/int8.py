@@ -37,7 +37,7 @@ import numpy as np
 
 from schemas.errors import ConfigError
 from worker.embedding import cpu
-from worker.process.settings import cache_home
+from worker.settings import cache_home
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Mapping
 
-from worker.process.settings import Settings
+from worker.settings import Settings
 
 log = logging.getLogger(__name__)
 
