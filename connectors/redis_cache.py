@@ -2,8 +2,11 @@
 
 Key ``embedstream:v1:<model id>:<sha256 of the normalised text>``; value: a 6-byte header
 (``b"ES"``, dtype code, pad, dim as uint16) and the float32 vector. A value whose header does not
-match the model's dim is a miss. Redis is only ever a speed-up: every error or timeout (bounded by
-``socket_timeout``) is a miss on read and a no-op on write, never an exception to the caller.
+match the model's dim is a miss. A model with a learned sparse side (``sparse=True``; its model id
+then names the sparse model too) caches both vectors in one value: dtype code 2, the dense vector,
+then the sparse vector's dimensions (uint32) and weights (float32). Redis is only ever a speed-up:
+every error or timeout (bounded by ``socket_timeout``) is a miss on read and a no-op on write, never
+an exception to the caller.
 
 Both commands are packed here and sent on a connection of the client's pool, not through
 ``execute_command``: every value of a group has the same length, so the values of a write are laid
@@ -26,6 +29,9 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct("<2sBxH")
 _MAGIC = b"ES"
 _F32 = 1
+_F32_SPARSE = 2
+#: A cached value of a model with a learned sparse side: ``(dense vector, (indices, values))``.
+DenseAndSparse = tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]
 
 
 #: Writes a group's vectors in one command: ``KEYS`` the cache keys, ``ARGV[1]`` the TTL in seconds,
@@ -76,13 +82,35 @@ def unpack_vector(raw: bytes | None, dim: int) -> np.ndarray | None:
     return np.frombuffer(raw, dtype="<f4", offset=_HEADER.size).copy()
 
 
+def pack_with_sparse(value: DenseAndSparse) -> bytes:
+    """A dense vector and its sparse one as one cache value (the module doc)."""
+    vec, (idx, val) = value
+    return b"".join((_HEADER.pack(_MAGIC, _F32_SPARSE, vec.shape[0]), np.ascontiguousarray(vec, "<f4").tobytes(),
+                     np.ascontiguousarray(idx, "<u4").tobytes(), np.ascontiguousarray(val, "<f4").tobytes()))
+
+
+def unpack_with_sparse(raw: bytes | None, dim: int) -> DenseAndSparse | None:
+    """What :func:`pack_with_sparse` packed, or None when ``raw`` is absent or not such a value of ``dim``."""
+    dense_end = _HEADER.size + 4 * dim
+    if raw is None or len(raw) < dense_end or (len(raw) - dense_end) % 8:
+        return None
+    magic, dtype, got_dim = _HEADER.unpack_from(raw)
+    if magic != _MAGIC or dtype != _F32_SPARSE or got_dim != dim:
+        return None
+    n = (len(raw) - dense_end) // 8
+    vec = np.frombuffer(raw, "<f4", dim, _HEADER.size).copy()
+    idx = np.frombuffer(raw, "<u4", n, dense_end).astype(np.int32)
+    return vec, (idx, np.frombuffer(raw, "<f4", n, dense_end + 4 * n).copy())
+
+
 class RedisCache:
     """``get_many`` / ``set_many`` over one Redis; failures are misses, logged at most every 10 s."""
 
     def __init__(self, url: str, model_id: str, dim: int, ttl_seconds: int, timeout_ms: int = 150,
-                 client=None) -> None:
+                 client=None, sparse: bool = False) -> None:
         """``client``: a ready Redis client to use instead of connecting to ``url`` (tests); what is
-        used of it: ``connection_pool`` (``get_connection``, ``release``) and ``script_load``."""
+        used of it: ``connection_pool`` (``get_connection``, ``release``) and ``script_load``.
+        ``sparse``: values are :data:`DenseAndSparse` (a model with a learned sparse side)."""
         if client is None:
             import redis
 
@@ -94,6 +122,7 @@ class RedisCache:
         #: Every key of this model: ``cache_key(model_id, hash)`` is this + the hash.
         self._prefix = cache_key(model_id, "")
         self.dim = dim
+        self.sparse = sparse
         self.ttl = ttl_seconds
         self.errors = 0
         self._last_log = 0.0
@@ -129,8 +158,8 @@ class RedisCache:
     def _keys(self, hashes: Iterable[str]) -> bytes:
         return bulk_strings((self._prefix + h).encode() for h in hashes)
 
-    def get_many(self, hashes: list[str]) -> list[np.ndarray | None]:
-        """Vectors for ``hashes`` (None = miss), in order. Never raises."""
+    def get_many(self, hashes: list[str]) -> list:
+        """Vectors for ``hashes`` (None = miss; :data:`DenseAndSparse` with ``sparse``), in order. Never raises."""
         if not hashes:
             return []
         try:
@@ -138,9 +167,10 @@ class RedisCache:
         except Exception as exc:  # any Redis or socket error is a miss, by contract
             self._failed("read", exc)
             return [None] * len(hashes)
-        return [unpack_vector(r if isinstance(r, bytes) else None, self.dim) for r in raws]
+        unpack = unpack_with_sparse if self.sparse else unpack_vector
+        return [unpack(r if isinstance(r, bytes) else None, self.dim) for r in raws]
 
-    def set_many(self, entries: dict[str, np.ndarray]) -> bool:
+    def set_many(self, entries: dict) -> bool:
         """Write ``{hash: vector}`` with the TTL in one command. Returns False on failure; never raises."""
         if not entries:
             return True
@@ -150,7 +180,8 @@ class RedisCache:
             n = len(entries)
             command = (b"*%d\r\n" % (2 * n + 4) + bulk_strings((b"EVALSHA", self._script_sha, b"%d" % n)),
                        self._keys(entries) + bulk_strings((b"%d" % self.ttl,)),
-                       packed_values(list(entries.values()), self.dim))
+                       bulk_strings(pack_with_sparse(v) for v in entries.values()) if self.sparse
+                       else packed_values(list(entries.values()), self.dim))
             try:
                 self._call(*command)
             except redis.exceptions.NoScriptError:  # a restarted or flushed server: load it, once

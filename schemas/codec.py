@@ -363,7 +363,13 @@ def encode_embedding(record: dict[str, Any]) -> bytes:
                           record["metadata"] or {}, _ms(record["embedded_at"]) or 0, record.get("chunk_count", 1))
     return writer.chunk(doc, np.ascontiguousarray(record["vector"], dtype=_F4), record["content_hash"],
                         record["cached"], record.get("chunk_index", 0), record.get("span_start", 0),
-                        record.get("span_end", -1))
+                        record.get("span_end", -1), _sparse_of(record))
+
+
+def _sparse_of(record: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    if record.get("sparse_indices") is None:
+        return None
+    return np.asarray(record["sparse_indices"], dtype=np.int64), np.asarray(record["sparse_values"], dtype=_F4)
 
 
 def _map(values: dict[str, str]) -> bytes:
@@ -409,8 +415,9 @@ class EmbeddingWriter:
 
     @staticmethod
     def chunk(doc: tuple[bytes, bytes, bytes], vector: np.ndarray, content_hash: str, cached: bool, index: int,
-              span_start: int, span_end: int) -> bytes:
-        """One record: ``doc`` (from :meth:`document`) around the chunk's vector, hash and place."""
+              span_start: int, span_end: int, sparse: tuple[np.ndarray, np.ndarray] | None = None) -> bytes:
+        """One record: ``doc`` (from :meth:`document`) around the chunk's vector, hash and place, and its
+        learned sparse vector (``(indices, values)``; None: the two null fields)."""
         if vector.dtype != _F4 or not vector.flags.c_contiguous:
             vector = np.ascontiguousarray(vector, dtype=_F4)
         n = vector.shape[0]
@@ -418,7 +425,19 @@ class EmbeddingWriter:
         head, middle, count = doc
         # bytes.join takes the array's buffer as it is: the floats are copied once, into the record
         return b"".join((head, *vec, _string(content_hash), b"\x01" if cached else b"\x00", middle, _long(index),
-                         count, _long(span_start), _long(span_end)))
+                         count, _long(span_start), _long(span_end), _sparse(sparse)))
+
+
+def _sparse(sparse: tuple[np.ndarray, np.ndarray] | None) -> bytes:
+    """The ``sparse_indices`` and ``sparse_values`` unions: two nulls (branch 0), or two arrays (branch 1)."""
+    if sparse is None:
+        return b"\x00\x00"
+    idx, val = sparse
+    n = len(idx)
+    if not n:
+        return b"\x02\x00\x02\x00"
+    return b"".join((b"\x02", _long(n), *(_long(int(i)) for i in idx), b"\x00",
+                     b"\x02", _long(n), np.ascontiguousarray(val, dtype=_F4).tobytes(), b"\x00"))
 
 
 _F4 = np.dtype("<f4")
@@ -434,6 +453,11 @@ def embedding_json(record: dict[str, Any]) -> bytes:
     out.setdefault("chunk_count", 1)
     out.setdefault("span_start", 0)
     out.setdefault("span_end", -1)
+    if out.get("sparse_indices") is not None:
+        out["sparse_indices"] = [int(i) for i in out["sparse_indices"]]
+        out["sparse_values"] = np.asarray(out["sparse_values"], dtype=np.float32).tolist()
+    else:
+        out["sparse_indices"] = out["sparse_values"] = None
     return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 

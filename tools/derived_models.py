@@ -43,3 +43,22 @@ def projected_model(dest: Path, dim: int = 256, seed: int = 7, source: str | Pat
     dense = Dense(base.get_embedding_dimension(), dim, activation_function=torch.nn.Identity())
     SentenceTransformer(modules=[base[0], base[1], dense, Normalize()], device="cpu").save(str(dest))
     return dest
+
+
+def sparse_model(dest: Path, hidden: int = 4096, active: int = 48, seed: int = 11) -> Path:
+    """A learned sparse model on the packaged model: a ``SparseEncoder`` of its transformer and mean
+    pooling under a sparse autoencoder (CSR's shape: ``hidden`` dimensions, the ``active`` largest
+    kept), with fixed random weights. Its vectors mean little; it shares the packaged model's
+    tokenizer, as the worker requires, and makes real sparse vectors for the plumbing."""
+    import torch
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.models import Pooling, Transformer
+    from sentence_transformers.sparse_encoder.models import SparseAutoEncoder
+
+    torch.manual_seed(seed)
+    transformer = Transformer(str(packaged_model_path()))
+    width = (getattr(transformer, "get_embedding_dimension", None) or transformer.get_word_embedding_dimension)()
+    encoder = SparseEncoder(modules=[transformer, Pooling(width, "mean"),
+                                     SparseAutoEncoder(input_dim=width, hidden_dim=hidden, k=active)])
+    encoder.save(str(dest))
+    return dest

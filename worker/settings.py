@@ -117,6 +117,11 @@ class ModelSettings(BaseModel):
     truncate_dim: int | None = setting(
         None, "Keep the first N dimensions of each vector (Matryoshka models), renormalised (default: all)",
         flag=True, ge=1)
+    sparse: str = setting(
+        "off", "off | bm25 | a sentence-transformers SparseEncoder (path or name): sparse vectors beside the "
+               "dense ones, for hybrid search; bm25: Milvus derives them from each chunk's text, kept in the row; "
+               "a model: computed in the same forward pass (it must share the dense model's tokenizer)",
+        flag=True)
     models: str | None = setting(
         None, "A set of models by name: JSON, or the path of a YAML/JSON file; a record's model field picks one "
               "(default: one model, EMBEDSTREAM_MODEL)", flag=True)

@@ -11,7 +11,7 @@ from typing import Any
 
 from connectors.milvus.connection import MilvusConnection, missing, transient
 from connectors.milvus.reads import MilvusReader
-from connectors.milvus.schema import check_shape, collection_schema, tombstone_schema
+from connectors.milvus.schema import add_indexes, check_shape, collection_schema, tombstone_schema
 from schemas.errors import ConfigError, TransientError
 
 log = logging.getLogger(__name__)
@@ -25,16 +25,17 @@ class MilvusAdmin(MilvusConnection):
         """Whether a collection (not an alias) ``name`` exists."""
         return bool(self._client.has_collection(name, timeout=self.timeout))
 
-    def ensure_collection(self, dim: int) -> None:
-        """Create the collection for ``dim`` (and its companion) if missing. Raise :class:`ConfigError`
-        when it exists with another dim (the model changed) or in the shape from before chunking (a row
-        per document). Workers starting together may race to create it: the loser uses the winner's."""
+    def ensure_collection(self, dim: int, sparse: str = "off") -> None:
+        """Create the collection for ``dim`` with the sparse side ``sparse`` (and its companion) if
+        missing. Raise :class:`ConfigError` when it exists with another dim (the model changed), another
+        sparse side, or in the shape from before chunking (a row per document). Workers starting
+        together may race to create it: the loser uses the winner's."""
         c = self._client
         try:
-            index = c.prepare_index_params()
-            index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="COSINE")
-            if not self._create(self.collection, collection_schema(dim), index):
-                check_shape(self.collection, c.describe_collection(self.collection, timeout=self.timeout), dim)
+            index = add_indexes(c.prepare_index_params(), sparse)
+            if not self._create(self.collection, collection_schema(dim, sparse), index):
+                check_shape(self.collection, c.describe_collection(self.collection, timeout=self.timeout), dim,
+                            sparse)
                 c.load_collection(self.collection, timeout=self.timeout)
             marker = c.prepare_index_params()
             marker.add_index(field_name="marker", index_type="AUTOINDEX", metric_type="L2")
@@ -75,7 +76,7 @@ class MilvusAdmin(MilvusConnection):
                 return None
             raise transient(exc) from None
 
-    def adopt(self, legacy: str, model_id: str, dim: int) -> bool:
+    def adopt(self, legacy: str, model_id: str, dim: int, sparse: str = "off") -> bool:
         """Take over ``legacy``, a collection from before aliases whose name the alias is to bear: it
         is renamed to this collection (its rows and its companion of deletes kept), so that the alias
         can take its name. True when this call renamed it; False when there was nothing to adopt (or
@@ -88,7 +89,7 @@ class MilvusAdmin(MilvusConnection):
                 raise ConfigError(f"Milvus holds both a collection {legacy!r} and {self.collection!r}, so the alias "
                                   f"{legacy!r} cannot be created: drop the one not in use, or set "
                                   "EMBEDSTREAM_MILVUS_ALIAS to another name")
-            self._check_legacy(legacy, model_id, dim)
+            self._check_legacy(legacy, model_id, dim, sparse)
             if not self._rename(legacy, self.collection):
                 return False  # a worker starting beside this one renamed it
             if self.has(f"{legacy}_deleted"):
@@ -102,9 +103,9 @@ class MilvusAdmin(MilvusConnection):
                     legacy, self.collection, legacy)
         return True
 
-    def _check_legacy(self, legacy: str, model_id: str, dim: int) -> None:
-        """Refuse to take over ``legacy`` when its shape, dim or model is not this worker's."""
-        check_shape(legacy, self._client.describe_collection(legacy, timeout=self.timeout), dim)
+    def _check_legacy(self, legacy: str, model_id: str, dim: int, sparse: str) -> None:
+        """Refuse to take over ``legacy`` when its shape, dim, sparse side or model is not this worker's."""
+        check_shape(legacy, self._client.describe_collection(legacy, timeout=self.timeout), dim, sparse)
         self._client.load_collection(legacy, timeout=self.timeout)
         held = MilvusReader.sharing(self, legacy).model_of()
         if held not in (None, "", model_id):
@@ -124,12 +125,12 @@ class MilvusAdmin(MilvusConnection):
         self._client.load_collection(new, timeout=self.timeout)
         return True
 
-    def prepare(self, alias: str, model_id: str, dim: int) -> str:
+    def prepare(self, alias: str, model_id: str, dim: int, sparse: str = "off") -> str:
         """What a worker does at start-up: adopt a collection from before aliases named ``alias``,
-        create this collection if missing (checked for ``dim``), create the alias if missing. Returns
-        the collection the alias points to. Raises :class:`ConfigError`."""
-        self.adopt(alias, model_id, dim)
-        self.ensure_collection(dim)
+        create this collection if missing (checked for ``dim`` and the sparse side ``sparse``), create
+        the alias if missing. Returns the collection the alias points to. Raises :class:`ConfigError`."""
+        self.adopt(alias, model_id, dim, sparse)
+        self.ensure_collection(dim, sparse)
         try:
             return self.ensure_alias(alias)
         except TransientError as exc:

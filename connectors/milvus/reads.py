@@ -3,8 +3,12 @@ where the caller needs to see the latest writes. Every failure raises TransientE
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from connectors.milvus.connection import MilvusConnection, transient
-from connectors.milvus.schema import CHUNK_FIELDS, chunk_id
+from connectors.milvus.schema import CHUNK_FIELDS, SPARSE_METRIC, chunk_id, sparse_kind_of
+from schemas.errors import ConfigError
 
 
 class MilvusReader(MilvusConnection):
@@ -16,12 +20,18 @@ class MilvusReader(MilvusConnection):
         except Exception as exc:
             raise transient(exc) from None
 
-    def dim(self) -> int:
+    def describe(self) -> dict:
         try:
-            info = self._client.describe_collection(self.collection, timeout=self.timeout)
+            return self._client.describe_collection(self.collection, timeout=self.timeout)
         except Exception as exc:
             raise transient(exc) from None
-        return next(int(f["params"]["dim"]) for f in info["fields"] if f["name"] == "vector")
+
+    def dim(self) -> int:
+        return next(int(f["params"]["dim"]) for f in self.describe()["fields"] if f["name"] == "vector")
+
+    def sparse_kind(self) -> str:
+        """The collection's sparse side: ``off``, ``bm25`` or ``learned`` (``schema.SPARSE_KINDS``)."""
+        return sparse_kind_of(self.describe())
 
     def query(self, filter: str, fields: list[str], limit: int | None = None) -> list[dict]:
         """The ``fields`` of rows matching ``filter`` (at most ``limit``), at Strong consistency."""
@@ -69,12 +79,56 @@ class MilvusReader(MilvusConnection):
         return rows[0].get("model") if rows else None
 
     def search(self, vector, limit: int = 5) -> list[dict]:
-        """The ``limit`` nearest chunk rows: ``id`` (the chunk's), ``score``, and the row's
-        ``doc_id``, ``chunk_index``, ``chunk_count``, span, ``excerpt``, ``metadata`` and ``model``."""
+        """The ``limit`` nearest chunk rows by the dense vector: ``id`` (the chunk's), ``score``, and the
+        row's ``doc_id``, ``chunk_index``, ``chunk_count``, span, ``excerpt``, ``metadata`` and ``model``."""
+        return self.search_by(Query(dense=vector), "dense", limit)
+
+    def search_by(self, query: Query, mode: str, limit: int = 5, weights: tuple[float, float] | None = None,
+                  kind: str | None = None) -> list[dict]:
+        """The ``limit`` best chunk rows for ``query`` (rows as :meth:`search`): ``dense`` by the dense
+        vector (COSINE), ``sparse`` by the sparse side (BM25 on the query's text, or IP on its learned
+        sparse vector), ``hybrid`` both, fused by reciprocal rank (RRF, k=60) or, with ``weights``
+        (dense, sparse), by weighted scores. ``kind``: the collection's sparse side, when known."""
+        from pymilvus import AnnSearchRequest, RRFRanker, WeightedRanker
+
+        fields = [*CHUNK_FIELDS, "excerpt", "metadata", "model"]
+        kind = kind or (self.sparse_kind() if mode != "dense" else "off")
+        requests = []
+        if mode in ("dense", "hybrid"):
+            requests.append(AnnSearchRequest(data=[query.dense], anns_field="vector", limit=limit,
+                                             param={"metric_type": "COSINE"}))
+        if mode in ("sparse", "hybrid"):
+            if kind == "off":
+                raise ConfigError(f"collection {self.collection!r} has no sparse field: search it with --mode dense, "
+                                  "or fill a collection made with EMBEDSTREAM_SPARSE (`embedstream migrate`)")
+            data = query.text if kind == "bm25" else _sparse_dict(query.sparse)
+            requests.append(AnnSearchRequest(data=[data], anns_field="sparse", limit=limit,
+                                             param={"metric_type": SPARSE_METRIC[kind]}))
         try:
-            hits = self._client.search(self.collection, data=[vector], limit=limit,
-                                       output_fields=[*CHUNK_FIELDS, "excerpt", "metadata", "model"],
-                                       search_params={"metric_type": "COSINE"}, timeout=self.timeout)
+            if len(requests) == 1:
+                r = requests[0]
+                hits = self._client.search(self.collection, data=r.data, anns_field=r.anns_field, limit=limit,
+                                           search_params=r.param, output_fields=fields, timeout=self.timeout)
+            else:
+                ranker = WeightedRanker(*weights) if weights else RRFRanker()
+                hits = self._client.hybrid_search(self.collection, requests, ranker=ranker, limit=limit,
+                                                  output_fields=fields, timeout=self.timeout)
         except Exception as exc:
             raise transient(exc) from None
         return [{"id": h["id"], "score": float(h["distance"]), **h.get("entity", {})} for h in hits[0]]
+
+
+@dataclass
+class Query:
+    """One search query: its dense vector, its text (BM25 analyses it in Milvus) and its learned sparse
+    vector (``(indices, values)``), each where the mode needs it."""
+
+    dense: Any = None
+    text: str = ""
+    sparse: tuple[Any, Any] | None = None
+
+
+def _sparse_dict(vector: tuple[Any, Any] | None) -> dict[int, float]:
+    if vector is None:
+        raise ValueError("a learned sparse search needs the query's sparse vector")
+    return {int(i): float(v) for i, v in zip(*vector)}

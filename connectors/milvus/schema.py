@@ -5,6 +5,14 @@ One row per chunk of a document (a document that fits the model is one chunk). T
 character span (``span_start``, ``span_end``, into the normalised text) are fields of their own, and
 ``excerpt`` holds the chunk's first characters (what ``search`` shows). ``source`` and
 ``source_offset`` say which version of the document a row holds (``worker.steps.writing.versions``).
+
+With a sparse side (``EMBEDSTREAM_SPARSE``; :data:`SPARSE_KINDS`), a row also has ``sparse``, a
+SPARSE_FLOAT_VECTOR beside the dense ``vector``:
+
+- ``bm25``: ``text`` holds the chunk's whole text (VARCHAR with the standard analyzer, cut to
+  :data:`TEXT_MAX_BYTES` of UTF-8), and Milvus derives ``sparse`` from it (a BM25 ``Function``;
+  index SPARSE_INVERTED_INDEX, metric BM25). The worker never sends ``sparse``.
+- ``learned``: the worker sends ``sparse`` (a sparse model's weights; metric IP).
 """
 
 from __future__ import annotations
@@ -29,6 +37,14 @@ EXCERPT_CHARS = 160
 #: The fields only a collection made for chunks has (an older one holds one row per document).
 CHUNK_FIELDS = ("doc_id", "chunk_index", "chunk_count", "span_start", "span_end")
 VERSION_FIELDS = ("source", "source_offset")
+#: What a collection's sparse side can be: none, BM25 from the text, or a model's weights.
+SPARSE_KINDS = ("off", "bm25", "learned")
+#: The most bytes of a chunk's text a ``bm25`` row keeps (Milvus' VARCHAR limit).
+TEXT_MAX_BYTES = 65_535
+#: The metric each sparse kind is searched with.
+SPARSE_METRIC = {"bm25": "BM25", "learned": "IP"}
+#: One (dimension, weight) pair of a sparse row as Milvus reads it: uint32 then float32, little-endian.
+_PAIR = np.dtype([("index", "<u4"), ("value", "<f4")])
 
 
 def chunk_id(doc_id: str, index: int) -> str:
@@ -51,14 +67,24 @@ class ChunkRows:
     metadata: list[dict[str, str]]
     sources: list[str]
     offsets: list[int]
+    #: ``bm25``: each chunk's whole text (Milvus derives the sparse vector from it); else None.
+    texts: list[str] | None = None
+    #: ``learned``: each chunk's sparse vector as ``(indices, values)``; else None.
+    sparse: list[tuple[np.ndarray, np.ndarray]] | None = None
 
     def __len__(self) -> int:
         return len(self.doc_ids)
 
 
-def collection_schema(dim: int) -> Any:
-    """The collection's fields (this module's docstring)."""
-    from pymilvus import DataType, MilvusClient
+def cut_utf8(text: str, limit: int = TEXT_MAX_BYTES) -> str:
+    """``text`` cut to at most ``limit`` bytes of UTF-8, never inside a character."""
+    raw = text.encode("utf-8")
+    return text if len(raw) <= limit else raw[:limit].decode("utf-8", "ignore")
+
+
+def collection_schema(dim: int, sparse: str = "off") -> Any:
+    """The collection's fields (this module's docstring), with the sparse side ``sparse``."""
+    from pymilvus import DataType, Function, FunctionType, MilvusClient
 
     schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
     schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=ID_MAX_LENGTH)
@@ -73,7 +99,56 @@ def collection_schema(dim: int) -> Any:
     schema.add_field("updated_at", DataType.INT64)
     schema.add_field("source", DataType.VARCHAR, max_length=SOURCE_MAX_LENGTH)
     schema.add_field("source_offset", DataType.INT64)
+    if sparse == "bm25":
+        schema.add_field("text", DataType.VARCHAR, max_length=TEXT_MAX_BYTES, enable_analyzer=True)
+    if sparse != "off":
+        schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
+    if sparse == "bm25":
+        schema.add_function(Function(name="bm25", function_type=FunctionType.BM25, input_field_names=["text"],
+                                     output_field_names=["sparse"]))
     return schema
+
+
+def add_indexes(index: Any, sparse: str = "off") -> Any:
+    """The collection's indexes onto ``index`` (``prepare_index_params()``): COSINE on ``vector``, and
+    an inverted index on ``sparse`` with its kind's metric."""
+    index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="COSINE")
+    if sparse != "off":
+        index.add_index(field_name="sparse", index_type="SPARSE_INVERTED_INDEX", metric_type=SPARSE_METRIC[sparse])
+    return index
+
+
+def sparse_kind_of(info: dict) -> str:
+    """The sparse side of a collection from ``describe_collection``'s answer (:data:`SPARSE_KINDS`)."""
+    names = {f["name"] for f in info["fields"]}
+    if "sparse" not in names:
+        return "off"
+    from pymilvus import FunctionType
+
+    bm25 = any(fn.get("type") == FunctionType.BM25 for fn in info.get("functions") or [])
+    return "bm25" if bm25 else "learned"
+
+
+#: What stands for an empty sparse vector (a text where the sparse model keeps no weight): milvus-lite
+#: refuses a row without a non-zero weight, so it holds the smallest normal float32 at dimension 0,
+#: which adds nothing measurable to any inner product.
+EMPTY_SPARSE = (np.array([0], np.int32), np.array([np.finfo(np.float32).tiny], np.float32))
+
+
+def sparse_bytes(rows: list[tuple[np.ndarray, np.ndarray]]) -> tuple[list[bytes], int]:
+    """Each sparse row as the bytes Milvus reads (its pairs, dimensions ascending; an empty one as
+    :data:`EMPTY_SPARSE`), and the dimension of them all (the largest index + 1)."""
+    out, dim = [], 0
+    for idx, val in rows:
+        if not len(idx):
+            idx, val = EMPTY_SPARSE
+        pairs = np.empty(len(idx), _PAIR)
+        order = np.argsort(idx, kind="stable")
+        pairs["index"], pairs["value"] = idx[order], val[order]
+        out.append(pairs.tobytes())
+        if len(idx):
+            dim = max(dim, int(idx.max()) + 1)
+    return out, dim
 
 
 def tombstone_schema() -> Any:
@@ -140,10 +215,18 @@ def upsert_request(collection: str, rows: ChunkRows, model: str, updated_at: int
     longs("updated_at", [updated_at] * n)
     strings("source", rows.sources)
     longs("source_offset", rows.offsets)
+    if rows.texts is not None:
+        strings("text", [cut_utf8(t) for t in rows.texts])
+    if rows.sparse is not None:
+        sparse = column("sparse", schema_pb2.SparseFloatVector).vectors
+        contents, dim = sparse_bytes(rows.sparse)
+        sparse.dim = dim
+        sparse.sparse_float_vector.dim = dim
+        sparse.sparse_float_vector.contents.extend(contents)
     return req
 
 
-def check_shape(collection: str, info: dict, dim: int) -> None:
+def check_shape(collection: str, info: dict, dim: int, sparse: str = "off") -> None:
     """Raise :class:`ConfigError` unless ``info`` (``describe_collection``'s answer) is a collection
     of this shape for ``dim``-dim vectors: another dim means another model; no chunk fields, a
     collection from before chunking (a row per document), which is never mixed with chunk rows."""
@@ -164,3 +247,10 @@ def check_shape(collection: str, info: dict, dim: int) -> None:
             f"document; no {', '.join(missing)} fields). This version writes a row per chunk and will not mix the "
             "two. Set EMBEDSTREAM_MILVUS_COLLECTION to a new name and replay the input topic into it (a new "
             "EMBEDSTREAM_GROUP_ID reads it from the start), then drop the old collection.")
+    have_sparse = sparse_kind_of(info)
+    if have_sparse != sparse:
+        raise ConfigError(
+            f"Milvus collection {collection!r} has sparse side {have_sparse!r} but this worker writes {sparse!r} "
+            "(EMBEDSTREAM_SPARSE): a collection's fields are fixed when it is made. Keep the setting the "
+            "collection was made with, or let the worker make the new collection behind the alias and run "
+            "`embedstream migrate` to fill it and move the alias.")

@@ -17,11 +17,11 @@ from schemas.errors import ConfigError, TransientError
 from tests.unit.fakes import RecordingMilvusClient
 
 
-def _store(kind, stack_env, client=None) -> MilvusStore:
+def _store(kind, stack_env, client=None, sparse: str = "off") -> MilvusStore:
     if kind == "fake":
         return MilvusStore("fake", "c", timeout=5.0, client=client or RecordingMilvusClient())
     admin = MilvusAdmin(stack_env["EMBEDSTREAM_MILVUS_URI"], f"contract_{uuid.uuid4().hex[:8]}", timeout=30)
-    admin.ensure_collection(4)
+    admin.ensure_collection(4, sparse)
     return MilvusStore.sharing(admin)
 
 
@@ -66,6 +66,70 @@ def test_chunk_rows_upsert_by_id_delete_removes_and_versions_read_back(kind, sta
     store.close()
 
 
+def test_sparse_sides_bm25_keeps_the_text_learned_keeps_the_vector_and_both_search(kind, stack_env):
+    """``bm25``: a row keeps its chunk's whole text (cut at 65,535 bytes of UTF-8), Milvus derives the
+    sparse vector and a word search finds the row; ``learned``: the sparse vector sent is the one read
+    back, and searched by inner product. Hybrid fuses the dense and the sparse hits."""
+    from connectors.milvus.reads import Query
+    from connectors.milvus.schema import EMPTY_SPARSE
+
+    texts = ["json.dumps serialises an object", "os.path.join joins paths", "ECONNREFUSED: connection refused"]
+    punctuation = _rows([("p", 0, 5)], vecs_p := np.eye(4, dtype=np.float32)[:1])
+    punctuation.texts = ["!!! ... ???"]  # no word for BM25: an empty sparse vector, derived by Milvus
+    vecs = np.eye(4, dtype=np.float32)[:3]
+    docs = [("a", 0, 1), ("b", 0, 2), ("c", 0, 3)]
+    rows = _rows(docs, vecs)
+    rows.texts = texts
+    bm25 = _store(kind, stack_env, sparse="bm25")
+    bm25.upsert_chunks(rows, "m", 1000)
+    long_rows = _rows([("d", 0, 4)], vecs[:1])
+    long_rows.texts = ["é" * 40_000]  # 80,000 bytes: cut to 65,535 (32,767 whole characters)
+    bm25.upsert_chunks(long_rows, "m", 1000)
+    bm25.upsert_chunks(punctuation, "m", 1000)
+    learned = _store(kind, stack_env, sparse="learned")
+    rows = _rows(docs, vecs)
+    rows.sparse = [(np.array([7, 3]), np.array([0.5, 1.0], np.float32)), (np.array([3]), np.array([2.0], np.float32)),
+                   (np.array([], np.int32), np.array([], np.float32))]
+    learned.upsert_chunks(rows, "m", 1000)
+    if kind == "fake":
+        sent = {r["id"]: r for r in bm25._client.calls[0][1]}
+        assert sent["c#0"]["text"] == texts[2] and "sparse" not in sent["c#0"]
+        assert bm25._client.calls[1][1][0]["text"] == "é" * 32_767
+        sent = {r["id"]: r for r in learned._client.calls[0][1]}
+        assert sent["a#0"]["sparse"] == {3: 1.0, 7: 0.5} and sent["c#0"]["sparse"] == {0: EMPTY_SPARSE[1][0]} and "text" not in sent["a#0"]
+        return
+    reader = MilvusReader.sharing(bm25)
+    assert reader.sparse_kind() == "bm25"
+    got = {r["id"]: r["text"] for r in reader.query_ids(("id", "text"))}
+    assert got["c#0"] == texts[2] and got["d#0"] == "é" * 32_767
+    assert [h["doc_id"] for h in reader.search_by(Query(vecs[0], "ECONNREFUSED"), "sparse", 3)] == ["c"]
+    hybrid = [h["doc_id"] for h in reader.search_by(Query(vecs[1], "ECONNREFUSED"), "hybrid", 2)]
+    assert set(hybrid) == {"b", "c"}  # b by its vector, c by its word
+    reader = MilvusReader.sharing(learned)
+    assert reader.sparse_kind() == "learned"
+    got = {r["id"]: r["sparse"] for r in reader.query_ids(("id", "sparse"))}
+    assert got["a#0"] == pytest.approx({3: 1.0, 7: 0.5}) and got["b#0"] == {3: 2.0}
+    hits = reader.search_by(Query(vecs[2], "", (np.array([3]), np.array([1.0]))), "sparse", 3)
+    assert [h["doc_id"] for h in hits][:2] == ["b", "a"]
+    with pytest.raises(ConfigError, match="has no sparse field"):
+        MilvusReader.sharing(MilvusStore.sharing(learned, bm25.collection + "x")).search_by(
+            Query(vecs[0], "x"), "sparse", 1, kind="off")
+    for store in (bm25, learned):
+        MilvusAdmin.sharing(store).drop()
+        store.close()
+
+
+@pytest.mark.integration
+def test_a_collection_made_with_another_sparse_setting_is_refused_at_start_up(stack):
+    admin = MilvusAdmin(stack["EMBEDSTREAM_MILVUS_URI"], f"shape_{uuid.uuid4().hex[:8]}", timeout=30)
+    admin.ensure_collection(4)
+    with pytest.raises(ConfigError, match="has sparse side 'off' but this worker writes 'bm25'.*embedstream migrate"):
+        admin.ensure_collection(4, "bm25")
+    admin.ensure_collection(4, "off")  # the setting it was made with: fine
+    admin.drop()
+    admin.close()
+
+
 def test_a_failed_write_is_transient(kind, stack_env):
     if kind == "fake":
         store = _store(kind, stack_env, RecordingMilvusClient(fail_upserts=1))
@@ -91,6 +155,15 @@ def test_a_collection_of_another_shape_is_refused_with_what_to_do():
         check_shape("c", info("id", "vector", "model", "content_hash", "metadata", "updated_at"), 4)
     with pytest.raises(ConfigError, match="no 'vector' field"):
         check_shape("c", info("id"), 4)
+    from pymilvus import FunctionType
+
+    bm25 = {**info(*new, "text", "sparse"), "functions": [{"name": "bm25", "type": FunctionType.BM25}]}
+    check_shape("c", bm25, 4, "bm25")
+    check_shape("c", info(*new, "sparse"), 4, "learned")
+    with pytest.raises(ConfigError, match="sparse side 'bm25' but this worker writes 'learned'"):
+        check_shape("c", bm25, 4, "learned")
+    with pytest.raises(ConfigError, match="sparse side 'off' but this worker writes 'bm25'"):
+        check_shape("c", info(*new), 4, "bm25")
 
 
 @pytest.mark.integration

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from pymilvus.grpc_gen import schema_pb2
 
 from tools.memory_source import EndOfPartition, MemoryMessage, MemorySource
@@ -32,6 +34,10 @@ def rows_of(request) -> list[dict]:
         if f.type == schema_pb2.FloatVector:
             flat, dim = list(f.vectors.float_vector.data), f.vectors.dim
             columns[f.field_name] = [flat[i:i + dim] for i in range(0, len(flat), dim)]
+        elif f.type == schema_pb2.SparseFloatVector:
+            pairs = np.dtype([("index", "<u4"), ("value", "<f4")])
+            columns[f.field_name] = [{int(i): float(v) for i, v in np.frombuffer(raw, pairs).tolist()}
+                                     for raw in f.vectors.sparse_float_vector.contents]
         elif f.type == schema_pb2.JSON:
             columns[f.field_name] = [json.loads(raw) for raw in f.scalars.json_data.data]
         elif f.type == schema_pb2.Int64:

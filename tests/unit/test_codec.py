@@ -67,9 +67,17 @@ embeddings = st.fixed_dictionaries({
 })
 
 
-@given(embeddings)
+#: A learned sparse vector (EMBEDSTREAM_SPARSE): none, or (dimension, weight) pairs.
+sparse_pairs = st.one_of(st.none(), st.lists(st.tuples(st.integers(0, 2**31 - 1),
+                                                      st.floats(width=32, allow_nan=False, allow_infinity=False)),
+                                            max_size=20))
+
+
+@given(embeddings, sparse_pairs)
 @settings(max_examples=200)
-def test_embedding_round_trip(rec):
+def test_embedding_round_trip(rec, pairs):
+    rec = {**rec, "sparse_indices": None if pairs is None else [i for i, _ in pairs],
+           "sparse_values": None if pairs is None else [v for _, v in pairs]}
     assert decode_embedding(encode_embedding(rec)) == rec
 
 
@@ -129,7 +137,7 @@ def test_a_record_from_before_chunking_reads_as_one_whole_chunk():
     from schemas.codec import EMBEDDING_SCHEMA
 
     old_json = json.loads((SCHEMA_DIR / "embedding.avsc").read_text())
-    old_json["fields"] = [f for f in old_json["fields"] if not f["name"].startswith(("chunk_", "span_"))]
+    old_json["fields"] = [f for f in old_json["fields"] if not f["name"].startswith(("chunk_", "span_", "sparse_"))]
     old = fastavro.parse_schema(old_json)
     rec = {"id": "a", "model": "m", "dim": 2, "vector": [0.6, 0.8], "content_hash": "h", "cached": False,
            "source_topic": "t", "source_partition": 0, "source_offset": 5, "metadata": {}, "embedded_at": 1000}
@@ -139,6 +147,31 @@ def test_a_record_from_before_chunking_reads_as_one_whole_chunk():
     assert (got["chunk_index"], got["chunk_count"], got["span_start"], got["span_end"]) == (0, 1, 0, -1)
     new = encode_embedding({**rec, "chunk_index": 2, "chunk_count": 3, "span_start": 10, "span_end": 90})
     assert fastavro.schemaless_reader(io.BytesIO(new), old)["source_offset"] == 5
+
+
+def test_sparse_fields_evolve_compatibly_both_ways():
+    """The sparse fields (a learned sparse model's output) were added with null defaults, at the end:
+    a record from before them reads with nulls, and a reader of the schema before them reads a new
+    record with sparse vectors (its fields resolved, the new ones skipped)."""
+    import fastavro
+
+    from schemas.codec import EMBEDDING_SCHEMA
+
+    before_json = json.loads((SCHEMA_DIR / "embedding.avsc").read_text())
+    before_json["fields"] = [f for f in before_json["fields"] if not f["name"].startswith("sparse_")]
+    before = fastavro.parse_schema(before_json)
+    rec = {"id": "a", "model": "m", "dim": 2, "vector": [0.6, 0.8], "content_hash": "h", "cached": False,
+           "source_topic": "t", "source_partition": 0, "source_offset": 5, "metadata": {}, "embedded_at": 1000,
+           "chunk_index": 1, "chunk_count": 2, "span_start": 3, "span_end": 9}
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, before, rec)
+    got = fastavro.schemaless_reader(io.BytesIO(buf.getvalue()), before, EMBEDDING_SCHEMA)
+    assert (got["sparse_indices"], got["sparse_values"], got["span_end"]) == (None, None, 9)
+    new = encode_embedding({**rec, "sparse_indices": [3, 70_000], "sparse_values": [0.5, 1.25]})
+    assert decode_embedding(new)["sparse_indices"] == [3, 70_000]
+    old_view = fastavro.schemaless_reader(io.BytesIO(new), EMBEDDING_SCHEMA, before)
+    assert "sparse_indices" not in old_view and old_view["span_end"] == 9
+    assert old_view["vector"] == pytest.approx([0.6, 0.8])
 
 
 def test_tombstone():

@@ -29,6 +29,7 @@ from worker.core.loop import Chain
 from worker.core.offsets import OffsetCommitter
 from worker.core.pipeline import Pipeline, Stage, in_turn
 from worker.core.records import Batch, Share, split_by_model
+from worker.embedding import sparse
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet
 from worker.settings import (
@@ -96,8 +97,9 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
     committer = OffsetCommitter(consumer, durable.commit_interval_ms / 1000, delivery)           # 7 commit
     # The breaker (3) counts the dead letters the chunk and sink steps make too (late ones).
     breaker = DlqLimit(durable.dlq_max_consecutive, durable.dlq_max_ratio, durable.dlq_ratio_window)
-    sink = SinkStep({n: ModelTarget(stores[n], m.model_id, m.dim, caches[n]) for n, m in handles.items()},
-                    delivery, fence=fence,
+    targets = {n: ModelTarget(stores[n], m.model_id, m.dim, caches[n], sparse.kind(m.sparse))
+               for n, m in handles.items()}
+    sink = SinkStep(targets, delivery, fence=fence,
                     guard=VersionGuard(topic_ids), output_topic=topics.output_topic, dlq_topic=topics.dlq_topic,
                     delivery_timeout_s=topics.kafka_timeout_seconds,
                     output=output_format(records.output_format, topics.output_topic, registry), limits=limits,

@@ -7,6 +7,7 @@ of another dim. Redis is optional: an unreachable one is a warning, and the work
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from worker.core.delivery import AtLeastOnce, Delivery, ExactlyOnce
 from worker.core.fence import Fence, lease_seconds
 from worker.core.loop import Worker
 from worker.core.stats import RunStats
+from worker.embedding import sparse
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet, ModelSpec, describe, parse_models
 from worker.process import heap, metrics
@@ -85,10 +87,11 @@ def load_embedder(settings: Settings, spec: ModelSpec | None = None) -> Embedder
     if spec is not None:
         return SentenceTransformerEmbedder(spec.path, spec.precision or settings.precision,
                                            spec.device or settings.device, document_prompt=spec.document_prompt,
-                                           query_prompt=spec.query_prompt, truncate_dim=spec.truncate_dim)
+                                           query_prompt=spec.query_prompt, truncate_dim=spec.truncate_dim,
+                                           sparse=spec.sparse or settings.sparse)
     return SentenceTransformerEmbedder(settings.model, settings.precision, settings.device,
                                        document_prompt=settings.document_prompt, query_prompt=settings.query_prompt,
-                                       truncate_dim=settings.truncate_dim)
+                                       truncate_dim=settings.truncate_dim, sparse=settings.sparse)
 
 
 def load_models(settings: Settings, embedder: Embedder | None = None) -> ModelSet:
@@ -97,9 +100,24 @@ def load_models(settings: Settings, embedder: Embedder | None = None) -> ModelSe
     if embedder is None and settings.models is not None:
         return ModelSet(parse_models(settings.models), lambda spec: load_embedder(settings, spec),
                         settings.model_memory_mb)
-    embedder = embedder or load_embedder(settings)
+    embedder = with_sparse(embedder, settings.sparse) if embedder is not None else load_embedder(settings)
     embedder.warmup()
     return ModelSet.single(embedder)
+
+
+def with_sparse(embedder: Embedder, setting: str) -> Embedder:
+    """A given model (tests, the bench) with EMBEDSTREAM_SPARSE applied: unchanged when the setting is
+    ``off`` or already the model's; a shallow copy writing ``bm25`` (or ``off``) otherwise. A learned
+    sparse model cannot be added to a loaded one: ConfigError."""
+    mode = sparse.resolve_mode(setting)
+    if mode == sparse.OFF or mode == embedder.sparse:
+        return embedder
+    if sparse.is_learned(mode):
+        raise ConfigError(f"EMBEDSTREAM_SPARSE={setting!r}: the model given was loaded without that sparse model; "
+                          "load it with sparse= set")
+    out = copy.copy(embedder)
+    out.sparse = mode
+    return out
 
 
 def inflight_limit(settings: Settings, models: ModelSet) -> int:
@@ -129,7 +147,7 @@ def open_cache(settings: Settings, embedder: Embedder) -> RedisCache | None:
         log.info("EMBEDSTREAM_REDIS_URL unset: running without the cache")
         return None
     cache = RedisCache(settings.redis_url.get_secret_value(), embedder.cache_id, embedder.dim,
-                       settings.cache_ttl_seconds, settings.redis_timeout_ms)
+                       settings.cache_ttl_seconds, settings.redis_timeout_ms, sparse=sparse.is_learned(embedder.sparse))
     if cache.get_many(["startup-probe"]) == [None] and cache.errors:
         log.warning("Redis did not answer at start-up; running without hits until it does")
     return cache
@@ -239,7 +257,8 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
         collection = collection_of(s, name, model)
         if store_factory is None:
             stores[name] = open_milvus(s, MilvusStore, collection)
-            MilvusAdmin.sharing(stores[name]).prepare(alias_of(s, name), model.model_id, model.dim)
+            MilvusAdmin.sharing(stores[name]).prepare(alias_of(s, name), model.model_id, model.dim,
+                                                      sparse.kind(model.sparse))
         else:
             stores[name] = store_factory(s, collection)
         caches[name] = open_cache(s, model)

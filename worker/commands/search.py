@@ -1,14 +1,21 @@
-"""Semantic search through the alias readers query (``worker.assembly.naming.alias_of``), with the worker's
+"""Search through the alias readers query (``worker.assembly.naming.alias_of``), with the worker's
 own model and precision (queries embedded with the model's query prompt, documents were with its
-document prompt)."""
+document prompt).
+
+Modes (:data:`MODES`): ``dense`` (the model's vectors, COSINE), ``sparse`` (the collection's sparse
+side: BM25 on the query's words, or a learned sparse model's query vector) and ``hybrid`` (both,
+fused by reciprocal rank, or by weighted scores with ``weights``). The default is hybrid where the
+collection has a sparse side, else dense."""
 
 from __future__ import annotations
 
 from schemas.errors import ConfigError
 from worker.core.records import normalise_text
 from worker.embedding.base import Embedder
+from worker.embedding.sparse import is_learned
 from worker.settings import Settings
 
+MODES = ("dense", "sparse", "hybrid")
 #: Chunk rows asked of Milvus per document shown: a long document's chunks crowd the nearest rows.
 ROWS_PER_DOCUMENT = 4
 
@@ -26,14 +33,18 @@ def best_chunk_per_document(rows: list[dict], top_k: int) -> list[dict]:
     return list(seen.values())[:top_k]
 
 
-def search_documents(settings: Settings, queries: list[str], top_k: int = 5,
-                     embedder: Embedder | None = None) -> list[list[dict]]:
-    """The ``top_k`` nearest documents per query, each ranked by its best chunk and showing which
-    span matched (``best_chunk_per_document``). Raises ConfigError on a missing collection or a dim
-    mismatch."""
+def search_documents(settings: Settings, queries: list[str], top_k: int = 5, embedder: Embedder | None = None,
+                     mode: str | None = None, weights: tuple[float, float] | None = None) -> list[list[dict]]:
+    """The ``top_k`` best documents per query in ``mode`` (:data:`MODES`; None: hybrid where the
+    collection has a sparse side, else dense), each ranked by its best chunk and showing which span
+    matched (``best_chunk_per_document``). Raises ConfigError on a missing collection, a dim
+    mismatch, or a mode the collection cannot serve."""
     if settings.milvus_uri is None:
         raise ConfigError("EMBEDSTREAM_MILVUS_URI (or --milvus-uri) is not set")
+    if mode is not None and mode not in MODES:
+        raise ConfigError(f"--mode {mode!r}: use one of {', '.join(MODES)}")
     from connectors.milvus import MilvusReader
+    from connectors.milvus.reads import Query
     from worker.assembly.naming import alias_of
     from worker.assembly.runner import load_embedder, open_milvus
 
@@ -54,7 +65,18 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5,
         if store.dim() != embedder.dim:
             raise ConfigError(f"collection {collection!r} holds {store.dim()}-dim vectors, the "
                               f"model makes {embedder.dim}: use the model the collection was built with")
-        vectors = embedder.embed_query([normalise_text(q) for q in queries])
-        return [best_chunk_per_document(store.search(v, top_k * ROWS_PER_DOCUMENT), top_k) for v in vectors]
+        kind = store.sparse_kind()
+        mode = mode or ("dense" if kind == "off" else "hybrid")
+        texts = [normalise_text(q) for q in queries]
+        if kind == "learned" and mode != "dense":
+            if not is_learned(embedder.sparse):
+                raise ConfigError(f"collection {collection!r} holds learned sparse vectors: set EMBEDSTREAM_SPARSE "
+                                  "(--sparse) to the sparse model it was built with, or search with --mode dense")
+            dense, sparse = embedder.embed_sparse(texts, query=True)
+        else:
+            dense, sparse = embedder.embed_query(texts), [None] * len(texts)
+        return [best_chunk_per_document(store.search_by(Query(d, t, s), mode, top_k * ROWS_PER_DOCUMENT, weights,
+                                                        kind), top_k)
+                for d, t, s in zip(dense, texts, sparse)]
     finally:
         store.close()

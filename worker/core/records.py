@@ -45,7 +45,8 @@ class Source:
 @dataclass(slots=True)
 class Chunk:
     """A window of a document's text that the model takes whole: ``text == doc.text[start:end]``.
-    ``vector`` and ``cached`` are filled by the embed step; ``hash`` is its cache key's suffix."""
+    ``vector`` and ``cached`` are filled by the embed step, and ``sparse`` (``(indices, values)``)
+    where the model has a learned sparse side; ``hash`` is its cache key's suffix."""
 
     index: int
     start: int
@@ -54,6 +55,7 @@ class Chunk:
     hash: str
     vector: np.ndarray | None = None
     cached: bool = False
+    sparse: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass(slots=True)

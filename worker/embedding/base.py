@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from schemas.errors import ConfigError
+from worker.embedding.sparse import OFF, Sparse, is_learned, space_suffix
 
 PACKAGED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 _WORD = re.compile(r"\S+")
@@ -43,6 +44,9 @@ class ModelProfile:
     query_prompt: str
     chars_per_token: float
     truncate_dim: int | None
+    #: The sparse vectors beside the dense ones (``worker.embedding.sparse``): ``off``, ``bm25`` or
+    #: the id of the sparse model the embedder runs.
+    sparse: str
     #: The model's :attr:`Embedder.cache_id` and :attr:`Embedder.space_id`.
     cache_id: str
     space_id: str
@@ -69,6 +73,10 @@ class Embedder(abc.ABC):
     prompt_tokens: int = 0
     #: Keep the first so many dimensions of each vector (renormalised); None: all.
     truncate_dim: int | None = None
+    #: The sparse side (``worker.embedding.sparse``): ``off``; ``bm25`` (Milvus derives it from the
+    #: text, nothing to compute here); or a sparse model's id, whose vectors :meth:`embed_sparse`
+    #: makes in the same forward passes as the dense ones.
+    sparse: str = OFF
 
     #: Characters per token of the estimate (WordPiece on English prose and docstrings; measured on
     #: the bench's texts: the sum is within 1 % on docstrings and 5 % on one-sentence texts).
@@ -115,16 +123,24 @@ class Embedder(abc.ABC):
 
     @property
     def cache_id(self) -> str:
-        """The cache namespace of this model's document vectors: its :attr:`space_id` (a model may add
-        what else keeps its vectors apart, like a precision), so a vector is never served for another
-        configuration."""
-        return self.space_id
+        """The cache namespace of this model's document vectors: its :attr:`dense_space_id`, plus its
+        sparse model when it has one (a cached value then holds both vectors; BM25 adds nothing to
+        cache). A model may add what else keeps its vectors apart, like a precision, so a vector is
+        never served for another configuration."""
+        return self.dense_space_id + (space_suffix(self.sparse) if is_learned(self.sparse) else "")
 
     @property
     def space_id(self) -> str:
-        """The vector space this model writes: the model id, plus what else makes its vectors differ
-        from the bare model's (a document prompt, a truncated dimension). Vectors of one space are
-        comparable whatever the precision or device; a new space needs a new Milvus collection."""
+        """What this model writes to Milvus: its :attr:`dense_space_id` plus its sparse side
+        (``worker.embedding.sparse.space_suffix``: a collection of another shape). A new space needs a
+        new Milvus collection."""
+        return self.dense_space_id + space_suffix(self.sparse)
+
+    @property
+    def dense_space_id(self) -> str:
+        """The dense vector space: the model id, plus what else makes its vectors differ from the bare
+        model's (a document prompt, a truncated dimension). Vectors of one space are comparable
+        whatever the precision or device."""
         out = self.model_id
         if self.document_prompt:
             out += "+prompt-" + hashlib.sha256(self.document_prompt.encode("utf-8")).hexdigest()[:12]
@@ -140,6 +156,11 @@ class Embedder(abc.ABC):
     def embed_query(self, texts: list[str]) -> np.ndarray:
         """Embed search queries (the query prompt before each); same shape and contract as ``embed``."""
         return self.embed(texts)
+
+    def embed_sparse(self, texts: list[str], query: bool = False) -> tuple[np.ndarray, list[Sparse]]:
+        """As :meth:`embed` (or :meth:`embed_query`), with each text's learned sparse vector, from the
+        same forward passes. Only for a model whose :attr:`sparse` is a learned model."""
+        raise ConfigError(f"model {self.model_id!r} has no sparse model (EMBEDSTREAM_SPARSE={self.sparse})")
 
     def warmup(self) -> None:
         """Run the model once so the first real batch does not pay for lazy initialisation."""

@@ -4,7 +4,8 @@
 ConfigMap)::
 
     {"minilm": {"path": "/models/minilm", "default": true},
-     "e5": {"path": "/models/e5-small", "precision": "bf16", "document_prompt": "passage: "}}
+     "e5": {"path": "/models/e5-small", "precision": "bf16", "document_prompt": "passage: ",
+            "sparse": "bm25"}}
 
 A record's ``model`` field picks one by its name (or the model's id); an empty field picks the
 default (the one marked ``default``, else the first). Without the setting the set is the one model
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.errors import ConfigError, TransientError
 from worker.embedding.base import Embedder, ModelProfile
+from worker.embedding.sparse import Sparse
 from worker.process import heap, metrics
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,8 @@ class ModelSpec(BaseModel):
     document_prompt: str | None = None
     query_prompt: str | None = None
     truncate_dim: int | None = Field(None, ge=1)
+    #: None: EMBEDSTREAM_SPARSE (``off``, ``bm25`` or a sparse model: ``worker.embedding.sparse``)
+    sparse: str | None = None
     default: bool = False
 
 
@@ -131,6 +135,9 @@ class LazyModel(Embedder):
 
     def embed_query(self, texts: list[str]) -> np.ndarray:
         return self._models.acquire(self.name).embed_query(texts)
+
+    def embed_sparse(self, texts: list[str], query: bool = False) -> tuple[np.ndarray, list[Sparse]]:
+        return self._models.acquire(self.name).embed_sparse(texts, query)
 
     def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
         return self._models.acquire(self.name).token_offsets(texts)

@@ -29,6 +29,7 @@ from schemas.errors import ConfigError
 from worker.embedding import cpu
 from worker.embedding.base import Embedder, resolve_model_path
 from worker.embedding.passes import PASS_TOKENS, split_by_budget, split_by_cost
+from worker.embedding.sparse import LearnedSparse, Sparse, is_learned, resolve_mode, to_sparse
 from worker.embedding.tokens import Tokens
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class SentenceTransformerEmbedder(Embedder):
     def __init__(self, model: str | None = None, precision: str = "auto", device: str = "auto",
                  sub_batch_size: int | None = None, sub_batch_tokens: int | None = None, *,
                  document_prompt: str | None = None, query_prompt: str | None = None,
-                 truncate_dim: int | None = None) -> None:
+                 truncate_dim: int | None = None, sparse: str = "off") -> None:
         import torch
 
         self._torch = torch
@@ -126,6 +127,11 @@ class SentenceTransformerEmbedder(Embedder):
         self.prompt_tokens = self.tokens.length(self.document_prompt) if self.document_prompt else 0
         self._size_passes(sub_batch_size, sub_batch_tokens)
         self._modules = self._modules_but_normalize()
+        self.sparse = resolve_mode(sparse)
+        #: The sparse model run beside the dense one (``worker.embedding.sparse``); None without one.
+        self.learned_sparse = (LearnedSparse(self.sparse, self.device, self.sentence_transformer.dtype,
+                                             self.sentence_transformer.tokenizer)
+                               if is_learned(self.sparse) else None)
         #: The int8 transformer this embedder runs (None at other precisions), for tools that run the
         #: library's own ``encode`` through it (the bench's raw encode).
         self.int8_transformer = None
@@ -133,9 +139,10 @@ class SentenceTransformerEmbedder(Embedder):
         self.int8_quality: Any = None
         if self.precision == "int8":
             _int8_or_fallback(self, path, fall_back=precision == "auto")
-        log.info("model %s loaded: dim=%d precision=%s device=%s%s", self.model_id, self.dim, self.precision,
-                 self.device, "".join(f", {what} prompt {p!r}" for what, p in (("document", self.document_prompt),
-                                                                             ("query", self.query_prompt)) if p))
+        prompts = "".join(f", {what} prompt {p!r}" for what, p in (("document", self.document_prompt),
+                                                                      ("query", self.query_prompt)) if p)
+        log.info("model %s loaded: dim=%d precision=%s device=%s sparse=%s%s", self.model_id, self.dim,
+                 self.precision, self.device, self.sparse, prompts)
 
     # -- construction, step by step ------------------------------------------------------------
     def _checked_precision(self, precision: str) -> str:
@@ -274,20 +281,35 @@ class SentenceTransformerEmbedder(Embedder):
     def embed_query(self, texts: list[str]) -> np.ndarray:
         return self._embed(texts, self.query_prompt)
 
-    def _embed(self, texts: list[str], prompt: str) -> np.ndarray:
+    def embed_sparse(self, texts: list[str], query: bool = False) -> tuple[np.ndarray, list[Sparse]]:
+        if self.learned_sparse is None:
+            return super().embed_sparse(texts, query)
+        dense, weights = self._embed(texts, self.query_prompt if query else self.document_prompt, sparse=True)
+        return dense, to_sparse(weights)
+
+    def _embed(self, texts: list[str], prompt: str, sparse: bool = False):
+        """The dense vectors of ``texts`` (``prompt`` before each); with ``sparse``, also the learned
+        sparse model's weights (a dense array), computed on the same padded ids, pass by pass."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
+        weights = np.empty((len(texts), self.learned_sparse.dim if sparse and self.learned_sparse else 0),
+                           dtype=np.float32)
         if not texts:
-            return out
+            return (out, weights) if sparse else out
         # Tokenized once; each forward pass pads its own length-sorted slice. Results are copied off
         # the device only at the end: on a GPU the passes queue up and the CPU pads the next slice
         # while the GPU computes this one (a copy per pass would wait for each).
         ids = self.tokens.tokenize([prompt + t for t in texts]) if prompt else self.tokens.ids(texts)
         extra = {"prompt_length": self.tokens.prompt_length(prompt)} if prompt else {}
-        done = [(group, self.normalise(self.run({**self.pad([ids[i] for i in group]), **extra})))
-                for group in self.passes([len(seq) for seq in ids])]
-        for group, vectors in done:
+        done = []
+        for group in self.passes([len(seq) for seq in ids]):
+            features = {**self.pad([ids[i] for i in group]), **extra}
+            learned = self.learned_sparse.run(dict(features)) if sparse and self.learned_sparse else None
+            done.append((group, self.normalise(self.run(features)), learned))
+        for group, vectors, learned in done:
             out[group] = vectors.cpu().numpy()
-        return out
+            if learned is not None:
+                weights[group] = learned.cpu().numpy()
+        return (out, weights) if sparse else out
 
 
 def _int8_or_fallback(model: SentenceTransformerEmbedder, path: str, fall_back: bool) -> None:

@@ -29,8 +29,11 @@ import numpy as np
 from connectors.redis_cache import RedisCache
 from worker.core.records import Share
 from worker.embedding.base import Embedder
+from worker.embedding.sparse import Sparse, is_learned
 from worker.process import metrics
 
+#: What the step keeps of a text: its vector, or with a learned sparse side ``(vector, sparse vector)``.
+Value = np.ndarray | tuple[np.ndarray, Sparse]
 #: While Redis is skipped, one group in so many is still looked up, to measure it again.
 PROBE_EVERY = 16
 #: Weight of the newest group in the running averages.
@@ -88,13 +91,16 @@ class EmbedStep:
 
     def __init__(self, embedder: Embedder, cache: RedisCache | None, memo_size: int = 20_000, model: str = "") -> None:
         self.embedder = embedder
+        #: The model has a learned sparse side: each text's value (embedded, memoised, cached) is its
+        #: dense vector and its sparse one, from the same forward pass.
+        self.learned = is_learned(embedder.sparse)
         self.cache = cache
         #: The items this step embeds: those of this model (``Item.model``).
         self.model = model
         # ~1.5 KB a 384-dim vector: 20,000 entries ≈ 30 MB. Only used with a cache configured:
         # without Redis the operator asked for no caching.
         self.memo_size = memo_size if cache is not None else 0
-        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._memo: OrderedDict[str, Value] = OrderedDict()
         #: Whether a group's Redis lookup is worth its cost (the module doc).
         self.policy = LookupPolicy()
 
@@ -109,7 +115,7 @@ class EmbedStep:
         for ch in chunks:
             first_text.setdefault(ch.hash, ch.text)
         hashes = list(first_text)
-        vectors: dict[str, np.ndarray] = {}
+        vectors: dict[str, Value] = {}
         hit: set[str] = set()
         for h in hashes:
             vec = self._memo.get(h)
@@ -122,7 +128,8 @@ class EmbedStep:
         missing = [h for h in hashes if h not in vectors]
         if missing:
             t0 = time.perf_counter()
-            embedded = self.embedder.embed([first_text[h] for h in missing])
+            texts = [first_text[h] for h in missing]
+            embedded = list(zip(*self.embedder.embed_sparse(texts))) if self.learned else self.embedder.embed(texts)
             seconds = time.perf_counter() - t0
             metrics.EMBED_SECONDS.observe(seconds)
             self.policy.embedded(len(missing), seconds)
@@ -134,7 +141,7 @@ class EmbedStep:
                 self._memo.popitem(last=False)
         self._hand_on(share, vectors, hit)
 
-    def _look_up(self, hashes: list[str], vectors: dict[str, np.ndarray], hit: set[str]) -> None:
+    def _look_up(self, hashes: list[str], vectors: dict[str, Value], hit: set[str]) -> None:
         """Ask Redis for the hashes the memo did not hold, when the policy says it pays."""
         assert self.cache is not None
         asked = [h for h in hashes if h not in vectors]
@@ -161,12 +168,17 @@ class EmbedStep:
             metrics.CACHE_REQUESTS.labels("hit").inc(len(hit))
             metrics.CACHE_REQUESTS.labels("miss").inc(len(hashes) - len(hit))
 
-    def _hand_on(self, share: Share, vectors: dict[str, np.ndarray], hit: set[str]) -> None:
-        """Each chunk's vector and whether it came from a cache; the fresh ones into ``batch.fresh``."""
+    def _hand_on(self, share: Share, vectors: dict[str, Value], hit: set[str]) -> None:
+        """Each chunk's vector (and sparse vector) and whether it came from a cache; the fresh values
+        into ``batch.fresh``."""
         for batch, _, it in share.places:
             fresh = batch.fresh[self.model]
             for ch in it.chunks:
-                ch.vector = vectors[ch.hash]
+                value = vectors[ch.hash]
+                if self.learned:
+                    ch.vector, ch.sparse = value  # type: ignore[misc]
+                else:
+                    ch.vector = value  # type: ignore[assignment]
                 ch.cached = ch.hash in hit
                 if not ch.cached:
-                    fresh[ch.hash] = ch.vector
+                    fresh[ch.hash] = value

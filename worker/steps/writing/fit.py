@@ -76,10 +76,16 @@ VECTOR_COMPONENT_BYTES = 26
 ESCAPE_FACTOR = 6
 
 
-def output_room(dim: int, limit: int) -> int:
+#: A sparse vector's dimension as a JSON number, with its comma, at most (a uint32).
+SPARSE_INDEX_BYTES = 11
+
+
+def output_room(dim: int, limit: int, sparse_dims: int = 0) -> int:
     """Bytes of document id plus metadata (as UTF-8) below which an output record of a ``dim``
-    vector fits ``limit`` in any output format; a record past it is measured exactly."""
-    return max(0, (limit - VECTOR_COMPONENT_BYTES * dim - OUTPUT_FIXED_BYTES - RECORD_OVERHEAD) // ESCAPE_FACTOR)
+    vector (and a sparse vector of at most ``sparse_dims`` dimensions) fits ``limit`` in any output
+    format; a record past it is measured exactly."""
+    vectors = VECTOR_COMPONENT_BYTES * (dim + sparse_dims) + SPARSE_INDEX_BYTES * sparse_dims
+    return max(0, (limit - vectors - OUTPUT_FIXED_BYTES - RECORD_OVERHEAD) // ESCAPE_FACTOR)
 
 
 def _sha256(data: bytes | None) -> bytes:

@@ -30,7 +30,9 @@ def records(item: Item, model_id: str, dim: int, embedded_at: int) -> list[dict[
     return [{"id": item.id, "model": model_id, "dim": dim, "vector": ch.vector, "content_hash": ch.hash,
              "cached": ch.cached, "source_topic": src.topic, "source_partition": src.partition,
              "source_offset": src.offset, "metadata": item.metadata, "embedded_at": embedded_at,
-             "chunk_index": ch.index, "chunk_count": count, "span_start": ch.start, "span_end": ch.end}
+             "chunk_index": ch.index, "chunk_count": count, "span_start": ch.start, "span_end": ch.end,
+             "sparse_indices": None if ch.sparse is None else ch.sparse[0],
+             "sparse_values": None if ch.sparse is None else ch.sparse[1]}
             for ch in item.chunks]
 
 
@@ -52,7 +54,8 @@ class OutputFormat:
         src = item.source
         doc = writer.document(item.id, src.topic, src.partition, src.offset, item.metadata, embedded_at,
                               len(item.chunks))
-        return [writer.chunk(doc, ch.vector, ch.hash, ch.cached, ch.index, ch.start, ch.end)  # type: ignore[arg-type]
+        return [writer.chunk(doc, ch.vector, ch.hash, ch.cached, ch.index, ch.start, ch.end,  # type: ignore[arg-type]
+                             ch.sparse)
                 for ch in item.chunks]
 
 

@@ -30,7 +30,8 @@ from connectors.redis_cache import RedisCache
 from schemas.errors import TransientError
 from worker.core.delivery import Delivery, Planned
 from worker.core.fence import Fence
-from worker.core.records import Batch, DeadLetter, Delete, Entry, Item, Source
+from worker.core.records import Batch, Chunk, DeadLetter, Delete, Entry, Item, Source
+from worker.embedding.sparse import MAX_ACTIVE_DIMS
 from worker.process import metrics
 from worker.steps.writing.fit import TopicLimits, dead_letter_record, output_room, record_size
 from worker.steps.writing.output import OutputFormat
@@ -47,6 +48,9 @@ class ModelTarget:
     model_id: str
     dim: int
     cache: RedisCache | None = None
+    #: The collection's sparse side (``connectors.milvus.schema.SPARSE_KINDS``): what a row carries
+    #: beside its dense vector (the chunk's text for ``bm25``, its sparse vector for ``learned``).
+    sparse: str = "off"
     #: The headers of an output record, by whether it came from a cache (built once: the producer
     #: copies them at each ``produce``).
     headers: dict[bool, list[tuple[str, bytes]]] = field(init=False)
@@ -71,8 +75,9 @@ class Plan:
     stored: dict = field(default_factory=dict)
 
 
-def chunk_rows(items: list[Item], source: Callable[[Source], str]) -> ChunkRows:
-    """The Milvus rows of ``items``: one per chunk; ``source`` names where a record came from."""
+def chunk_rows(items: list[Item], source: Callable[[Source], str], sparse: str = "off") -> ChunkRows:
+    """The Milvus rows of ``items``: one per chunk; ``source`` names where a record came from;
+    ``sparse``: the collection's sparse side (what else each row carries)."""
     chunks = [(it, ch) for it in items for ch in it.chunks]
     vectors = [ch.vector for _, ch in chunks if ch.vector is not None]
     if len(vectors) != len(chunks):
@@ -83,7 +88,16 @@ def chunk_rows(items: list[Item], source: Callable[[Source], str]) -> ChunkRows:
         span_end=[ch.end for _, ch in chunks], excerpts=[ch.text[:EXCERPT_CHARS] for _, ch in chunks],
         vectors=np.array(vectors), hashes=[ch.hash for _, ch in chunks],
         metadata=[it.metadata for it, _ in chunks], sources=[source(it.source) for it, _ in chunks],
-        offsets=[it.source.offset for it, _ in chunks])
+        offsets=[it.source.offset for it, _ in chunks],
+        texts=[ch.text for _, ch in chunks] if sparse == "bm25" else None,
+        sparse=_sparse_of(chunks) if sparse == "learned" else None)
+
+
+def _sparse_of(chunks: list[tuple[Item, Chunk]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    out = [ch.sparse for _, ch in chunks if ch.sparse is not None]
+    if len(out) != len(chunks):
+        raise RuntimeError("a chunk reached the sink without its sparse vector")  # a bug of the embed step
+    return out
 
 
 class SinkStep:
@@ -121,7 +135,9 @@ class SinkStep:
         self.limits = limits or TopicLimits()
         #: Per model, the bytes of id and metadata below which its output records always fit
         #: (``worker.steps.writing.fit.output_room``): only a document past it is measured.
-        self.output_rooms = {name: output_room(t.dim, self.limits.output) for name, t in targets.items()}
+        self.output_rooms = {name: output_room(t.dim, self.limits.output,
+                                               MAX_ACTIVE_DIMS if t.sparse == "learned" else 0)
+                             for name, t in targets.items()}
         self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
 
     def close(self) -> None:
@@ -173,7 +189,8 @@ class SinkStep:
         store.delete(stale)
         store.delete([chunk_id(doc, 0) for doc in deletes])
         if upserts:
-            store.upsert_chunks(chunk_rows(list(upserts.values()), self.guard.source), plan.target.model_id, now)
+            store.upsert_chunks(chunk_rows(list(upserts.values()), self.guard.source,
+                                            plan.target.sparse), plan.target.model_id, now)
 
     def produce(self, planned: Planned, producer: Producer) -> DeliveryBatch:
         """Hand every output and dead-letter record of the group to ``producer`` (not yet confirmed),
