@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
 from pymilvus.grpc_gen import schema_pb2
 
 from tools.memory_source import EndOfPartition, MemoryMessage, MemorySource
