@@ -55,3 +55,27 @@ def test_a_bad_setting_exits_2_naming_the_variable(monkeypatch):
     monkeypatch.setenv("EMBEDSTREAM_MAX_BATCH_SIZE", "zero")
     result = CliRunner().invoke(app, ["run"])
     assert result.exit_code == 2 and "EMBEDSTREAM_MAX_BATCH_SIZE" in result.output
+
+
+def test_search_weights_are_two_numbers_from_zero_to_one():
+    from worker.commands.cli import parse_weights
+
+    assert parse_weights(None) is None and parse_weights("0.7,0.3") == (0.7, 0.3)
+    for bad in ("0.7", "a,b", "2,0"):
+        with pytest.raises(ValueError, match="--weights"):
+            parse_weights(bad)
+
+
+def test_a_given_model_takes_the_sparse_setting_unless_it_needs_a_model_it_was_not_loaded_with():
+    from schemas.errors import ConfigError
+    from worker.assembly.runner import with_sparse
+    from worker.embedding.fake import FakeEmbedder
+
+    model = FakeEmbedder()
+    assert with_sparse(model, "off") is model
+    bm25 = with_sparse(model, "bm25")
+    assert bm25.sparse == "bm25" and model.sparse == "off" and bm25.space_id == "fake-model+bm25"
+    learned = FakeEmbedder(sparse="org/splade")
+    assert with_sparse(learned, "off") is learned and with_sparse(learned, "org/splade") is learned
+    with pytest.raises(ConfigError, match="loaded without that sparse model"):
+        with_sparse(model, "org/splade")

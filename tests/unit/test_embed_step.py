@@ -145,3 +145,26 @@ def test_a_failed_lookup_is_an_outage_not_a_cost_so_redis_is_asked_again_once_ba
     batch = _batch(30, "back")
     stage.process([batch])
     assert batch.items[0].chunks[0].cached
+
+
+def test_a_learned_sparse_side_rides_with_each_vector_through_the_model_the_memo_and_the_cache():
+    """With a learned sparse model a text's value is (vector, sparse vector), from one model call: a
+    cache hit hands both back, the memo keeps both, and both go back to the cache."""
+    model = FakeEmbedder(sparse="fake-sparse")
+    vec, sparse = model.embed_sparse(["in redis"])
+    step = EmbedStep(model, DictCache({"h-in redis": (vec[0], sparse[0])}), memo_size=10)
+    work = _stage(Chunker(model, "tokens", 254, 2, 512).process, step.process)
+    first = _batch(0, "alpha", "in redis", "alpha")
+    work.process([first])
+    chunks = [it.chunks[0] for it in first.items]
+    want_vec, want_sparse = model.embed_sparse(["alpha", "in redis"])
+    assert [ch.cached for ch in chunks] == [False, True, False]
+    for ch, i in zip(chunks, (0, 1, 0)):
+        assert np.allclose(ch.vector, want_vec[i]) and ch.sparse is not None
+        assert np.array_equal(ch.sparse[0], want_sparse[i][0]) and np.allclose(ch.sparse[1], want_sparse[i][1])
+    fresh = first.fresh[""]["h-alpha"]
+    assert np.allclose(fresh[0], want_vec[0]) and np.array_equal(fresh[1][0], want_sparse[0][0])
+    again = _batch(3, "alpha")
+    calls = model.calls
+    work.process([again])
+    assert model.calls == calls and np.array_equal(again.items[0].chunks[0].sparse[0], want_sparse[0][0])  # the memo

@@ -142,3 +142,18 @@ def test_offsets_over_is_the_offsets_of_the_texts_past_the_limit(texts, limit):
     model = FakeEmbedder()
     texts = [*texts, "a " * limit, "a " * limit + "b", " a" * (limit + 1)]
     assert model.offsets_over(texts, limit) == [o if len(o) > limit else None for o in model.token_offsets(texts)]
+
+
+def test_the_sparse_side_names_a_new_space_and_only_a_learned_one_a_new_cache():
+    from worker.embedding.fake import FakeEmbedder
+    from worker.embedding.sparse import kind, resolve_mode
+
+    off, bm25, learned = (FakeEmbedder(sparse=m) for m in ("off", "bm25", "org/splade"))
+    assert off.space_id == off.cache_id == "fake-model"
+    assert bm25.space_id == "fake-model+bm25" and bm25.cache_id == "fake-model"  # same dense vectors
+    assert learned.space_id == learned.cache_id != off.space_id and "+sparse-" in learned.space_id
+    assert [kind(m.sparse) for m in (off, bm25, learned)] == ["off", "bm25", "learned"]
+    assert resolve_mode(" BM25 ") == "bm25" and resolve_mode(None) == "off" and resolve_mode("org/x") == "org/x"
+    with pytest.raises(ConfigError, match="no sentence-transformers SparseEncoder"):
+        resolve_mode("/nonexistent/sparse")
+    assert bm25.profile.sparse == "bm25"

@@ -358,3 +358,20 @@ def test_each_model_writes_its_collection_and_a_tombstone_deletes_from_all():
     older.add(stale)
     sink.process([older])
     assert stale.superseded and big.rows["x#0"]["source_offset"] == 3
+
+
+def test_rows_carry_what_the_sparse_side_needs_the_chunk_text_for_bm25_the_vector_for_a_learned_model():
+    from worker.core.records import Chunk
+    from worker.steps.writing.sink import chunk_rows
+
+    it = Item(Source("docs", 0, 4), "d", "alpha beta", "h", 3, {})
+    sparse = (np.array([2, 9], np.int32), np.array([0.5, 0.25], np.float32))
+    it.chunks = [Chunk(0, 0, 5, "alpha", "h0", np.ones(4, np.float32), sparse=sparse),
+                 Chunk(1, 6, 10, "beta", "h1", np.ones(4, np.float32), sparse=sparse)]
+    plain = chunk_rows([it], str)
+    assert plain.texts is None and plain.sparse is None
+    assert chunk_rows([it], str, "bm25").texts == ["alpha", "beta"]  # the whole chunk, not the excerpt
+    assert chunk_rows([it], str, "learned").sparse == [sparse, sparse]
+    it.chunks[1].sparse = None
+    with pytest.raises(RuntimeError, match="without its sparse vector"):
+        chunk_rows([it], str, "learned")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from schemas.errors import ConfigError
 from worker.core.records import normalise_text
 from worker.embedding.base import Embedder
-from worker.embedding.sparse import is_learned
+from worker.embedding.sparse import Sparse, is_learned
 from worker.settings import Settings
 
 MODES = ("dense", "sparse", "hybrid")
@@ -68,13 +68,15 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5, emb
         kind = store.sparse_kind()
         mode = mode or ("dense" if kind == "off" else "hybrid")
         texts = [normalise_text(q) for q in queries]
+        sparse: list[Sparse | None] = [None] * len(texts)
         if kind == "learned" and mode != "dense":
             if not is_learned(embedder.sparse):
                 raise ConfigError(f"collection {collection!r} holds learned sparse vectors: set EMBEDSTREAM_SPARSE "
                                   "(--sparse) to the sparse model it was built with, or search with --mode dense")
-            dense, sparse = embedder.embed_sparse(texts, query=True)
+            dense, learned = embedder.embed_sparse(texts, query=True)
+            sparse = list(learned)
         else:
-            dense, sparse = embedder.embed_query(texts), [None] * len(texts)
+            dense = embedder.embed_query(texts)
         return [best_chunk_per_document(store.search_by(Query(d, t, s), mode, top_k * ROWS_PER_DOCUMENT, weights,
                                                         kind), top_k)
                 for d, t, s in zip(dense, texts, sparse)]

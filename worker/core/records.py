@@ -125,8 +125,9 @@ class Batch:
     size: int = 0
     opened_at: float = field(default_factory=time.monotonic)
     #: Vectors computed by the models for this batch, by model name, then chunk hash (written back
-    #: to each model's cache).
-    fresh: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    #: to each model's cache); with a learned sparse side, ``(vector, sparse vector)``.
+    fresh: dict[str, dict[str, np.ndarray | tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]]] = field(
+        default_factory=dict)
     #: Its output and dead-letter records were acknowledged (a retry for Milvus skips them).
     delivered: bool = False
     #: Partitions whose entries the sink left unwritten: this member no longer owns them.

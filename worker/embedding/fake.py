@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from worker.embedding.base import Embedder
+from worker.embedding.sparse import is_learned
 
 
 class FakeEmbedder(Embedder):
@@ -17,8 +18,11 @@ class FakeEmbedder(Embedder):
     """
 
     def __init__(self, dim: int = 8, model_id: str = "fake-model", delay_per_text: float = 0.0,
-                 delay_per_batch: float = 0.0) -> None:
+                 delay_per_batch: float = 0.0, sparse: str = "off") -> None:
         self.model_id = model_id
+        #: ``off``, ``bm25``, or any other name: a learned sparse side whose vectors derive from the
+        #: text's digest too (4 dimensions of 64).
+        self.sparse = sparse
         self.dim = dim
         self.precision = "fp32"
         self.device = "cpu"
@@ -47,3 +51,13 @@ class FakeEmbedder(Embedder):
         out *= self._scale
         out /= np.linalg.norm(out, axis=1, keepdims=True)
         return out
+
+    def embed_sparse(self, texts: list[str], query: bool = False) -> tuple[np.ndarray, list]:
+        if not is_learned(self.sparse):
+            return super().embed_sparse(texts, query)
+        out = []
+        for t in texts:
+            digest = hashlib.sha256(t.encode("utf-8")).digest()
+            idx = np.unique(np.frombuffer(digest[:4], np.uint8) % 64).astype(np.int32)
+            out.append((idx, (idx + 1).astype(np.float32) / 64))
+        return self.embed(texts), out

@@ -175,10 +175,10 @@ class EmbedStep:
             fresh = batch.fresh[self.model]
             for ch in it.chunks:
                 value = vectors[ch.hash]
-                if self.learned:
-                    ch.vector, ch.sparse = value  # type: ignore[misc]
+                if isinstance(value, tuple):  # a learned sparse side: (vector, sparse vector)
+                    ch.vector, ch.sparse = value
                 else:
-                    ch.vector = value  # type: ignore[assignment]
+                    ch.vector = value
                 ch.cached = ch.hash in hit
                 if not ch.cached:
                     fresh[ch.hash] = value
