@@ -191,6 +191,15 @@ def test_prompts_and_truncation_reach_the_worker():
     assert env["EMBEDSTREAM_QUERY_PROMPT"]["value"] == "query: " and env["EMBEDSTREAM_TRUNCATE_DIM"]["value"] == "256"
 
 
+def test_the_sparse_setting_reaches_the_worker_and_the_migration_job():
+    env = env_of(render(BASE))
+    assert env["EMBEDSTREAM_SPARSE"]["value"] == "off"
+    rendered = render(merge(BASE, {"model": {"sparse": "bm25"}, "migration": {"model": "/models/e5"}}))
+    assert env_of(rendered)["EMBEDSTREAM_SPARSE"]["value"] == "bm25"
+    job = rendered["Job"]["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e for e in job["env"]}["EMBEDSTREAM_SPARSE"]["value"] == "bm25"  # the backfill fills it
+
+
 def test_a_model_set_is_a_configmap_the_worker_reads():
     import yaml
 

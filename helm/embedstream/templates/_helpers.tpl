@@ -131,6 +131,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - name: EMBEDSTREAM_TRUNCATE_DIM
   value: {{ . | quote }}
 {{- end }}
+- name: EMBEDSTREAM_SPARSE
+  value: {{ .Values.model.sparse | default "off" | quote }}
 {{- if .Values.models.set }}
 - name: EMBEDSTREAM_MODELS
   value: /etc/embedstream/models/models.yaml
