@@ -128,6 +128,26 @@ def documents_in_milvus(s: Settings) -> dict[str, list[dict]]:
     return docs
 
 
+def check_bm25_texts(s: Settings, docs: dict[str, list[dict]], texts: dict[str, str]) -> None:
+    """With ``EMBEDSTREAM_SPARSE=bm25``: the collection holds a ``text`` for exactly the rows of
+    ``docs`` (``documents_in_milvus``), each its chunk's span of the document's newest text
+    (``texts``, before normalisation), so BM25 scores what the dense vector embeds."""
+    from connectors.milvus import MilvusReader
+    from worker.core.records import normalise_text
+
+    reader = MilvusReader(s.milvus_uri, s.milvus_collection, timeout=30)
+    try:
+        assert reader.sparse_kind() == "bm25"
+        held = {r["id"]: r["text"] for r in reader.query_ids(("id", "text"))}
+    finally:
+        reader.close()
+    assert len(held) == sum(len(c) for c in docs.values()), "a text row without its chunk row, or one missing"
+    for doc, chunks in docs.items():
+        text = normalise_text(texts[doc])
+        wrong = [r["id"] for r in chunks if held[r["id"]] != text[r["span_start"]:r["span_end"]]]
+        assert not wrong, f"{doc}: the text of {wrong} is not its chunk's"
+
+
 def cosine_floor(precision: str) -> float:
     """The least cosine a worker's vector keeps to a direct fp32/encode of the same text at this
     precision: fp32 the same computation, bf16/fp16 rounding, int8 the gate of ``worker.embedding.int8``."""

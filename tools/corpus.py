@@ -18,9 +18,17 @@ from schemas.codec import Document
 @lru_cache(maxsize=1)
 def stdlib_docstrings(min_chars: int = 20) -> tuple[tuple[str, str], ...]:
     """``(qualified name, docstring)`` pairs, unique texts, in a stable order."""
+    return tuple((name, doc) for name, _kind, doc in stdlib_definitions(min_chars))
+
+
+@lru_cache(maxsize=1)
+def stdlib_definitions(min_chars: int = 20) -> tuple[tuple[str, str, str], ...]:
+    """``(qualified name, kind, docstring)`` of the standard library's modules, classes and functions
+    (kind ``module``, ``class`` or ``function``; a method is ``<module>.<name>``), unique texts, in a
+    stable order."""
     root = Path(sysconfig.get_paths()["stdlib"])
     seen: set[str] = set()
-    out: list[tuple[str, str]] = []
+    out: list[tuple[str, str, str]] = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
         if any(part in ("test", "tests", "idlelib", "site-packages", "lib2to3") for part in rel.parts):
@@ -38,7 +46,8 @@ def stdlib_docstrings(min_chars: int = 20) -> tuple[tuple[str, str], ...]:
                 continue
             seen.add(doc)
             name = module if isinstance(node, ast.Module) else f"{module}.{node.name}"
-            out.append((name, doc))
+            kind = {ast.Module: "module", ast.ClassDef: "class"}.get(type(node), "function")
+            out.append((name, kind, doc))
     return tuple(out)
 
 

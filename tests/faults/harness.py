@@ -28,6 +28,7 @@ from schemas.codec import Document, decode_embedding, encode_document
 from tests.helpers import (
     CLI,
     REPO,
+    check_bm25_texts,
     cosine_floor,
     documents_in_milvus,
     min_cosine_to_direct_encode,
@@ -234,6 +235,8 @@ def check_nothing_lost(s: Settings, model, expected: Expected, partitions: int) 
     floor = cosine_floor(model.precision)
     worst = min_cosine_to_direct_encode(model, docs, expected.good)
     assert worst >= floor, f"a vector differs from a direct encode: min cosine {worst:.4f}"
+    if s.sparse == "bm25":  # the sparse side holds the same chunks: each row's text is its chunk's
+        check_bm25_texts(s, docs, expected.good)
 
     # Output topic: every good id at least once; a duplicate is a chunk of a document seen again.
     out = read_topic(s, s.output_topic, expect=len(expected.good) + len(expected.deleted), idle=2.0)

@@ -21,6 +21,7 @@ from schemas.codec import Document, encode_document
 from tests.helpers import (
     CLI,
     REPO,
+    check_bm25_texts,
     cosine_floor,
     documents_in_milvus,
     fresh_settings,
@@ -94,7 +95,9 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
     texts = [d.text for d in sample_documents(420, prefix="m")]
     s = fresh_settings(stack, partitions=3, compacted_input=True, precision="fp32", max_batch_size=16)
     new_path = str(projected_model(tmp_path / "new-model", dim=384))
-    new = load_embedder(s.model_copy(update={"model": new_path}))
+    # The new deployment also turns on BM25 (EMBEDSTREAM_SPARSE=bm25): a collection of another shape,
+    # filled by the same backfill; the old one has no sparse side.
+    new = load_embedder(s.model_copy(update={"model": new_path, "sparse": "bm25"}))
     new_collection = versioned_name(s.milvus_collection, new.model_id, new.space_id)
     group = f"{s.group_id}.migrate.{new_collection}"
     producer = Producer({"bootstrap.servers": s.kafka_bootstrap_servers, "linger.ms": 5})
@@ -118,7 +121,7 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
     assert old_collection is not None and old_collection != new_collection
     assert len(read_topic(s, s.dlq_topic, expect=3)) == 3
 
-    env = {**settings_env(s), "COLUMNS": "200"}  # long names on one line each
+    env = {**settings_env(s), "COLUMNS": "200", "EMBEDSTREAM_SPARSE": "bm25"}  # long names on one line each
     dry = run_cli(["migrate", "--model", new_path, "--dry-run"], env, timeout=180)
     assert dry.returncode == 0, dry.stderr
     assert new_collection in dry.stdout and group in dry.stdout and "dry run" in dry.stdout
@@ -167,7 +170,8 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
     # The hand-over: the live workers stop, and run the new model in the backfill group.
     worker.stop.requested = True
     live_thread.join(60)
-    build_worker(s.model_copy(update={"model": new_path, "group_id": group}), embedder=new).run(stop_when_idle=2)
+    build_worker(s.model_copy(update={"model": new_path, "group_id": group, "sparse": "bm25"}),
+                 embedder=new).run(stop_when_idle=2)
     time.sleep(0.5)
     reader.stop.set()
     reader.join(10)
@@ -182,6 +186,7 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
     assert models == {new.model_id}
     # every chunk holds the new model's vector of its span of the newest text
     assert min_cosine_to_direct_encode(new, docs, expected) > cosine_floor(new.precision)
+    check_bm25_texts(s, docs, expected)  # and its text, for BM25
     # the backfill read the three bad records again and skipped them: the DLQ holds each once
     assert sorted(m.key() for m in read_topic(s, s.dlq_topic, expect=3)) == [b"bad0", b"bad1", b"bad2"]
 

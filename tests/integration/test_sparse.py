@@ -12,7 +12,7 @@ import pytest
 from connectors.kafka import make_producer
 from connectors.milvus import MilvusReader
 from schemas.codec import Document, decode_embedding, encode_document
-from tests.helpers import documents_in_milvus, fresh_settings, read_topic
+from tests.helpers import check_bm25_texts, documents_in_milvus, fresh_settings, read_topic
 from tools.corpus import stdlib_docstrings
 from worker.core.records import normalise_text
 
@@ -74,11 +74,7 @@ def test_bm25_rows_keep_each_chunks_text_through_updates_and_search_finds_the_id
     del newest["gone"]
     docs = documents_in_milvus(s)
     assert set(docs) == set(newest) and len(docs["shrink"]) == 1
-    texts = _rows(s, ("text",))
-    assert len(texts) == sum(len(c) for c in docs.values())  # the shrunk document's old chunks are gone
-    for doc, chunks in docs.items():  # each row holds its chunk's whole text, for BM25
-        text = normalise_text(newest[doc])
-        assert all(texts[r["id"]]["text"] == text[r["span_start"]:r["span_end"]] for r in chunks), doc
+    check_bm25_texts(s, docs, newest)  # each row holds its chunk's whole text; the old chunks are gone
 
     query = "ERR_SSL_VERSION_OR_CIPHER_MISMATCH"
     by_mode = {mode: [h["id"] for h in search_documents(s, [query], top_k=3, embedder=model, mode=mode)[0]]

@@ -123,3 +123,27 @@ def test_each_model_served_may_hold_the_batches_in_flight_of_a_worker_of_one():
     assert inflight_limit(Settings(max_inflight_batches=8), one) == 8
     assert inflight_limit(Settings(max_inflight_batches=8), two) == 16
     assert inflight_limit(Settings(max_inflight_batches=3), two) == 6
+
+
+def test_each_model_of_a_set_has_its_own_sparse_side_and_a_learned_one_is_asked_through_its_handle(monkeypatch):
+    """``sparse`` per model (else EMBEDSTREAM_SPARSE): each handle's profile carries it, so its
+    collection has that shape (its space id) and its embed step asks for sparse vectors."""
+    from worker.assembly.runner import load_embedder
+
+    specs = parse_models('{"plain": {}, "words": {"sparse": "bm25"}, "learned": {"sparse": "org/splade"}}')
+    assert [s.sparse for s in specs.values()] == [None, "bm25", "org/splade"]
+    models = ModelSet(specs, lambda spec: FakeEmbedder(model_id="org/m", sparse=spec.sparse or "off"))
+    handles = models.handles
+    assert [h.sparse for h in handles.values()] == ["off", "bm25", "org/splade"]
+    assert len({h.space_id for h in handles.values()}) == 3 and handles["words"].cache_id == handles["plain"].cache_id
+    dense, sparse = handles["learned"].embed_sparse(["a text"])
+    assert dense.shape == (1, 8) and len(sparse[0][0]) == len(sparse[0][1]) > 0
+    with pytest.raises(ConfigError, match="no sparse model"):
+        handles["words"].embed_sparse(["a text"])
+    # the setting is each spec's default: a spec without ``sparse`` takes EMBEDSTREAM_SPARSE
+    seen: dict = {}
+    monkeypatch.setattr("worker.embedding.sentence.SentenceTransformerEmbedder", lambda *a, **kw: seen.update(kw))
+    load_embedder(Settings(sparse="bm25"), specs["plain"])
+    assert seen["sparse"] == "bm25"
+    load_embedder(Settings(sparse="bm25"), specs["learned"])
+    assert seen["sparse"] == "org/splade"

@@ -95,6 +95,19 @@ def ratio_table(out: dict) -> Table:
         t.add_row("p99 @ 50%, exactly-once", _fmt(p99["exactly_once"], 3), "",
                   f"vs {_fmt(p99['at_least_once'], 3)} s at-least-once; p50 {_fmt(p99['p50_exactly_once'], 3)} s "
                   f"({p99['n']} docs)")
+    hyb = out.get("hybrid")
+    if hyb:
+        cost, rec = hyb["bm25_cost"], hyb["recall"]
+        row("R1 bm25", r.get("R1_bm25"), "≥ 0.90", f"S2 end to end with EMBEDSTREAM_SPARSE=bm25 ÷ off, alternated: "
+            f"{' / '.join(_fmt(x, 1) for x in cost['bm25_docs_per_s'])} ÷ "
+            f"{' / '.join(_fmt(x, 1) for x in cost['off_docs_per_s'])} docs/s", met("R1_bm25"))
+        for name, label in (("identifiers", "identifier"), ("natural_language", "natural-language")):
+            got = rec[name]
+            goal = "≥ 0.90, ≥ dense" if name == "identifiers" else "≥ dense"
+            ok = got["hybrid"] >= got["dense"] and (name != "identifiers" or got["hybrid"] >= GOALS[
+                "recall10_identifiers_hybrid"])
+            row(f"recall@10 {label}", got["hybrid"], goal, f"hybrid (RRF); dense {_fmt(got['dense'])}, sparse (BM25) "
+                f"{_fmt(got['sparse'])}; {rec['queries']} queries over {rec['documents']} functions", ok)
     prec = out.get("precisions", {})
     for name, p in prec.items():
         label = f"precision {name}" + (f" ({p['engine']})" if p.get("engine") else "")

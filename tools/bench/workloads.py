@@ -13,12 +13,15 @@ from tools.corpus import stdlib_docstrings
 #: it 4,000, about half a second more per run; the full run 20,000, past the corpus: ``io_texts``).
 FULL = {"S1": 3000, "S2": 3000, "S4": 5000, "io": 20_000, "upsert_rows": 10_000, "S5_seconds": 30.0,
         "quality_texts": 500, "raw_batch_sizes": (32, 64, 128), "long": None, "precision_queries": 200,
-        "two_models": None}
+        "two_models": None, "recall_docs": 3000, "recall_queries": 500}
+#: ``recall_docs`` / ``recall_queries``: the functions indexed for recall@10 and the queries of each
+#: set asked (``tools.bench.hybrid``).
 #: ``long``: how many long documents (``corpus.long_documents``, the shortest of them; None: all).
 #: ``two_models``: how many of the S2 texts the two-model runs take (None: all). --quick measures one
 #: raw batch size: 32, the best of 32/64/128 for S1 and S2 in the full CPU run (docs/bench/bench.json).
 QUICK = {"S1": 400, "S2": 400, "S4": 300, "io": 4000, "upsert_rows": 2000, "S5_seconds": 4.0,
-         "quality_texts": 200, "raw_batch_sizes": (32,), "long": 3, "precision_queries": 100, "two_models": 200}
+         "quality_texts": 200, "raw_batch_sizes": (32,), "long": 3, "precision_queries": 100, "two_models": 200,
+         "recall_docs": 600, "recall_queries": 150}
 
 
 def short_texts(n: int, seed: int = 1) -> list[str]:
