@@ -84,25 +84,27 @@ class MilvusReader(MilvusConnection):
         return self.search_by(Query(dense=vector), "dense", limit)
 
     def search_by(self, query: Query, mode: str, limit: int = 5, weights: tuple[float, float] | None = None,
-                  kind: str | None = None) -> list[dict]:
+                  kind: str | None = None, window: int | None = None) -> list[dict]:
         """The ``limit`` best chunk rows for ``query`` (rows as :meth:`search`): ``dense`` by the dense
         vector (COSINE), ``sparse`` by the sparse side (BM25 on the query's text, or IP on its learned
-        sparse vector), ``hybrid`` both, fused by reciprocal rank (RRF, k=60) or, with ``weights``
-        (dense, sparse), by weighted scores. ``kind``: the collection's sparse side, when known."""
+        sparse vector), ``hybrid`` both, each side's best ``window`` rows (default ``limit``) fused by
+        reciprocal rank (RRF, k=60) or, with ``weights`` (dense, sparse), by weighted scores.
+        ``kind``: the collection's sparse side, when known."""
         from pymilvus import AnnSearchRequest, RRFRanker, WeightedRanker
 
         fields = [*CHUNK_FIELDS, "excerpt", "metadata", "model"]
         kind = kind or (self.sparse_kind() if mode != "dense" else "off")
+        side = limit if mode != "hybrid" else (window or limit)
         requests = []
         if mode in ("dense", "hybrid"):
-            requests.append(AnnSearchRequest(data=[query.dense], anns_field="vector", limit=limit,
+            requests.append(AnnSearchRequest(data=[query.dense], anns_field="vector", limit=side,
                                              param={"metric_type": "COSINE"}))
         if mode in ("sparse", "hybrid"):
             if kind == "off":
                 raise ConfigError(f"collection {self.collection!r} has no sparse field: search it with --mode dense, "
                                   "or fill a collection made with EMBEDSTREAM_SPARSE (`embedstream migrate`)")
             data = query.text if kind == "bm25" else _sparse_dict(query.sparse)
-            requests.append(AnnSearchRequest(data=[data], anns_field="sparse", limit=limit,
+            requests.append(AnnSearchRequest(data=[data], anns_field="sparse", limit=side,
                                              param={"metric_type": SPARSE_METRIC[kind]}))
         try:
             if len(requests) == 1:

@@ -63,7 +63,7 @@ def recall(base: Settings, emb, n: int, queries: int, say: Callable[[str], None]
     from connectors.milvus import MilvusReader
     from connectors.milvus.reads import Query
     from worker.assembly.runner import build_worker
-    from worker.commands.search import ROWS_PER_DOCUMENT, best_chunk_per_document
+    from worker.commands.search import best_documents
     from worker.core.records import normalise_text
 
     texts, identifiers, sentences = eval_corpus(n)
@@ -82,8 +82,8 @@ def recall(base: Settings, emb, n: int, queries: int, say: Callable[[str], None]
             t0 = time.perf_counter()
             for i, (q, vec) in enumerate(zip(asked, vectors)):
                 for mode in MODES:
-                    rows = reader.search_by(Query(vec, q), mode, K * ROWS_PER_DOCUMENT, kind="bm25")
-                    found[mode] += f"{prefix}-{i}" in {h["id"] for h in best_chunk_per_document(rows, K)}
+                    hits = best_documents(reader, Query(vec, q), mode, K, kind="bm25")  # as `search` asks
+                    found[mode] += f"{prefix}-{i}" in {h["id"] for h in hits}
             out[name] = {mode: found[mode] / len(asked) for mode in MODES}
             out[name]["ms_per_search"] = (time.perf_counter() - t0) * 1000 / (len(asked) * len(MODES))
             say(f"recall@10 {name}: " + ", ".join(f"{m} {out[name][m]:.3f}" for m in MODES))

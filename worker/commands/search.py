@@ -16,6 +16,12 @@ from worker.embedding.sparse import Sparse, is_learned
 from worker.settings import Settings
 
 MODES = ("dense", "sparse", "hybrid")
+#: Hybrid search fuses each side's best ``HYBRID_WINDOW × top-k`` rows. A deeper window lets a weak
+#: side's middling rows add up past the other's good ones: on the bench's natural-language queries
+#: (2,000 functions, 300 queries, where BM25 alone finds 0.59 and dense 0.81), RRF over each side's
+#: best 20 rows found 0.83 for a top 10, over 40 rows 0.77 and over 100 rows 0.73; identifier queries
+#: lost nothing (0.997 at 20).
+HYBRID_WINDOW = 2
 #: Chunk rows asked of Milvus per document shown: a long document's chunks crowd the nearest rows.
 ROWS_PER_DOCUMENT = 4
 
@@ -31,6 +37,15 @@ def best_chunk_per_document(rows: list[dict], top_k: int) -> list[dict]:
                          "chunks": r.get("chunk_count", 1), "span": [r.get("span_start", 0), r.get("span_end", -1)],
                          "excerpt": r.get("excerpt", ""), "metadata": r.get("metadata") or {}, "model": r.get("model")}
     return list(seen.values())[:top_k]
+
+
+def best_documents(store, query, mode: str, top_k: int, weights: tuple[float, float] | None = None,
+                   kind: str | None = None) -> list[dict]:
+    """The ``top_k`` best documents for ``query`` (``connectors.milvus.reads.Query``) in ``mode``, from
+    a ``MilvusReader``: ``ROWS_PER_DOCUMENT`` chunk rows asked per document, each side of a hybrid
+    search contributing its best ``HYBRID_WINDOW × top_k`` rows."""
+    rows = store.search_by(query, mode, top_k * ROWS_PER_DOCUMENT, weights, kind, window=HYBRID_WINDOW * top_k)
+    return best_chunk_per_document(rows, top_k)
 
 
 def search_documents(settings: Settings, queries: list[str], top_k: int = 5, embedder: Embedder | None = None,
@@ -77,8 +92,7 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5, emb
             sparse = list(learned)
         else:
             dense = embedder.embed_query(texts)
-        return [best_chunk_per_document(store.search_by(Query(d, t, s), mode, top_k * ROWS_PER_DOCUMENT, weights,
-                                                        kind), top_k)
+        return [best_documents(store, Query(d, t, s), mode, top_k, weights, kind)
                 for d, t, s in zip(dense, texts, sparse)]
     finally:
         store.close()
