@@ -76,6 +76,17 @@ def test_bench_quick_writes_json_and_chart(tmp_path, tmp_path_factory):
     assert r["Reos_io"] == pytest.approx(dl["io"]["exactly_once"] / dl["io"]["at_least_once"])
     assert dl["p99_at_50pct_s"]["at_least_once"] == r["p99_at_50pct_s"] and dl["p99_at_50pct_s"]["n"] > 0
     assert "Reos (S2)" in res.stdout
+    # hybrid retrieval: recall@10 of each mode on both query sets, and R1 with bm25 against off, paired
+    hy = out["hybrid"]
+    rec, cost = hy["recall"], hy["bm25_cost"]
+    assert rec["documents"] == 100 and rec["queries"] == 50 and rec["index_docs_per_s"] > 0
+    for name in ("identifiers", "natural_language"):
+        assert all(0 <= rec[name][m] <= 1 for m in ("dense", "sparse", "hybrid")), rec[name]
+    assert rec["identifiers"]["sparse"] >= 0.9  # a qualified name is one BM25 token: found almost always
+    assert len(cost["off_docs_per_s"]) == len(cost["bm25_docs_per_s"]) == 2 and cost["docs"] == 40
+    assert r["R1_bm25"] == pytest.approx(sum(cost["bm25_docs_per_s"]) / sum(cost["off_docs_per_s"]))
+    assert r["recall10_identifiers_hybrid"] == rec["identifiers"]["hybrid"]
+    assert "R1 bm25" in res.stdout and "recall@10 identifier" in res.stdout
     # long documents: several chunks each, the ratio over the raw encode of the same chunks, and an
     # edit of one paragraph per document mostly served by the cache
     lw = w["long"]

@@ -40,8 +40,9 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
     from worker.embedding.sentence import SentenceTransformerEmbedder
 
     sizes = dict(workloads.QUICK if quick else workloads.FULL)
-    if docs:
-        sizes.update(S1=docs, S2=docs, S4=docs, io=docs)
+    if docs:  # the recall sets scale too, with enough documents that a top 10 is a choice
+        sizes.update(S1=docs, S2=docs, S4=docs, io=docs, recall_docs=max(docs, 100),
+                     recall_queries=min(sizes["recall_queries"], max(docs, 100) // 2))
     if latency_seconds:
         sizes["S5_seconds"] = latency_seconds
     stack = LocalStack(state_dir, broker=broker)
