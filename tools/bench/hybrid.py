@@ -10,7 +10,7 @@ name, then its docstring *less its first sentence*.
 A query counts as found when its document is among the first 10 documents (each ranked by its best
 chunk, as ``embedstream search`` ranks them). Only functions whose name is unique in the corpus are
 used (a method is ``<module>.<name>``, so two classes' ``__init__`` share one), and only docstrings
-with a first sentence of at least 5 words and 40 characters left after it.
+with a first sentence of at least 5 words, not repeated later, and 40 characters left after it.
 
 **bm25 cost**: the S2 texts end to end with ``EMBEDSTREAM_SPARSE=off`` and ``bm25``, back to back
 (``R1_bm25`` = bm25 ÷ off docs/s, the goal ≥ 0.9).
@@ -48,7 +48,7 @@ def eval_corpus(n: int, seed: int = 5) -> tuple[list[str], list[str], list[str]]
     usable = []
     for name, doc in defs:
         sentence, rest = first_sentence(doc)
-        if names[name] == 1 and len(sentence.split()) >= 5 and len(rest) >= 40:
+        if names[name] == 1 and len(sentence.split()) >= 5 and len(rest) >= 40 and sentence not in rest:
             usable.append((name, sentence, rest))
     random.Random(seed).shuffle(usable)
     if len(usable) < n:

@@ -13,7 +13,7 @@ from tools.corpus import stdlib_docstrings
 #: it 4,000, about half a second more per run; the full run 20,000, past the corpus: ``io_texts``).
 FULL = {"S1": 3000, "S2": 3000, "S4": 5000, "io": 20_000, "upsert_rows": 10_000, "S5_seconds": 30.0,
         "quality_texts": 500, "raw_batch_sizes": (32, 64, 128), "long": None, "precision_queries": 200,
-        "two_models": None, "recall_docs": 3000, "recall_queries": 500}
+        "two_models": None, "recall_docs": 2000, "recall_queries": 500}
 #: ``recall_docs`` / ``recall_queries``: the functions indexed for recall@10 and the queries of each
 #: set asked (``tools.bench.hybrid``).
 #: ``long``: how many long documents (``corpus.long_documents``, the shortest of them; None: all).
