@@ -157,3 +157,22 @@ def test_the_sparse_side_names_a_new_space_and_only_a_learned_one_a_new_cache():
     with pytest.raises(ConfigError, match="no sentence-transformers SparseEncoder"):
         resolve_mode("/nonexistent/sparse")
     assert bm25.profile.sparse == "bm25"
+
+
+def test_a_sparse_model_shares_the_leading_modules_of_the_same_kind_configuration_and_weights():
+    import numpy as np
+    import torch
+
+    from worker.embedding.sparse import rows_of, shared_prefix
+
+    torch.manual_seed(0)
+    transformer, pooling = torch.nn.Linear(4, 4), torch.nn.Identity()
+    same = torch.nn.Linear(4, 4)
+    same.load_state_dict(transformer.state_dict())
+    assert shared_prefix([same, torch.nn.Identity(), torch.nn.ReLU()], [transformer, pooling]) == 2
+    assert shared_prefix([torch.nn.Linear(4, 4), pooling], [transformer, pooling]) == 0  # other weights
+    assert shared_prefix([torch.nn.Identity()], [transformer]) == 0  # another kind
+    idx = np.array([[9, 2, 5], [1, 0, 3]])
+    val = np.array([[0.5, 0.25, 0.0], [0.0, 0.0, 0.0]], np.float32)
+    rows = rows_of(idx, val)  # non-zero weights only, dimensions ascending
+    assert rows[0][0].tolist() == [2, 9] and rows[0][1].tolist() == [0.25, 0.5] and len(rows[1][0]) == 0

@@ -29,7 +29,7 @@ from schemas.errors import ConfigError
 from worker.embedding import cpu
 from worker.embedding.base import Embedder, resolve_model_path
 from worker.embedding.passes import PASS_TOKENS, split_by_budget, split_by_cost
-from worker.embedding.sparse import LearnedSparse, Sparse, is_learned, resolve_mode, to_sparse
+from worker.embedding.sparse import LearnedSparse, Sparse, is_learned, resolve_mode, rows_of
 from worker.embedding.tokens import Tokens
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ class SentenceTransformerEmbedder(Embedder):
         self.sparse = resolve_mode(sparse)
         #: The sparse model run beside the dense one (``worker.embedding.sparse``); None without one.
         self.learned_sparse = (LearnedSparse(self.sparse, self.device, self.sentence_transformer.dtype,
-                                             self.sentence_transformer.tokenizer)
+                                             self.sentence_transformer.tokenizer, self._modules)
                                if is_learned(self.sparse) else None)
         #: The int8 transformer this embedder runs (None at other precisions), for tools that run the
         #: library's own ``encode`` through it (the bench's raw encode).
@@ -284,32 +284,48 @@ class SentenceTransformerEmbedder(Embedder):
     def embed_sparse(self, texts: list[str], query: bool = False) -> tuple[np.ndarray, list[Sparse]]:
         if self.learned_sparse is None:
             return super().embed_sparse(texts, query)
-        dense, weights = self._embed(texts, self.query_prompt if query else self.document_prompt, sparse=True)
-        return dense, to_sparse(weights)
+        return self._embed(texts, self.query_prompt if query else self.document_prompt, sparse=True)
 
     def _embed(self, texts: list[str], prompt: str, sparse: bool = False):
-        """The dense vectors of ``texts`` (``prompt`` before each); with ``sparse``, also the learned
-        sparse model's weights (a dense array), computed on the same padded ids, pass by pass."""
+        """The dense vectors of ``texts`` (``prompt`` before each); with ``sparse``, also each text's
+        learned sparse vector, from the same padded ids pass by pass (the modules both models share
+        run once: ``LearnedSparse.shared``)."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        weights = np.empty((len(texts), self.learned_sparse.dim if sparse and self.learned_sparse else 0),
-                           dtype=np.float32)
+        learned_model = self.learned_sparse if sparse else None
+        rows: list[Sparse] = []
         if not texts:
-            return (out, weights) if sparse else out
+            return (out, rows) if sparse else out
         # Tokenized once; each forward pass pads its own length-sorted slice. Results are copied off
         # the device only at the end: on a GPU the passes queue up and the CPU pads the next slice
-        # while the GPU computes this one (a copy per pass would wait for each).
+        # while the GPU computes this one (a copy per pass would wait for each). A sparse vector
+        # comes off as its largest weights only, not a row of the vocabulary's size.
         ids = self.tokens.tokenize([prompt + t for t in texts]) if prompt else self.tokens.ids(texts)
         extra = {"prompt_length": self.tokens.prompt_length(prompt)} if prompt else {}
         done = []
         for group in self.passes([len(seq) for seq in ids]):
             features = {**self.pad([ids[i] for i in group]), **extra}
-            learned = self.learned_sparse.run(dict(features)) if sparse and self.learned_sparse else None
-            done.append((group, self.normalise(self.run(features)), learned))
+            if learned_model is None:
+                done.append((group, self.normalise(self.run(features)), None))
+                continue
+            pooled, kept = self.run_keeping(features, learned_model.shared)
+            done.append((group, self.normalise(pooled), learned_model.run(kept)))
+        by_text: dict[int, Sparse] = {}
         for group, vectors, learned in done:
             out[group] = vectors.cpu().numpy()
             if learned is not None:
-                weights[group] = learned.cpu().numpy()
-        return (out, weights) if sparse else out
+                by_text.update(zip(group, rows_of(*(t.cpu().numpy() for t in learned))))
+        return (out, [by_text[i] for i in range(len(texts))]) if sparse else out
+
+    def run_keeping(self, features: dict, after: int) -> tuple:
+        """:meth:`run`, also handing back a copy of the features after the first ``after`` modules
+        (the pass's inputs when 0): what a sparse model sharing those modules goes on from."""
+        kept = dict(features)
+        with self._torch.inference_mode():
+            for i, module in enumerate(self._modules):
+                features = module(features)
+                if i + 1 == after:
+                    kept = dict(features)
+        return features["sentence_embedding"], kept
 
 
 def _int8_or_fallback(model: SentenceTransformerEmbedder, path: str, fall_back: bool) -> None:

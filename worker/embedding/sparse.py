@@ -69,22 +69,15 @@ def resolve_mode(value: str | None) -> str:
     return str(path.resolve()).rstrip("/")
 
 
-def to_sparse(rows: np.ndarray) -> list[Sparse]:
-    """Each row of a dense float array as :data:`Sparse` (its non-zero dimensions)."""
-    out: list[Sparse] = []
-    for row in rows:
-        idx = np.flatnonzero(row).astype(np.int32)
-        out.append((idx, row[idx].astype(np.float32)))
-    return out
-
-
 class LearnedSparse:
     """A ``SparseEncoder``'s modules, run on the inputs of the dense model's forward passes.
 
-    ``dim``: the sparse vectors' dimension (a vocabulary's size for SPLADE, the autoencoder's
-    width for CSR)."""
+    Where its first modules *are* the dense model's (the same kind, configuration and weights: CSR
+    built on the dense model shares its transformer and pooling), the dense pass's output after them
+    is taken as it is (:attr:`shared`), and only the rest runs: one transformer pass for both vectors.
+    A vector's dimensions are a vocabulary's for SPLADE, the autoencoder's width for CSR."""
 
-    def __init__(self, model_id: str, device: str, dtype, dense_tokenizer) -> None:
+    def __init__(self, model_id: str, device: str, dtype, dense_tokenizer, dense_modules: list | None = None) -> None:
         from worker.embedding.imports import sentence_transformers
 
         self.model_id = model_id
@@ -100,20 +93,53 @@ class LearnedSparse:
                               "tokenizes a text once for both. Use a sparse model built on the dense model's "
                               "vocabulary (SPLADE or CSR of the same base), or EMBEDSTREAM_SPARSE=bm25.")
         self.encoder = encoder
-        size = getattr(encoder, "get_embedding_dimension", None) or encoder.get_sentence_embedding_dimension
-        self.dim = int(size() or 0)
         self.max_active_dims = min(int(getattr(encoder, "max_active_dims", None) or MAX_ACTIVE_DIMS), MAX_ACTIVE_DIMS)
+        #: How many leading modules the dense model runs for this one (0: none; its modules all run).
+        self.shared = shared_prefix(list(encoder), dense_modules or [])
+        if self.shared == len(encoder):
+            raise ConfigError(f"sparse model {model_id!r} is the dense model itself: use a SparseEncoder")
 
-    def run(self, features: dict):
-        """Sparse weights of one forward pass's inputs (a dense tensor of ``dim`` columns, mostly
-        zero), on the device."""
+    def run(self, features: dict) -> tuple:
+        """The largest weights of one forward pass's texts, on the device: ``(indices, values)``, each
+        ``texts × min(dim, max_active_dims)`` (zeros where a text has fewer non-zero weights).
+        ``features``: the pass's inputs, or with :attr:`shared` the dense pass's features after its
+        shared modules (a copy: the modules add to it)."""
         import torch
 
         with torch.inference_mode():
-            for module in self.encoder:
+            for module in list(self.encoder)[self.shared:]:
                 features = module(features)
-        out = features["sentence_embedding"]
-        if self.max_active_dims < out.shape[1]:
-            top = torch.topk(out, k=self.max_active_dims, dim=1)
-            out = torch.zeros_like(out).scatter_(1, top.indices, top.values)
-        return out.float()
+            out = features["sentence_embedding"]
+            top = torch.topk(out, k=min(self.max_active_dims, out.shape[1]), dim=1)
+        return top.indices, top.values.float()
+
+
+def shared_prefix(sparse_modules: list, dense_modules: list) -> int:
+    """How many leading modules of ``sparse_modules`` are ``dense_modules``' own: the same class, the
+    same configuration and equal weights (CSR's transformer and pooling, built on the dense model)."""
+    import torch
+
+    n = 0
+    for mine, theirs in zip(sparse_modules, dense_modules):
+        if type(mine) is not type(theirs):
+            break
+        config = getattr(mine, "get_config_dict", dict)
+        if config() != getattr(theirs, "get_config_dict", dict)():
+            break
+        a, b = mine.state_dict(), theirs.state_dict()
+        if a.keys() != b.keys() or not all(torch.equal(a[k], b[k]) for k in a):
+            break
+        n += 1
+    return n
+
+
+def rows_of(indices: np.ndarray, values: np.ndarray) -> list[Sparse]:
+    """:data:`Sparse` vectors from :meth:`LearnedSparse.run`'s arrays (on the host): each row's
+    non-zero weights, dimensions ascending."""
+    out: list[Sparse] = []
+    for idx, val in zip(indices, values):
+        keep = val != 0
+        idx, val = idx[keep].astype(np.int32), val[keep].astype(np.float32)
+        order = np.argsort(idx, kind="stable")
+        out.append((idx[order], val[order]))
+    return out
