@@ -131,8 +131,10 @@ def documents_in_milvus(s: Settings) -> dict[str, list[dict]]:
 def check_bm25_texts(s: Settings, docs: dict[str, list[dict]], texts: dict[str, str]) -> None:
     """With ``EMBEDSTREAM_SPARSE=bm25``: the collection holds a ``text`` for exactly the rows of
     ``docs`` (``documents_in_milvus``), each its chunk's span of the document's newest text
-    (``texts``, before normalisation), so BM25 scores what the dense vector embeds."""
+    (``texts``, before normalisation) as BM25 indexes it (``bm25_text``), so BM25 scores what the
+    dense vector embeds."""
     from connectors.milvus import MilvusReader
+    from connectors.milvus.schema import bm25_text
     from worker.core.records import normalise_text
 
     reader = MilvusReader(s.milvus_uri, s.milvus_collection, timeout=30)
@@ -144,7 +146,7 @@ def check_bm25_texts(s: Settings, docs: dict[str, list[dict]], texts: dict[str, 
     assert len(held) == sum(len(c) for c in docs.values()), "a text row without its chunk row, or one missing"
     for doc, chunks in docs.items():
         text = normalise_text(texts[doc])
-        wrong = [r["id"] for r in chunks if held[r["id"]] != text[r["span_start"]:r["span_end"]]]
+        wrong = [r["id"] for r in chunks if held[r["id"]] != bm25_text(text[r["span_start"]:r["span_end"]])]
         assert not wrong, f"{doc}: the text of {wrong} is not its chunk's"
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from connectors.milvus.connection import MilvusConnection, transient
-from connectors.milvus.schema import CHUNK_FIELDS, SPARSE_METRIC, chunk_id, sparse_kind_of
+from connectors.milvus.schema import CHUNK_FIELDS, SPARSE_METRIC, bm25_text, chunk_id, sparse_kind_of
 from schemas.errors import ConfigError
 
 
@@ -103,7 +103,7 @@ class MilvusReader(MilvusConnection):
             if kind == "off":
                 raise ConfigError(f"collection {self.collection!r} has no sparse field: search it with --mode dense, "
                                   "or fill a collection made with EMBEDSTREAM_SPARSE (`embedstream migrate`)")
-            data = query.text if kind == "bm25" else _sparse_dict(query.sparse)
+            data = bm25_text(query.text) if kind == "bm25" else _sparse_dict(query.sparse)
             requests.append(AnnSearchRequest(data=[data], anns_field="sparse", limit=side,
                                              param={"metric_type": SPARSE_METRIC[kind]}))
         try:

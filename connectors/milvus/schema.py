@@ -9,15 +9,17 @@ character span (``span_start``, ``span_end``, into the normalised text) are fiel
 With a sparse side (``EMBEDSTREAM_SPARSE``; :data:`SPARSE_KINDS`), a row also has ``sparse``, a
 SPARSE_FLOAT_VECTOR beside the dense ``vector``:
 
-- ``bm25``: ``text`` holds the chunk's whole text (VARCHAR with the standard analyzer, cut to
-  :data:`TEXT_MAX_BYTES` of UTF-8), and Milvus derives ``sparse`` from it (a BM25 ``Function``;
-  index SPARSE_INVERTED_INDEX, metric BM25). The worker never sends ``sparse``.
+- ``bm25``: ``text`` holds the chunk's whole text and the words of its compound identifiers
+  (:func:`bm25_text`; VARCHAR with the standard analyzer, cut to :data:`TEXT_MAX_BYTES` of UTF-8),
+  and Milvus derives ``sparse`` from it (a BM25 ``Function``; index SPARSE_INVERTED_INDEX, metric
+  BM25). The worker never sends ``sparse``.
 - ``learned``: the worker sends ``sparse`` (a sparse model's weights; metric IP).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +76,30 @@ class ChunkRows:
 
     def __len__(self) -> int:
         return len(self.doc_ids)
+
+
+#: A compound identifier: dotted (``json.dumps``), snake_case (``register_instance``) or camelCase
+#: (``getLogger``), as the analyzer's standard tokenizer keeps it whole.
+_COMPOUND = re.compile(r"\w+(?:\.\w+)+|\w*_\w+|[a-z0-9]+[A-Z]\w*|[A-Z]+[a-z0-9]+[A-Z]\w*")
+_PART = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def bm25_text(text: str) -> str:
+    """What BM25 indexes (and analyses of a query): ``text``, then the words of each compound
+    identifier in it (``xmlrpc.server.register_instance`` → ``xmlrpc server register instance``).
+    Milvus's standard tokenizer keeps such a name as one token, which matches the whole name
+    exactly but none of its words: a natural-language query about "registering an instance" then
+    finds nothing in it. Measured on the bench's 2,000 functions (BM25 alone, natural-language
+    queries): 0.56 of them found without the words, 0.70 with; names still 0.997."""
+    parts: list[str] = []
+    seen: set[str] = set()
+    for name in _COMPOUND.findall(text):
+        for part in _PART.findall(name):
+            low = part.lower()
+            if low != name.lower() and low not in seen:
+                seen.add(low)
+                parts.append(low)
+    return f"{text}\n\n{' '.join(parts)}" if parts else text
 
 
 def cut_utf8(text: str, limit: int = TEXT_MAX_BYTES) -> str:
@@ -216,7 +242,7 @@ def upsert_request(collection: str, rows: ChunkRows, model: str, updated_at: int
     strings("source", rows.sources)
     longs("source_offset", rows.offsets)
     if rows.texts is not None:
-        strings("text", [cut_utf8(t) for t in rows.texts])
+        strings("text", [cut_utf8(bm25_text(t)) for t in rows.texts])
     if rows.sparse is not None:
         sparse = column("sparse", schema_pb2.SparseFloatVector).vectors
         contents, dim = sparse_bytes(rows.sparse)

@@ -25,3 +25,15 @@ def test_other_dtypes_and_layouts_become_little_endian_float32():
     got = schema_pb2.FloatArray()
     got.MergeFromString(packed_floats(vectors))
     assert list(got.data) == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+
+
+def test_bm25_indexes_the_words_of_compound_identifiers_after_the_text():
+    from connectors.milvus.schema import bm25_text
+
+    assert bm25_text("plain words, nothing compound.") == "plain words, nothing compound."
+    assert bm25_text("xmlrpc.server.register_instance") == ("xmlrpc.server.register_instance\n\n"
+                                                            "xmlrpc server register instance")
+    got = bm25_text("call getLogger on an EntryPoint: ERR_SSL_VERSION")
+    assert got.startswith("call getLogger on an EntryPoint: ERR_SSL_VERSION\n\n")
+    assert got.split("\n\n")[1].split() == ["get", "logger", "entry", "point", "err", "ssl", "version"]
+    assert bm25_text("a_b and a_b again") == "a_b and a_b again\n\na b"  # each word once

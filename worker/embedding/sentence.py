@@ -301,7 +301,7 @@ class SentenceTransformerEmbedder(Embedder):
         # comes off as its largest weights only, not a row of the vocabulary's size.
         ids = self.tokens.tokenize([prompt + t for t in texts]) if prompt else self.tokens.ids(texts)
         extra = {"prompt_length": self.tokens.prompt_length(prompt)} if prompt else {}
-        done = []
+        done: list[tuple[list[int], Any, tuple | None]] = []
         for group in self.passes([len(seq) for seq in ids]):
             features = {**self.pad([ids[i] for i in group]), **extra}
             if learned_model is None:
