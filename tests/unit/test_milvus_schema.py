@@ -37,3 +37,14 @@ def test_bm25_indexes_the_words_of_compound_identifiers_after_the_text():
     assert got.startswith("call getLogger on an EntryPoint: ERR_SSL_VERSION\n\n")
     assert got.split("\n\n")[1].split() == ["get", "logger", "entry", "point", "err", "ssl", "version"]
     assert bm25_text("a_b and a_b again") == "a_b and a_b again\n\na b"  # each word once
+
+
+def test_bm25_leaves_long_runs_alone_and_finds_names_in_prose():
+    """A run of word characters past 256 (a hash, a blob) is no identifier: nothing is appended.
+    Names are found inside prose and punctuation, a sentence's full stop not taken for a dot."""
+    from connectors.milvus.schema import bm25_text
+
+    blob = "é" * 40_000 + " " + "a_" * 200
+    assert bm25_text(blob) == blob
+    prose = "See json.dumps. Then (os.path.join)!"
+    assert bm25_text(prose) == prose + "\n\njson dumps os path join"
