@@ -26,12 +26,13 @@ class MilvusReader(MilvusConnection):
         except Exception as exc:
             raise transient(exc) from None
 
-    def dim(self) -> int:
-        return next(int(f["params"]["dim"]) for f in self.describe()["fields"] if f["name"] == "vector")
+    def dim(self, info: dict | None = None) -> int:
+        """The dense vectors' dimension (from ``info``, :meth:`describe`'s answer, when given)."""
+        return next(int(f["params"]["dim"]) for f in (info or self.describe())["fields"] if f["name"] == "vector")
 
-    def sparse_kind(self) -> str:
+    def sparse_kind(self, info: dict | None = None) -> str:
         """The collection's sparse side: ``off``, ``bm25`` or ``learned`` (``schema.SPARSE_KINDS``)."""
-        return sparse_kind_of(self.describe())
+        return sparse_kind_of(info or self.describe())
 
     def query(self, filter: str, fields: list[str], limit: int | None = None) -> list[dict]:
         """The ``fields`` of rows matching ``filter`` (at most ``limit``), at Strong consistency."""

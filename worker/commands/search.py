@@ -77,10 +77,11 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5, emb
         if not store.exists():
             raise ConfigError(f"no collection {collection!r} in Milvus at {settings.milvus_uri}: "
                               "run the worker first, or fix EMBEDSTREAM_MILVUS_ALIAS / EMBEDSTREAM_MILVUS_COLLECTION")
-        if store.dim() != embedder.dim:
-            raise ConfigError(f"collection {collection!r} holds {store.dim()}-dim vectors, the "
+        info = store.describe()  # one call for the dimension and the sparse side
+        if store.dim(info) != embedder.dim:
+            raise ConfigError(f"collection {collection!r} holds {store.dim(info)}-dim vectors, the "
                               f"model makes {embedder.dim}: use the model the collection was built with")
-        kind = store.sparse_kind()
+        kind = store.sparse_kind(info)
         mode = mode or ("dense" if kind == "off" else "hybrid")
         texts = [normalise_text(q) for q in queries]
         sparse: list[Sparse | None] = [None] * len(texts)
