@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -94,6 +94,11 @@ def client_conf(url: str, passthrough: Mapping[str, str]) -> dict[str, Any]:
 #: frame names a new "schema id" with nearly every record: memory must not grow with them).
 MISSING_TTL_S = 300.0
 MISSING_MAX = 10_000
+#: The registry is asked about at most this many ids it turns out not to know within
+#: ``MISSING_TTL_S``; past that, a new id is taken as unknown without asking (its record is
+#: dead-lettered ``unknown_schema``, the message says why). Random frames name a new id with nearly
+#: every record: requests must be bounded by this budget, not by the number of records.
+MISSING_LOOKUPS = 1_000
 
 
 class SchemaRegistry:
@@ -114,19 +119,45 @@ class SchemaRegistry:
         self._renamed: dict[int, AvroDeserializer] = {}
         self._generic = AvroDeserializer(self.client)
         self._known: set[int] = set()
-        #: Missing schema id → when the registry said so (oldest first; ``MISSING_TTL_S``, ``MISSING_MAX``).
+        #: Missing schema id → when the registry said so, or when it was taken as missing unasked
+        #: (oldest first; ``MISSING_TTL_S``, ``MISSING_MAX``).
         self._missing: OrderedDict[int, float] = OrderedDict()
+        #: Ids taken as missing without asking (a subset of ``_missing``'s, for the message).
+        self._unasked: set[int] = set()
+        #: When the registry last answered "unknown" (``MISSING_LOOKUPS`` at most, oldest first).
+        self._misses: deque[float] = deque(maxlen=MISSING_LOOKUPS)
         self._clock = clock
+        #: Schema lookups sent to the registry (successful or not): what the hostile-input test bounds.
+        self.lookups = 0
+
+    def _remember_missing(self, sid: int, asked: bool) -> None:
+        now = self._clock()
+        self._missing[sid] = now
+        self._missing.move_to_end(sid)
+        if asked:
+            self._misses.append(now)
+            self._unasked.discard(sid)
+        else:
+            self._unasked.add(sid)
+        while len(self._missing) > MISSING_MAX:
+            old, _ = self._missing.popitem(last=False)
+            self._unasked.discard(old)
+
+    def _budget_spent(self) -> bool:
+        """Whether the registry said "unknown" ``MISSING_LOOKUPS`` times within ``MISSING_TTL_S``."""
+        misses = self._misses
+        return len(misses) == MISSING_LOOKUPS and self._clock() - misses[0] <= MISSING_TTL_S
 
     def _fetch(self, sid: int) -> None:
+        if self._budget_spent():
+            self._remember_missing(sid, asked=False)
+            return
+        self.lookups += 1
         try:
             schema = self.client.get_schema(sid)
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
-                self._missing[sid] = self._clock()
-                self._missing.move_to_end(sid)
-                while len(self._missing) > MISSING_MAX:
-                    self._missing.popitem(last=False)
+                self._remember_missing(sid, asked=True)
                 return
             raise TransientError("schema registry", f"looking up schema id {sid} at {self.url}: {exc}") from None
         except Exception as exc:  # connection refused, timeouts: the HTTP library's own types
@@ -150,6 +181,7 @@ class SchemaRegistry:
             return False
         if self._clock() - said > MISSING_TTL_S:
             del self._missing[sid]  # ask again: the schema may have been registered since
+            self._unasked.discard(sid)
             return False
         return True
 
@@ -159,6 +191,11 @@ class SchemaRegistry:
             raise DecodeError("decode_error", f"{what} is not registry-framed (magic byte 0 and a schema id)")
         self.resolve([sid])
         if self.missing(sid):
+            if sid in self._unasked:
+                raise DecodeError("unknown_schema", f"{what} is framed with schema id {sid}, which the registry at "
+                                                    f"{self.url} was not asked about: it answered 'unknown' for "
+                                                    f"{MISSING_LOOKUPS:,} ids in the last {MISSING_TTL_S:.0f} s "
+                                                    "(a topic of records that are not registry-framed Avro?)")
             raise DecodeError("unknown_schema", f"{what} is framed with schema id {sid}, which the registry at "
                                                 f"{self.url} does not know")
         try:

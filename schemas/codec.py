@@ -129,14 +129,18 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 def _json_loads(text: str, what: str) -> Any:
     """``text`` parsed as JSON; a string in it with a lone surrogate escape (``"\\ud800"``, which the
-    id, text and cache key could never be written with) is ``invalid_utf8``."""
-    obj = json.loads(text)
-    if _SURROGATE_ESCAPE.search(text):  # rare: only then is every string checked
-        try:
+    id, text and cache key could never be written with) is ``invalid_utf8``; JSON nested deeper than
+    Python's recursion limit (the parser is recursive) is ``decode_error``, not a crash."""
+    try:
+        obj = json.loads(text)
+        if _SURROGATE_ESCAPE.search(text):  # rare: only then is every string checked
             json.dumps(obj, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise DecodeError("invalid_utf8", f"{what} has a string with a lone surrogate escape (\\ud800-\\udfff "
-                                              "alone): it is not Unicode text") from None
+    except UnicodeEncodeError:
+        raise DecodeError("invalid_utf8", f"{what} has a string with a lone surrogate escape (\\ud800-\\udfff "
+                                          "alone): it is not Unicode text") from None
+    except RecursionError:
+        raise DecodeError("decode_error", f"{what} is nested too deep to read (arrays or objects "
+                                          "hundreds of levels deep)") from None
     return obj
 
 
@@ -192,7 +196,10 @@ def _metadata(raw: Any) -> dict[str, str]:
     for k, v in raw.items():
         # JSON producers send numbers and booleans; keep them as their JSON text, as the schema
         # (map<string>) asks for strings.
-        out[str(k)] = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+        try:
+            out[str(k)] = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+        except RecursionError:  # read whole just below the limit, written back from a deeper stack
+            raise DecodeError("decode_error", f"metadata field {str(k)[:100]!r} is nested too deep") from None
     return out
 
 

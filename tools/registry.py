@@ -30,7 +30,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import threading
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -203,8 +205,16 @@ def _schema_text(body: dict[str, Any]) -> str:
     return text
 
 
-def make_server(port: int, data: Path | None, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+class RegistryServer(ThreadingHTTPServer):
+    """The HTTP server, with ``requests``: how many of each kind it answered (``GET /schemas/ids/{n}``),
+    for tests that bound what a worker asks."""
+
+    requests: Counter[str]
+
+
+def make_server(port: int, data: Path | None, host: str = "127.0.0.1") -> RegistryServer:
     store = Store(data)
+    requests: Counter[str] = Counter()
 
     class Handler(BaseHTTPRequestHandler):
         # Keep-alive: the client closes first, so no TIME_WAIT is left on the registry's own port
@@ -212,10 +222,12 @@ def make_server(port: int, data: Path | None, host: str = "127.0.0.1") -> Thread
         protocol_version = "HTTP/1.1"
 
         def _answer(self, method: str) -> None:
+            path = urlsplit(self.path).path
+            requests[f"{method} {re.sub(r'/[0-9]+', '/{n}', path)}"] += 1
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 body = json.loads(self.rfile.read(length) or b"{}") if length else {}
-                status, out = 200, _route(store, method, urlsplit(self.path).path, body)
+                status, out = 200, _route(store, method, path, body)
             except RegistryError as exc:
                 status, out = exc.status, {"error_code": exc.code, "message": exc.message}
             except (ValueError, json.JSONDecodeError) as exc:
@@ -239,7 +251,9 @@ def make_server(port: int, data: Path | None, host: str = "127.0.0.1") -> Thread
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
             pass
 
-    return ThreadingHTTPServer((host, port), Handler)
+    server = RegistryServer((host, port), Handler)
+    server.requests = requests
+    return server
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -150,6 +150,31 @@ def test_a_repeated_long_text_is_tokenized_once_and_gets_the_same_chunks():
     assert first.items[0].chunks[0] is not later.items[0].chunks[0]  # each item its own chunks (vectors)
 
 
+def test_the_plan_memo_is_bounded_by_its_chunks_and_keeps_no_plan_of_a_dead_letter(monkeypatch):
+    """Distinct long texts (a hostile stream) never grow the memo past ``PLAN_MEMO_CHUNKS`` chunks,
+    the least recently used dropped first; a text of too many chunks is not remembered at all."""
+    import worker.steps.model.chunk as chunk_module
+
+    monkeypatch.setattr(chunk_module, "PLAN_MEMO_CHUNKS", 10)
+    def one(text: str) -> Batch:
+        b = Batch()
+        b.add(Item(Source("docs", 0, 0), "d", text, content_hash(text), 3, {}))
+        return b
+
+    model = CountingTokenizer()
+    chunker = Chunker(model, "tokens", max_tokens=10, overlap=2, max_chunks=8)
+    for n in range(6):  # 4 chunks each: at most two plans fit in 10 chunks
+        chunker.process(share_of([one(" ".join(f"w{n}x{i}" for i in range(30)))]))
+        assert chunker._plan_chunks <= 10 and chunker._plan_chunks == sum(len(p[0]) for p in chunker._plans.values())
+    assert len(chunker._plans) == 2
+    newest = " ".join(f"w5x{i}" for i in range(30))
+    tokenized = model.tokenized
+    chunker.process(share_of([one(newest)]))
+    assert model.tokenized == tokenized  # the newest plan was kept
+    chunker.process(share_of([one(" ".join(f"long{i}" for i in range(100)))]))  # 13+ chunks: dead
+    assert len(chunker._plans) == 2 and chunker._plan_chunks == 8
+
+
 def test_too_many_chunks_turns_the_record_into_a_dead_letter_with_its_original_bytes():
     text = " ".join(f"word{i}" for i in range(100))
     batch = _batch(text, "fine")

@@ -258,3 +258,30 @@ def test_missing_schema_ids_are_remembered_for_a_while_and_never_without_bound(r
     clock[0] = registry_module.MISSING_TTL_S + 1
     reg.resolve([10_199])
     assert asked[-1] == 10_199 and len(asked) == 201  # past its time: asked again
+
+
+def test_lookups_of_unknown_ids_are_bounded_by_a_budget_not_by_the_records(registry_url, monkeypatch):
+    """Past ``MISSING_LOOKUPS`` "unknown" answers within ``MISSING_TTL_S``, a new id is taken as
+    unknown without asking (its record's message says so); ids the registry knows still decode; the
+    budget comes back as the answers age out."""
+    import connectors.registry as registry_module
+
+    monkeypatch.setattr(registry_module, "MISSING_LOOKUPS", 20)
+    clock = [0.0]
+    reg = SchemaRegistry(client_conf(registry_url, {}), DOCUMENT_SCHEMA_TEXT, clock=lambda: clock[0])
+    good = registry_serializer(reg.client, DOCUMENT_SCHEMA_TEXT, "docs")({"id": "a", "text": "known"})
+    assert reg.lookups == 0
+    reg.resolve([schema_id(good)])
+    assert reg.lookups == 1
+    reg.resolve(range(50_000, 50_100))
+    assert reg.lookups == 1 + 20  # 20 asked, 80 taken as unknown unasked
+    with pytest.raises(DecodeError) as unasked:
+        decode_document(b"x", frame(50_099) + b"\x02x\x02y", framed=reg)
+    assert unasked.value.reason == "unknown_schema" and "was not asked" in unasked.value.message
+    with pytest.raises(DecodeError) as asked:
+        decode_document(b"x", frame(50_000) + b"\x02x\x02y", framed=reg)
+    assert asked.value.reason == "unknown_schema" and "does not know" in asked.value.message
+    assert decode_document(b"a", good, framed=reg) == Document("a", "known")
+    clock[0] = registry_module.MISSING_TTL_S + 1  # the answers age out: the registry is asked again
+    reg.resolve([60_000])
+    assert reg.lookups == 22 and reg.missing(60_000) and 60_000 not in reg._unasked

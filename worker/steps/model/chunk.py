@@ -21,8 +21,11 @@ from worker.process import metrics
 SENTENCE_END = frozenset(".!?。！？")
 
 #: Chunk plans of long texts remembered by content hash: a repeated long text (a re-sent document,
-#: or one the cache serves) is not tokenized again to find its chunks. ~100 bytes a chunk.
+#: or one the cache serves) is not tokenized again to find its chunks. At most this many plans, and
+#: at most ``PLAN_MEMO_CHUNKS`` chunks in all (~150 bytes a chunk: ~10 MB), whatever the texts; a
+#: plan of more than ``max_chunks`` chunks (its record is dead-lettered) is not kept.
 PLAN_MEMO_SIZE = 4096
+PLAN_MEMO_CHUNKS = 65_536
 
 
 def _starts_word(offsets: list[tuple[int, int]], i: int) -> bool:
@@ -98,6 +101,7 @@ class Chunker:
         self.max_chunks = max_chunks
         #: content hash → (spans, chunk hashes) of long texts, least recently used dropped first.
         self._plans: OrderedDict[str, tuple[list[tuple[int, int]], list[str]]] = OrderedDict()
+        self._plan_chunks = 0  # chunks in ``_plans``
 
     @property
     def safe_chars(self) -> float:
@@ -109,6 +113,15 @@ class Chunker:
             return float("inf")
         step = max(1, (3 * self.max_tokens) // 4 - min(self.overlap, self.max_tokens // 2))
         return self.max_tokens + step * (self.max_chunks - 1)
+
+    def _remember(self, h: str, plan: tuple[list[tuple[int, int]], list[str]]) -> None:
+        """Keep ``plan`` of the text hashed ``h``; drop the least recently used past either bound."""
+        plans = self._plans
+        plans[h] = plan
+        self._plan_chunks += len(plan[0])
+        while len(plans) > PLAN_MEMO_SIZE or self._plan_chunks > PLAN_MEMO_CHUNKS:
+            _, (spans, _) = plans.popitem(last=False)
+            self._plan_chunks -= len(spans)
 
     def spans(self, texts: list[str]) -> list[list[tuple[int, int]]]:
         """The chunk spans of each text: ``[(0, len(text))]`` for a text no longer in characters than
@@ -136,9 +149,9 @@ class Chunker:
                 found[it.hash] = plans[it.hash]
         todo = {it.hash: it.text for _, _, it in items if len(it.text) > self.max_tokens and it.hash not in found}
         for (h, text), spans in zip(todo.items(), self.spans(list(todo.values()))):
-            found[h] = plans[h] = (spans, [content_hash(text[a:b]) for a, b in spans] if len(spans) > 1 else [h])
-            if len(plans) > PLAN_MEMO_SIZE:
-                plans.popitem(last=False)
+            found[h] = (spans, [content_hash(text[a:b]) for a, b in spans] if len(spans) > 1 else [h])
+            if len(spans) <= self.max_chunks:
+                self._remember(h, found[h])
         counts: list[int] = []  # chunks of each long document, observed at once
         kept: list[tuple[Batch, int, Item]] = []
         for batch, pos, it in items:
