@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch on this machine's disk; an unpinned torch pulls a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-fast test-gpu demo bench bench-quick bench-cpu bench-gpu bench-peer-env dev-up dev-down lint clean
+.PHONY: setup test test-fast test-gpu soak demo bench bench-quick bench-cpu bench-gpu bench-peer-env dev-up dev-down lint clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,11 @@ test-fast: setup
 BROKER ?= tansu
 test-gpu: setup
 	$(BIN)/python -m pytest -q -m gpu tests/gpu
+
+# Ten minutes of steady load with a worker killed every 2 minutes and a rebalance every 3 (outside
+# `make test`): the picture and figures go to docs/soak/. EMBEDSTREAM_SOAK_MINUTES=N for longer.
+soak: setup
+	$(BIN)/python -m pytest -q -s -m soak tests/faults/test_soak.py
 
 bench-gpu: setup
 	$(BIN)/embedstream bench --device cuda --quick --docs 4000 --broker $(BROKER) --output bench-gpu

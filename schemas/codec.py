@@ -127,10 +127,34 @@ def _utf8(data: bytes, what: str) -> str:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
+#: JSON nested deeper than this is ``decode_error``. Python's parser is recursive: past its recursion
+#: limit it raises, and how deep it gets depends on the caller's stack, so without a fixed bound the
+#: same record could decode on one thread and not on another.
+MAX_JSON_DEPTH = 100
+_JSON_STRUCTURE = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _nests_deeper(text: str, limit: int) -> bool:
+    """Whether ``text``'s arrays and objects nest deeper than ``limit`` (brackets inside strings do
+    not count); stops at the first level past it."""
+    depth = 0
+    for m in _JSON_STRUCTURE.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
+
+
 def _json_loads(text: str, what: str) -> Any:
     """``text`` parsed as JSON; a string in it with a lone surrogate escape (``"\\ud800"``, which the
     id, text and cache key could never be written with) is ``invalid_utf8``; JSON nested deeper than
-    Python's recursion limit (the parser is recursive) is ``decode_error``, not a crash."""
+    ``MAX_JSON_DEPTH`` is ``decode_error``, not a crash."""
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _nests_deeper(text, MAX_JSON_DEPTH):
+        raise DecodeError("decode_error", f"{what} nests arrays or objects over {MAX_JSON_DEPTH} levels deep")
     try:
         obj = json.loads(text)
         if _SURROGATE_ESCAPE.search(text):  # rare: only then is every string checked
@@ -138,9 +162,8 @@ def _json_loads(text: str, what: str) -> Any:
     except UnicodeEncodeError:
         raise DecodeError("invalid_utf8", f"{what} has a string with a lone surrogate escape (\\ud800-\\udfff "
                                           "alone): it is not Unicode text") from None
-    except RecursionError:
-        raise DecodeError("decode_error", f"{what} is nested too deep to read (arrays or objects "
-                                          "hundreds of levels deep)") from None
+    except RecursionError:  # a caller already deep in its stack: still a dead letter, not a crash
+        raise DecodeError("decode_error", f"{what} is JSON nested too deep to read") from None
     return obj
 
 

@@ -160,9 +160,8 @@ def test_exactly_once_through_broker_frozen_and_rebalance(fs, model, parts, tmp_
                 produce_docs(fs, docs[i:i + 30], expected)
             time.sleep(0.5)
 
-    # No static membership here: Tansu once held a static member's join for over 120 s in this
-    # scenario. The transactional ids are then host-pid ones (no restarts in this stream).
-    a = WorkerProcess(fs, tmp_path, "a", ("--stop-when-idle", "5"), **UNCACHED)
+    # Static membership, as the chart runs it: the transactional ids follow the member ids.
+    a = WorkerProcess(fs, tmp_path, "a", ("--stop-when-idle", "5"), EMBEDSTREAM_GROUP_INSTANCE_ID="eb-a", **UNCACHED)
     wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.2 * expected.records, 180, what="20% committed")
     at_freeze = committed_offsets(fs, PARTITIONS)
     with frozen(parts["broker"]):
@@ -171,7 +170,7 @@ def test_exactly_once_through_broker_frozen_and_rebalance(fs, model, parts, tmp_
                what="progress after the broker came back")  # 600 produced: 20 % is not all of them
     producer = threading.Thread(target=trickle)
     producer.start()
-    two_join_then_leave(fs, tmp_path, **UNCACHED)
+    two_join_then_leave(fs, tmp_path, static="eb", **UNCACHED)
     producer.join(120)
     assert a.wait(300) == 0, a.log()[-3000:]
     report = check_nothing_lost(fs, model, expected, PARTITIONS)

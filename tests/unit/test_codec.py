@@ -325,3 +325,23 @@ def test_hand_reader_reads_a_map_written_in_sized_blocks():
     assert read_document(value + b"\x00") is None
     no_branch_2 = _string("doc") + _string("text") + _long(2)  # the model union has branches 0 and 1
     assert read_document(no_branch_2) is None
+
+
+def test_json_nesting_is_bounded_the_same_on_every_stack():
+    """Past ``MAX_JSON_DEPTH`` levels a JSON value or key is ``decode_error`` whatever the caller's
+    stack depth (Python's parser is recursive: its own limit depends on it); brackets inside strings
+    do not count."""
+    from schemas.codec import MAX_JSON_DEPTH
+
+    def nested(levels: int) -> bytes:  # the value's object and its metadata are two of the levels
+        inner = b"[" * (levels - 2) + b"]" * (levels - 2)
+        return b'{"id": "k", "text": "[[[[ {{{{ in a string", "metadata": {"m": ' + inner + b"}}"
+
+    assert decode_document(b"k", nested(MAX_JSON_DEPTH)).metadata["m"].count("[") == MAX_JSON_DEPTH - 2
+    for levels in (MAX_JSON_DEPTH + 1, 10_000):
+        with pytest.raises(DecodeError) as info:
+            decode_document(b"k", nested(levels))
+        assert info.value.reason == "decode_error" and f"over {MAX_JSON_DEPTH} levels" in info.value.message
+    with pytest.raises(DecodeError) as key:
+        decode_document(b'{"id": ' + b"[" * 200 + b"]" * 200 + b"}", b'{"text": "t"}', key_field="id")
+    assert key.value.reason == "decode_error"

@@ -21,7 +21,15 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from connectors.registry import SchemaRegistry, client_conf, frame
-from schemas.codec import DOCUMENT_SCHEMA_TEXT, DecodeError, Document, Tombstone, decode_document, encode_document, key_id
+from schemas.codec import (
+    DOCUMENT_SCHEMA_TEXT,
+    DecodeError,
+    Document,
+    Tombstone,
+    decode_document,
+    encode_document,
+    key_id,
+)
 from tests.helpers import registry_serializer
 from tools.memory_source import MemoryMessage
 from tools.registry import make_server
@@ -77,9 +85,9 @@ avro_documents = st.builds(lambda i, t, m: encode_document(Document(i, t, None, 
 values = (st.none() | st.binary(max_size=300) | json_documents()
           | avro_documents.flatmap(mutated) | json_documents().flatmap(mutated)
           | st.binary(max_size=200).map(lambda b: b"\x00" + b))
+key_objects = st.dictionaries(st.sampled_from(["id", "schema", "payload", "x"]), json_values, max_size=3)
 keys = (st.just(b"k") | st.just(b"k") | st.none() | st.binary(max_size=60) | st.text(max_size=40).map(str.encode)
-        | st.builds(lambda obj: json.dumps(obj).encode(), st.dictionaries(st.sampled_from(["id", "schema", "payload", "x"]),
-                                                                         json_values, max_size=3))
+        | st.builds(lambda obj: json.dumps(obj).encode(), key_objects)
         | st.builds(lambda payload, schema: json.dumps({"schema": schema, "payload": payload}).encode(),
                     st.dictionaries(st.sampled_from(["id", "other"]), json_values, max_size=2), json_values))
 

@@ -67,7 +67,8 @@ def setup_logging(settings: Settings) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.log_level.upper())
-    for noisy in ("httpx", "urllib3", "sentence_transformers", "transformers", "pymilvus"):
+    # httpx2: confluent-kafka's registry client logs every request at INFO (one line per schema id asked).
+    for noisy in ("httpx", "httpx2", "httpcore", "urllib3", "sentence_transformers", "transformers", "pymilvus"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -1,0 +1,246 @@
+"""The soak (issue 35; ``make soak``, outside ``make test``): a long run under steady load and faults.
+
+Two workers serve one group on the fault stack. The group's capacity is measured first (a backlog
+of new documents, drained by both), then documents arrive at half of it for ``EMBEDSTREAM_SOAK_MINUTES``
+(10 by default): 5,000 ids updated over and over with new texts (no cache hits), each stamped with
+its send time. Every 2 minutes worker ``b`` is killed (``kill -9``) and started again under its
+static member id; every 3 minutes a third worker joins and, 20 s after its assignment, leaves by
+SIGTERM. Worker ``a`` runs throughout.
+
+Sampled every 2 s: the group's committed offsets (throughput), its lag, and each worker's resident
+memory; from the output topic, each record's latency (output record's timestamp minus the document's
+send time), p99 per 10 s window. ``docs/soak/`` gets the PNG (throughput, p99, lag, RSS; faults
+marked) and the JSON of the run (``EMBEDSTREAM_SOAK_OUT`` elsewhere).
+
+It must show: nothing lost and Milvus exact (the fault suite's shared check: each id at its newest
+text), ``a``'s resident memory flat after warm-up (the slope of a least-squares fit after the first
+3 minutes under 1 MB/min), and p99 back to its baseline (1.5 × the p99 of the minute before the first
+fault, at least +0.5 s) within 30 s of each fault: no 10 s window ending later than that, up to the
+next fault, over it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from schemas.codec import Document, decode_embedding
+from tests.faults.conftest import PARTITIONS
+from tests.faults.harness import Expected, WorkerProcess, check_nothing_lost, committed_reader, short_docs, wait_until
+from tests.helpers import REPO
+from worker.commands.produce import document_record, produce_records
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.soak]
+
+SOAK_S = float(os.environ.get("EMBEDSTREAM_SOAK_MINUTES", "10")) * 60
+KILL_EVERY_S, REBALANCE_EVERY_S, WINDOW_S, SAMPLE_S = 120, 180, 10, 2.0
+IDS = 5_000
+WARM_UP_S = 180  # the RSS fit starts here
+RECOVERY_S = 30
+
+
+class Soak:
+    """The run's state: what was sent, the samples, the faults."""
+
+    def __init__(self, fs) -> None:
+        self.fs = fs
+        self.expected = Expected()
+        self.base = short_docs(IDS, "soak")
+        self.version = 0
+        self.start = time.monotonic()
+        self.samples: list[dict] = []  # t, committed, lag, rss {name: MB}
+        self.latencies: list[tuple[float, float]] = []  # (t of output record, latency s)
+        self.faults: list[tuple[float, str]] = []
+        self.workers: dict[str, WorkerProcess] = {}
+        self.stop = threading.Event()
+
+    def now(self) -> float:
+        return time.monotonic() - self.start
+
+    def records(self, n: int | None = None):
+        """Updates of the 5,000 ids in turn, each a new text, stamped as it is taken."""
+        sent = 0
+        while (n is None or sent < n) and not self.stop.is_set():
+            base = self.base[self.version % IDS]
+            self.version += 1
+            text = f"{base.text} (revision {self.version // IDS})"
+            doc = Document(base.id, text, None, {"sent": str(time.time())})
+            self.expected.good[doc.id] = text
+            self.expected.records += 1
+            sent += 1
+            yield document_record(doc, stamp=False)
+
+    def sample(self) -> None:
+        """Every ``SAMPLE_S``: committed offsets, lag (high watermarks minus committed), RSS by worker."""
+        fs = self.fs
+        c = Consumer({**fs.kafka_common(), "group.id": fs.group_id})
+        tps = [TopicPartition(fs.input_topic, p) for p in range(PARTITIONS)]
+        try:
+            while not self.stop.is_set():
+                committed = {tp.partition: max(tp.offset, 0) for tp in c.committed(tps, timeout=10)}
+                ends = {p: c.get_watermark_offsets(TopicPartition(fs.input_topic, p), timeout=10)[1]
+                        for p in range(PARTITIONS)}
+                rss = {}
+                for name, w in list(self.workers.items()):
+                    if w.proc.poll() is None and w.rss_samples:
+                        rss[name] = w.rss_samples[-1]
+                self.samples.append({"t": self.now(), "committed": sum(committed.values()),
+                                     "lag": sum(ends[p] - committed[p] for p in ends), "rss": rss})
+                self.stop.wait(SAMPLE_S)
+        finally:
+            c.close()
+
+    def read_output(self) -> None:
+        """Latency of every output record: its timestamp minus its document's send time."""
+        fs = self.fs
+        c = Consumer({**fs.kafka_common(), "group.id": f"soak-reader-{fs.group_id}", "auto.offset.reset": "earliest"})
+        c.subscribe([fs.output_topic])
+        try:
+            while not self.stop.is_set():
+                for m in c.consume(500, 0.5):
+                    if m.error() or m.value() is None:
+                        continue
+                    sent = float(decode_embedding(m.value())["metadata"]["sent"])
+                    at = m.timestamp()[1] / 1000
+                    self.latencies.append((at - time.time() + self.now(), at - sent))
+        finally:
+            c.close()
+
+
+def _p99_windows(latencies: list[tuple[float, float]], end: float) -> list[tuple[float, float]]:
+    """(window end, p99 latency) for each ``WINDOW_S`` window that holds records."""
+    arr = np.array(latencies) if latencies else np.zeros((0, 2))
+    out = []
+    for lo in np.arange(0, end, WINDOW_S):
+        inside = arr[(arr[:, 0] >= lo) & (arr[:, 0] < lo + WINDOW_S), 1]
+        if len(inside):
+            out.append((float(lo + WINDOW_S), float(np.percentile(inside, 99))))
+    return out
+
+
+def _plot(path: Path, soak: Soak, p99: list[tuple[float, float]], capacity: float, rate: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = np.array([s["t"] for s in soak.samples]) / 60
+    committed = np.array([s["committed"] for s in soak.samples], dtype=float)
+    fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
+    rates = np.diff(committed) / np.maximum(np.diff(t * 60), 1e-9)
+    axes[0].plot(t[1:], rates, lw=0.8)
+    axes[0].axhline(rate, color="grey", ls=":", label=f"arrivals {rate:.0f}/s (half of {capacity:.0f})")
+    axes[0].set_ylabel("committed docs/s")
+    axes[0].legend(loc="upper right")
+    axes[1].plot([w / 60 for w, _ in p99], [v for _, v in p99], lw=0.8)
+    axes[1].set_ylabel(f"p99 latency, s ({WINDOW_S} s windows)")
+    axes[2].plot(t, [s["lag"] for s in soak.samples], lw=0.8)
+    axes[2].set_ylabel("consumer lag, records")
+    for name in sorted({n for s in soak.samples for n in s["rss"]}):
+        pts = [(s["t"] / 60, s["rss"][name]) for s in soak.samples if name in s["rss"]]
+        axes[3].plot([p[0] for p in pts], [p[1] for p in pts], ".", ms=2, label=f"worker {name}")
+    axes[3].set_ylabel("resident memory, MiB")
+    axes[3].set_xlabel("minutes")
+    axes[3].legend(loc="lower right")
+    for at, what in soak.faults:
+        for ax in axes:
+            ax.axvline(at / 60, color="red" if what.startswith("kill") else "tab:blue", lw=0.6, alpha=0.6)
+    axes[0].set_title("embedstream soak: kill -9 every 2 min (red), a rebalance every 3 min (blue)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def test_soak_steady_load_with_kills_and_rebalances(fs, model, tmp_path):
+    soak = Soak(fs)
+    env = {"EMBEDSTREAM_REDIS_URL": ""}  # every text is new: the model sets the pace, not the cache
+    soak.workers["a"] = WorkerProcess(fs, tmp_path, "a", EMBEDSTREAM_GROUP_INSTANCE_ID="soak-a", **env)
+    soak.workers["b"] = WorkerProcess(fs, tmp_path, "b", EMBEDSTREAM_GROUP_INSTANCE_ID="soak-b", **env)
+    wait_until(lambda: all("assigned [" in w.log() for w in soak.workers.values()), 180, what="a and b assigned")
+
+    # Capacity: a backlog of 2,000 new texts, drained by both workers.
+    with committed_reader(fs, PARTITIONS) as committed:
+        produce_records(fs.kafka_common(), fs.input_topic, soak.records(2_000))
+        began = time.monotonic()
+        wait_until(lambda: committed() >= soak.expected.records, 600, every=0.2, what="the backlog drained")
+        capacity = 2_000 / (time.monotonic() - began)
+    rate = capacity / 2
+
+    soak.start = time.monotonic()
+    threads = [threading.Thread(target=soak.sample, daemon=True),
+               threading.Thread(target=soak.read_output, daemon=True)]
+    for th in threads:
+        th.start()
+    producer = threading.Thread(target=lambda: produce_records(fs.kafka_common(), fs.input_topic, soak.records(),
+                                                               rate=rate), daemon=True)
+    producer.start()
+    next_kill, next_rebalance, leaving = KILL_EVERY_S, REBALANCE_EVERY_S, None
+    while soak.now() < SOAK_S:
+        if soak.now() >= next_kill:
+            soak.faults.append((soak.now(), "kill -9 b"))
+            soak.workers["b"].kill9()
+            soak.workers["b"] = WorkerProcess(fs, tmp_path, "b", EMBEDSTREAM_GROUP_INSTANCE_ID="soak-b", **env)
+            next_kill += KILL_EVERY_S
+        if soak.now() >= next_rebalance:
+            soak.faults.append((soak.now(), "c joins"))
+            soak.workers["c"] = WorkerProcess(fs, tmp_path, f"c{int(next_rebalance)}", **env)
+            leaving = soak.now() + 20 + 15  # ~15 s to start and be assigned, then 20 s in the group
+            next_rebalance += REBALANCE_EVERY_S
+        if leaving is not None and soak.now() >= leaving:
+            soak.workers["c"].terminate()
+            assert soak.workers["c"].wait(60) == 0
+            del soak.workers["c"]
+            leaving = None
+        time.sleep(0.5)
+    soak.stop.set()
+    producer.join(60)
+    for th in threads:
+        th.join(30)
+
+    # Drained, then the fault suite's check: every id in Milvus at its newest text, nothing lost.
+    with committed_reader(fs, PARTITIONS) as committed:
+        wait_until(lambda: committed() >= soak.expected.records, 300, what="the stream drained")
+    report = check_nothing_lost(fs, model, soak.expected, PARTITIONS)
+
+    end = soak.now()
+    p99 = _p99_windows(soak.latencies, end)
+    first_fault = soak.faults[0][0]
+    before = [lat for at, lat in soak.latencies if first_fault - 60 <= at < first_fault]
+    baseline = float(np.percentile(before, 99))
+    threshold = max(1.5 * baseline, baseline + 0.5)
+    recoveries = []
+    for i, (at, what) in enumerate(soak.faults):
+        # back once no later window (up to the next fault, or 90 s) is over the threshold
+        until = min([f for f, _ in soak.faults[i + 1:]] + [at + 90, end])
+        over = [w for w, v in p99 if at < w <= until and v > threshold]
+        recoveries.append({"at_s": round(at, 1), "fault": what,
+                           "back_after_s": round(max(over) - at, 1) if over else 0.0,
+                           "worst_p99_s": round(max([v for w, v in p99 if at < w <= until] or [0.0]), 2)})
+    rss_a = [(s["t"] / 60, s["rss"]["a"]) for s in soak.samples if "a" in s["rss"] and s["t"] >= WARM_UP_S]
+    slope = float(np.polyfit([m for m, _ in rss_a], [r for _, r in rss_a], 1)[0])
+
+    out = Path(os.environ.get("EMBEDSTREAM_SOAK_OUT", REPO / "docs" / "soak"))
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"minutes": SOAK_S / 60, "capacity_docs_s": round(capacity, 1), "rate_docs_s": round(rate, 1),
+               "documents_sent": soak.expected.records, "ids": IDS, "output_records": report.output_records,
+               "duplicates_on_output": report.duplicates, "p99_baseline_s": round(baseline, 3),
+               "p99_threshold_s": round(threshold, 3), "recoveries": recoveries,
+               "rss_a_slope_mb_per_min": round(slope, 3), "rss_a_first_last_mb": [rss_a[0][1], rss_a[-1][1]],
+               "samples": soak.samples, "p99_windows": p99, "faults": soak.faults}
+    (out / "soak.json").write_text(json.dumps(summary, indent=1))
+    _plot(out / "soak.png", soak, p99, capacity, rate)
+    print(f"\nsoak: {SOAK_S / 60:.0f} min, capacity {capacity:.0f} docs/s, arrivals {rate:.0f}/s, "
+          f"{soak.expected.records:,} documents; p99 baseline {baseline:.2f} s; recoveries {recoveries}; "
+          f"RSS of a after warm-up: slope {slope:+.2f} MB/min ({rss_a[0][1]} → {rss_a[-1][1]} MiB); "
+          f"picture {out / 'soak.png'}")
+
+    assert slope < 1.0, f"worker a's resident memory grows {slope:.2f} MB/min after warm-up"
+    slow = [r for r in recoveries if r["back_after_s"] > RECOVERY_S]
+    assert not slow, f"p99 not back under {threshold:.2f} s within {RECOVERY_S} s: {slow}"
