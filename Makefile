@@ -36,7 +36,7 @@ BROKER ?= tansu
 test-gpu: setup
 	$(BIN)/python -m pytest -q -m gpu tests/gpu
 
-# Ten minutes of steady load with a worker killed every 2 minutes and a rebalance every 3 (outside
+# Fifteen minutes of steady load with a worker killed every 2 minutes and a rebalance every 3 (outside
 # `make test`): the picture and figures go to docs/soak/. EMBEDSTREAM_SOAK_MINUTES=N for longer.
 soak: setup
 	$(BIN)/python -m pytest -q -s -m soak tests/faults/test_soak.py

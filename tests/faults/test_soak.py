@@ -2,10 +2,10 @@
 
 Two workers serve one group on the fault stack. The group's capacity is measured first (a backlog
 of new documents, drained by both), then documents arrive at half of it for ``EMBEDSTREAM_SOAK_MINUTES``
-(10 by default): 5,000 ids updated over and over with new texts (no cache hits), each stamped with
+(15 by default): 5,000 ids updated over and over with new texts (no cache hits), each stamped with
 its send time. Every 2 minutes worker ``b`` is killed (``kill -9``) and started again; every 3
 minutes a third worker joins and, 20 s after its assignment, leaves by
-SIGTERM. Worker ``a`` runs throughout. The group's session is 10 s.
+SIGTERM. Worker ``a`` runs throughout. The group's session is 6 s.
 
 Sampled every 2 s: the group's committed offsets (throughput), its lag, and each worker's resident
 memory; from the output topic, each record's latency (output record's timestamp minus the document's
@@ -14,7 +14,7 @@ marked) and the JSON of the run (``EMBEDSTREAM_SOAK_OUT`` elsewhere).
 
 It must show: nothing lost and Milvus exact (the fault suite's shared check: each id at its newest
 text), ``a``'s resident memory flat after warm-up (the slope of a least-squares fit after the first
-3 minutes under 1 MB/min), and p99 back to its baseline (1.5 × the p99 of the minute before the first
+5 minutes under 1 MB/min), and p99 back to its baseline (1.5 × the p99 of the minute before the first
 fault, at least +0.5 s) within 30 s of each fault: no 10 s window ending later than that, up to the
 next fault, over it.
 """
@@ -39,10 +39,12 @@ from worker.commands.produce import document_record, produce_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.soak]
 
-SOAK_S = float(os.environ.get("EMBEDSTREAM_SOAK_MINUTES", "10")) * 60
+SOAK_S = float(os.environ.get("EMBEDSTREAM_SOAK_MINUTES", "15")) * 60
 KILL_EVERY_S, REBALANCE_EVERY_S, WINDOW_S, SAMPLE_S = 120, 180, 10, 2.0
 IDS = 5_000
-WARM_UP_S = 180  # the RSS fit starts here
+#: The RSS fit starts here: buffers reach their high-water marks only under the first backlogs (the
+#: first kills and rebalance build the largest passes), and OpenVINO's 64 compiled shapes fill.
+WARM_UP_S = 300
 RECOVERY_S = 30
 
 
@@ -160,14 +162,14 @@ def _plot(path: Path, soak: Soak, p99: list[tuple[float, float]], capacity: floa
 
 @pytest.mark.timeout(SOAK_S + 1200)
 def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path):
-    # A 10 s session: the fault suite's 2 s one lost members that were only busy (two workers, a
-    # restarting third and the stack on two cores). Dynamic members: on Tansu a static member that
+    # The stack's 6 s session: the fault suite's 2 s one lost members that were only busy (two
+    # workers, a restarting third and the stack on two cores). Dynamic members: on Tansu a static member that
     # restarts while another member is live is never assigned again (its JoinGroup is held; seen
     # here for minutes), so ``b`` comes back under a new member id, as a pod without
     # ``kafka.staticMembership`` would.
     _, stack_env = fault_stack
     fs = fresh_settings(stack_env, partitions=PARTITIONS, commit_interval_ms=0, shutdown_grace_seconds=20,
-                        kafka={"session.timeout.ms": "10000", "heartbeat.interval.ms": "1000"})
+                        kafka={"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"})
     soak = Soak(fs)
     env = {"EMBEDSTREAM_REDIS_URL": ""}  # every text is new: the model sets the pace, not the cache
     soak.workers["a"] = WorkerProcess(fs, tmp_path, "a", **env)
