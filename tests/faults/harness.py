@@ -195,16 +195,11 @@ def wait_until(predicate, timeout: float, every: float = 0.25, what: str = "cond
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-def two_join_then_leave(s: Settings, tmp_path: Path, static: str | None = None, **env: str) -> None:
+def two_join_then_leave(s: Settings, tmp_path: Path, **env: str) -> None:
     """Scenario 5's middle: workers b and c join the group (1 → 3), stay 4 s past their assignment,
-    then leave by SIGTERM (3 → 1) and exit 0. With ``static``, they are static members
-    ``<static>-b`` and ``<static>-c`` (a static member does not leave the group on SIGTERM: its
-    partitions move on when its session times out)."""
-    def ids(name: str) -> dict[str, str]:
-        return {"EMBEDSTREAM_GROUP_INSTANCE_ID": f"{static}-{name}"} if static else {}
-
-    b = WorkerProcess(s, tmp_path, "b", **ids("b"), **env)
-    c = WorkerProcess(s, tmp_path, "c", **ids("c"), **env)
+    then leave by SIGTERM (3 → 1) and exit 0."""
+    b = WorkerProcess(s, tmp_path, "b", **env)
+    c = WorkerProcess(s, tmp_path, "c", **env)
     wait_until(lambda: "assigned [" in b.log() and "assigned [" in c.log(), 120, what="b and c assigned")
     time.sleep(4)
     b.terminate()
