@@ -8,8 +8,9 @@ kinds. The breaker is off (a topic of garbage would trip it at once; that is its
 
 It shows:
 - no crash: the worker exits 0 once idle, no traceback;
-- bounded memory: resident memory after warm-up (the first quarter of the records committed) grows
-  by at most 50 MB, sampled every half second (the figures are printed for the README);
+- bounded memory: resident memory grows by at most 50 MB after warm-up (the first half of the records
+  committed): what it settles at once every record is committed, against the highest of the warm-up;
+  sampled every half second (the figures are printed for the README);
 - every hostile record in the DLQ, by its partition and offset, with a contract reason;
 - every good record in Milvus;
 - the registry asked a bounded number of times (``MISSING_LOOKUPS`` plus the ids it knows), not once
@@ -25,6 +26,7 @@ import threading
 import time
 from collections import Counter
 
+import numpy as np
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
@@ -173,16 +175,20 @@ def test_hostile_records_are_dead_lettered_with_memory_and_registry_requests_bou
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
 
-    # Warm-up: the first quarter of the records committed (start-up's own peak, model loading, is
-    # before the first commit and left out); it holds every kind of record many times over.
-    warm = [rss for _, done, rss in samples if 0 < done <= total // 4]
-    after = [rss for _, done, rss in samples if done > total // 4]
-    warm = warm or after[:1]
-    assert len(after) >= 5, samples[-5:]
-    growth = max(after) - max(warm)
+    # Warm-up: the first half of the records committed (start-up's own peak, model loading, is before
+    # the first commit and left out); every kind of record has come thousands of times by then. Growth
+    # is what stays: resident memory once every record is committed (the median of the samples while
+    # the worker idles before it stops) over the highest of the warm-up. A leak of 500 bytes a record
+    # stays as 50 MB. The peak in between is reported: librdkafka's queues and the batches in flight
+    # fill and empty at full speed (bounded, README).
+    warm = [rss for _, done, rss in samples if 0 < done <= total // 2]
+    after = [rss for _, done, rss in samples if done > total // 2]
+    settled = [rss for _, done, rss in samples if done >= total]
+    assert warm and len(settled) >= 3, samples[-5:]
+    growth = float(np.median(settled)) - max(warm)
     with capsys.disabled():
         print(f"\nhostile: {total:,} records in {samples[-1][0]:.0f} s; RSS at warm-up {max(warm):.0f} MB, "
-              f"peak after {max(after):.0f} MB (+{growth:.1f}), at the end {after[-1]:.0f} MB; "
+              f"peak after {max(after):.0f} MB, settled {np.median(settled):.0f} MB ({growth:+.1f}); "
               f"registry requests {dict(registry.requests)}\n(s, committed, RSS MB) every 5 s: "
               + " ".join(f"({t:.0f}, {d}, {r:.0f})" for t, d, r in samples[::10]))
     assert growth <= RSS_GROWTH_MB, f"resident memory grew {growth:.0f} MB after warm-up: {samples[::10]}"
