@@ -119,29 +119,21 @@ class SchemaRegistry:
         self._renamed: dict[int, AvroDeserializer] = {}
         self._generic = AvroDeserializer(self.client)
         self._known: set[int] = set()
-        #: Missing schema id → when the registry said so, or when it was taken as missing unasked
-        #: (oldest first; ``MISSING_TTL_S``, ``MISSING_MAX``).
-        self._missing: OrderedDict[int, float] = OrderedDict()
-        #: Ids taken as missing without asking (a subset of ``_missing``'s, for the message).
-        self._unasked: set[int] = set()
+        #: Missing schema id → (when the registry said so or it was taken as missing, whether the
+        #: registry was asked), oldest first (``MISSING_TTL_S``, ``MISSING_MAX``).
+        self._missing: OrderedDict[int, tuple[float, bool]] = OrderedDict()
         #: When the registry last answered "unknown" (``MISSING_LOOKUPS`` at most, oldest first).
         self._misses: deque[float] = deque(maxlen=MISSING_LOOKUPS)
         self._clock = clock
-        #: Schema lookups sent to the registry (successful or not): what the hostile-input test bounds.
-        self.lookups = 0
 
     def _remember_missing(self, sid: int, asked: bool) -> None:
         now = self._clock()
-        self._missing[sid] = now
+        self._missing[sid] = (now, asked)
         self._missing.move_to_end(sid)
         if asked:
             self._misses.append(now)
-            self._unasked.discard(sid)
-        else:
-            self._unasked.add(sid)
         while len(self._missing) > MISSING_MAX:
-            old, _ = self._missing.popitem(last=False)
-            self._unasked.discard(old)
+            self._missing.popitem(last=False)
 
     def _budget_spent(self) -> bool:
         """Whether the registry said "unknown" ``MISSING_LOOKUPS`` times within ``MISSING_TTL_S``."""
@@ -152,7 +144,6 @@ class SchemaRegistry:
         if self._budget_spent():
             self._remember_missing(sid, asked=False)
             return
-        self.lookups += 1
         try:
             schema = self.client.get_schema(sid)
         except SchemaRegistryError as exc:
@@ -179,9 +170,8 @@ class SchemaRegistry:
         said = self._missing.get(sid)
         if said is None:
             return False
-        if self._clock() - said > MISSING_TTL_S:
+        if self._clock() - said[0] > MISSING_TTL_S:
             del self._missing[sid]  # ask again: the schema may have been registered since
-            self._unasked.discard(sid)
             return False
         return True
 
@@ -191,7 +181,7 @@ class SchemaRegistry:
             raise DecodeError("decode_error", f"{what} is not registry-framed (magic byte 0 and a schema id)")
         self.resolve([sid])
         if self.missing(sid):
-            if sid in self._unasked:
+            if not self._missing[sid][1]:  # taken as missing without asking
                 raise DecodeError("unknown_schema", f"{what} is framed with schema id {sid}, which the registry at "
                                                     f"{self.url} was not asked about: it answered 'unknown' for "
                                                     f"{MISSING_LOOKUPS:,} ids in the last {MISSING_TTL_S:.0f} s "

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -33,7 +32,8 @@ from confluent_kafka import Consumer, TopicPartition
 from connectors.kafka import make_producer
 from connectors.registry import MISSING_LOOKUPS, client_conf, frame
 from schemas.codec import DOCUMENT_SCHEMA_TEXT
-from tests.helpers import CLI, REPO, documents_in_milvus, fresh_settings, read_topic, registry_serializer, settings_env
+from tests.faults.harness import WorkerProcess
+from tests.helpers import documents_in_milvus, fresh_settings, read_topic, registry_serializer
 from tools.memory_source import MemoryMessage
 from tools.registry import make_server
 from worker.core.records import DeadLetter
@@ -92,11 +92,6 @@ def _makes_a_document(key: bytes | None, value: bytes) -> bool:
     return not isinstance(_ORACLE.validate(MemoryMessage(key, value)), DeadLetter)
 
 
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-
-
 def test_hostile_records_are_dead_lettered_with_memory_and_registry_requests_bounded(stack, capsys, tmp_path):
     registry = make_server(0, None)
     threading.Thread(target=registry.serve_forever, daemon=True).start()
@@ -153,26 +148,23 @@ def test_hostile_records_are_dead_lettered_with_memory_and_registry_requests_bou
     total = HOSTILE + len(good)
 
     # -- the worker, sampled: resident memory and committed offsets every half second --------------
-    log_path = tmp_path / "worker.log"
-    with log_path.open("wb") as log:  # a file, not a pipe: nobody reads a pipe while it runs
-        proc = subprocess.Popen([*CLI, "run", "--stop-when-idle", "5"], env=settings_env(s), cwd=REPO,
-                                stdout=log, stderr=subprocess.STDOUT)
-    samples: list[tuple[float, int, float]] = []  # (seconds, records committed, RSS MB)
+    worker = WorkerProcess(s, tmp_path, "worker", ("--stop-when-idle", "5"))  # RSS sampled every 0.2 s
+    samples: list[tuple[float, int, float]] = []  # (seconds, records committed, RSS MiB)
     watcher = Consumer({**s.kafka_common(), "group.id": s.group_id, "enable.auto.commit": False})
     parts = [TopicPartition(s.input_topic, p) for p in range(3)]
     start = time.monotonic()
-    while proc.poll() is None:
-        try:
-            rss = _rss_mb(proc.pid)
+    try:
+        while worker.proc.poll() is None:
             done = sum(max(tp.offset, 0) for tp in watcher.committed(parts, timeout=5))
-        except (OSError, StopIteration):
-            break
-        samples.append((time.monotonic() - start, done, rss))
-        time.sleep(0.5)
-    watcher.close()
-    proc.wait(60)
-    err = log_path.read_text(errors="replace")
-    assert proc.returncode == 0, err[-3000:]
+            if worker.rss_samples:
+                samples.append((time.monotonic() - start, done, worker.rss_samples[-1]))
+            time.sleep(0.5)
+        code = worker.wait(60)
+    finally:
+        watcher.close()
+        WorkerProcess.kill_all()
+    err = worker.log()
+    assert code == 0, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
 
     # Warm-up: the first half of the records committed (start-up's own peak, model loading, is before
