@@ -78,8 +78,10 @@ def test_renders_valid_kubernetes_objects(extra):
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     env = env_of(objs)
     assert int(pod["terminationGracePeriodSeconds"]) > int(env["EMBEDSTREAM_SHUTDOWN_GRACE_SECONDS"]["value"])
-    assert env["EMBEDSTREAM_GROUP_INSTANCE_ID"]["value"] == "$(POD_NAME)"
+    assert "EMBEDSTREAM_GROUP_INSTANCE_ID" not in env  # static membership is opt-in (values.yaml says why)
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    env = env_of(render(merge(BASE, {"kafka": {"staticMembership": True}})))
+    assert env["EMBEDSTREAM_GROUP_INSTANCE_ID"]["value"] == "$(POD_NAME)"
 
 
 def test_scaledobject_fields():
@@ -153,11 +155,14 @@ def test_chunking_settings_reach_the_worker():
     assert env["EMBEDSTREAM_CHUNKING"]["value"] == "off" and env["EMBEDSTREAM_CHUNK_TOKENS"]["value"] == "128"
 
 
-def test_delivery_reaches_the_worker_with_the_pod_name_for_its_transactional_id():
+def test_delivery_reaches_the_worker():
     env = env_of(render(BASE))
     assert env["EMBEDSTREAM_DELIVERY"]["value"] == "at-least-once"
     env = env_of(render(merge(BASE, {"kafka": {"delivery": "exactly-once"}})))
     assert env["EMBEDSTREAM_DELIVERY"]["value"] == "exactly-once"
+    # No instance id: the transactional id is <pod name>-<pid>, and the image's `embedstream run` is pid 1.
+    assert "EMBEDSTREAM_GROUP_INSTANCE_ID" not in env
+    env = env_of(render(merge(BASE, {"kafka": {"delivery": "exactly-once", "staticMembership": True}})))
     assert env["EMBEDSTREAM_GROUP_INSTANCE_ID"]["value"] == "$(POD_NAME)"  # → transactional.id
 
 
