@@ -32,6 +32,10 @@ class CountingModel:
         self.texts += len(texts)
         return self._model.embed(texts)
 
+    def embed_prepared(self, prepared, sparse=False):  # the worker's call (texts made ready off its thread)
+        self.texts += len(prepared)
+        return self._model.embed_prepared(prepared, sparse)
+
 
 def fresh_settings(env: dict[str, str], partitions: int = 6, compacted_input: bool = False,
                    topic_config: dict[str, dict[str, str]] | None = None, **overrides) -> Settings:

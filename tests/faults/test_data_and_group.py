@@ -63,6 +63,10 @@ class SlowModel:
         time.sleep(self.seconds)
         return self._m.embed(texts)
 
+    def embed_prepared(self, prepared, sparse=False):  # the worker's call
+        time.sleep(self.seconds)
+        return self._m.embed_prepared(prepared, sparse)
+
     def warmup(self):
         pass
 

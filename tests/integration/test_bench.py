@@ -124,7 +124,7 @@ def test_bench_cpu_prints_each_run_and_its_threads(tmp_path):
     assert all(us > 0 for by_cache in out["cpu_per_doc"].values() for us in by_cache.values())
     for name, by_cache in out["cpu_threads"].items():
         for cache, threads in by_cache.items():
-            assert {"polling", "embed", "sink", "milvus-write", "other"} <= set(threads), (name, cache)
+            assert {"polling", "prepare", "embed", "sink", "milvus-write", "other"} <= set(threads), (name, cache)
             assert all(v >= 0 for v in threads.values()) and threads["polling"] > 0 and threads["sink"] > 0
             # the shares cover the whole run (start-up included): at least the busy figure
             assert sum(threads.values()) >= out["cpu_per_doc"][name][cache] * 0.99

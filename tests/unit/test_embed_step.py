@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
+import pytest
 
+from schemas.errors import TransientError
 from worker.core.pipeline import in_turn
 from worker.core.records import Batch, Item, Source, share_of
 from worker.embedding.fake import FakeEmbedder
@@ -168,3 +171,84 @@ def test_a_learned_sparse_side_rides_with_each_vector_through_the_model_the_memo
     calls = model.calls
     work.process([again])
     assert model.calls == calls and np.array_equal(again.items[0].chunks[0].sparse[0], want_sparse[0][0])  # the memo
+
+
+def _chunked(model, *batches: Batch) -> tuple[Batch, ...]:
+    """The batches after the chunk step (each short text one chunk)."""
+    Chunker(model, "tokens", 254, 2, 512).process(share_of(list(batches)))
+    return batches
+
+
+class Recording(FakeEmbedder):
+    """Which thread prepared texts and which one ran the model on them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: dict[str, set[str]] = {"prepare": set(), "model": set()}
+
+    def prepare(self, texts):
+        self.threads["prepare"].add(threading.current_thread().name)
+        return [f"<{t}>" for t in texts]  # what the model takes: not the text itself
+
+    def embed_prepared(self, prepared, sparse=False):
+        self.threads["model"].add(threading.current_thread().name)
+        assert all(p.startswith("<") for p in prepared)
+        return self.embed([p[1:-1] for p in prepared])
+
+
+def test_the_halves_run_on_two_threads_and_the_embed_stage_may_group_batches_otherwise():
+    """The prepare stage takes [first, second] as one group, the embed stage takes them one by one:
+    each batch's pending holds what its own chunks need, so both get every vector."""
+    model = Recording()
+    step = EmbedStep(model, None)
+    first, second = _chunked(model, _batch(0, "alpha", "beta"), _batch(2, "beta", "gamma"))
+    prepare = threading.Thread(target=lambda: step.prepare(share_of([first, second])), name="prepare")
+    prepare.start()
+    prepare.join()
+    assert set(first.pending[""]) == {"h-alpha", "h-beta"} and set(second.pending[""]) == {"h-beta", "h-gamma"}
+    for batch in (first, second):
+        embed = threading.Thread(target=lambda b=batch: step.embed(share_of([b])), name="embed")
+        embed.start()
+        embed.join()
+    assert model.threads == {"prepare": {"prepare"}, "model": {"embed"}}
+    for batch in (first, second):
+        assert not batch.pending
+        for it in batch.items:
+            assert np.allclose(it.chunks[0].vector, model.embed([it.text])[0]) and not it.chunks[0].cached
+    assert set(first.fresh[""]) == {"h-alpha", "h-beta"} and set(second.fresh[""]) == {"h-beta", "h-gamma"}
+
+
+def test_a_repeat_embedded_after_its_lookup_comes_from_the_memo_not_the_model():
+    """Group 2 is looked up while group 1 is still before the model: both miss; group 1's vector is
+    in the memo by the time group 2 reaches the model."""
+    model = FakeEmbedder()
+    step = EmbedStep(model, DictCache({}))
+    one, two = _chunked(model, _batch(0, "same"), _batch(1, "same"))
+    step.prepare(share_of([one]))
+    step.prepare(share_of([two]))
+    step.embed(share_of([one]))
+    step.embed(share_of([two]))
+    assert model.texts_embedded == 1
+    assert two.items[0].chunks[0].cached and "h-same" not in two.fresh[""] and "h-same" in one.fresh[""]
+    assert np.allclose(one.items[0].chunks[0].vector, two.items[0].chunks[0].vector)
+
+
+def test_a_model_that_fails_to_load_leaves_the_group_pending_for_the_retry():
+    class LoadsOnSecondTry(FakeEmbedder):
+        tries = 0
+
+        def embed_prepared(self, prepared, sparse=False):
+            self.tries += 1
+            if self.tries == 1:
+                raise TransientError("model", "loading: out of memory")
+            return super().embed_prepared(prepared, sparse)
+
+    model = LoadsOnSecondTry()
+    step = EmbedStep(model, None)
+    [batch] = _chunked(model, _batch(0, "alpha"))
+    step.prepare(share_of([batch]))
+    with pytest.raises(TransientError):
+        step.embed(share_of([batch]))
+    assert batch.pending[""] and batch.items[0].chunks[0].vector is None
+    step.embed(share_of([batch]))
+    assert batch.items[0].chunks[0].vector is not None and not batch.pending

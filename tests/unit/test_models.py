@@ -79,6 +79,18 @@ def test_a_model_that_does_not_fit_unloads_the_least_recently_used():
     assert handle.embed(["x"]).shape == (1, handle.dim) and models.loaded("c")
 
 
+def test_preparing_texts_for_a_model_never_loads_it_and_embedding_them_does():
+    """The prepare thread's calls go to the side kept from the first load (a tokenizer without
+    weights): they must not load a model, nor unload the one the embed thread is running."""
+    models, loads = _set(memory_mb=15, a=10, b=10)
+    assert not models.loaded("a") and models.loaded("b")
+    handle = models.handles["a"]
+    prepared = handle.prepare(["x", "y"])
+    assert handle.offsets_over(["x " * 600], 300)[0] is not None and handle.token_offsets(["x y"]) == [[(0, 1), (2, 3)]]
+    assert not models.loaded("a") and models.loaded("b") and loads == ["a", "b"]
+    assert handle.embed_prepared(prepared).shape == (2, handle.dim) and models.loaded("a") and not models.loaded("b")
+
+
 def test_a_model_over_the_budget_alone_fails_at_start_up():
     with pytest.raises(ConfigError, match="EMBEDSTREAM_MODEL_MEMORY_MB=5"):
         _set(memory_mb=5, a=10)

@@ -136,7 +136,7 @@ def ratio_table(out: dict) -> Table:
 
 
 #: Columns of the CPU table, in pipeline order (any other thread comes before "other").
-_THREAD_ORDER = ("polling", "embed", "sink", "milvus-write", "grpc")
+_THREAD_ORDER = ("polling", "prepare", "embed", "sink", "milvus-write", "grpc")
 
 
 def cpu_table(out: dict) -> Table:

@@ -2,12 +2,12 @@
 record goes through, in order:
 
     polling thread:  1 validate → 2 estimate tokens → 3 DLQ breaker → 4 batch        (Intake)
-    pipeline:        5 embed: chunk + cache lookup + model → 6 sink: fence + version guard →
-                                                    Milvus + output/DLQ topics + cache fill
-    polling thread:  7 store offsets → commit                                        (OffsetCommitter)
+    pipeline:        5 prepare: chunk + cache lookup + token ids → 6 embed: the model →
+                     7 sink: fence + version guard → Milvus + output/DLQ topics + cache fill
+    polling thread:  8 store offsets → commit                                        (OffsetCommitter)
 
-Steps 6 and 7 follow the delivery chosen at assembly (``worker.core.delivery`` tells the order once:
-under exactly-once the sink commits each group's offsets in its transaction, in step 6).
+Steps 7 and 8 follow the delivery chosen at assembly (``worker.core.delivery`` tells the order once:
+under exactly-once the sink commits each group's offsets in its transaction, in step 7).
 
 A new step is one line here: a ``Stage`` in the pipeline's list (its own thread, queue and retry
 state), or a step inside intake. The connectors and the model are opened by ``worker.assembly.runner``.
@@ -94,7 +94,7 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
     limits = limits or TopicLimits()
     topics, records, durable = s.section(KafkaSettings), s.section(RecordSettings), s.section(DeliverySettings)
     batching = s.section(BatchingSettings)
-    committer = OffsetCommitter(consumer, durable.commit_interval_ms / 1000, delivery)           # 7 commit
+    committer = OffsetCommitter(consumer, durable.commit_interval_ms / 1000, delivery)           # 8 commit
     # The breaker (3) counts the dead letters the chunk and sink steps make too (late ones).
     breaker = DlqLimit(durable.dlq_max_consecutive, durable.dlq_max_ratio, durable.dlq_ratio_window)
     targets = {n: ModelTarget(stores[n], m.model_id, m.dim, caches[n], sparse.kind(m.sparse))
@@ -108,13 +108,16 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
     chunkers = {n: chunker_for(chunking, m, breaker.record_late) for n, m in handles.items()}
     # Past this many characters a text may make too many chunks for some model: its record is kept.
     safe_chars = min(c.safe_chars for c in chunkers.values())
-    embed = Stage("embed", embed_by_model({                                          # 5 per model:
-        n: in_turn(chunkers[n].process,                                              #   chunk (tokenizer:
-                   EmbedStep(m, caches[n], model=n).process)                         #   embed thread only)
-        for n, m in handles.items()}, models.loaded))                                #   + cache + model
+    steps = {n: EmbedStep(m, caches[n], model=n) for n, m in handles.items()}
+    prepare = Stage("prepare", embed_by_model({                                      # 5 per model: chunk
+        n: in_turn(chunkers[n].process, steps[n].prepare)                            #   + cache + token ids
+        for n in handles}, models.loaded))                                           #   (tokenizer: here only)
+    embed = Stage("embed", embed_by_model({n: steps[n].embed for n in handles},      # 6 the model's passes
+                                          models.loaded))
     pipeline = Pipeline([
+        prepare,
         embed,
-        Stage("sink", sink.process),                                                 # 6 Milvus + topics
+        Stage("sink", sink.process),                                                 # 7 Milvus + topics
     ], backoff_max=s.section(OperationsSettings).retry_backoff_max_seconds, release=sink.close)
     intake = Intake(
         Validator(records.max_text_bytes, models.resolve,                            # 1 Item | Delete | DeadLetter
@@ -128,4 +131,4 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
                 batching.max_batch_wait_ms / 1000, max_bytes=batching.max_batch_bytes),  # deadline, bytes
         next_step=pipeline.submit,
     )
-    return Chain(intake, pipeline, committer, fence, model_free=lambda: embed.backlog == 0)
+    return Chain(intake, pipeline, committer, fence, model_free=lambda: prepare.backlog + embed.backlog == 0)

@@ -128,6 +128,9 @@ class Batch:
     #: to each model's cache); with a learned sparse side, ``(vector, sparse vector)``.
     fresh: dict[str, dict[str, np.ndarray | tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]]] = field(
         default_factory=dict)
+    #: What its chunks still need of each model, between the prepare and embed stages: by model
+    #: name, then chunk hash, what the model takes for that text (``Embedder.prepare``: token ids).
+    pending: dict[str, dict[str, object]] = field(default_factory=dict)
     #: Its output and dead-letter records were acknowledged (a retry for Milvus skips them).
     delivered: bool = False
     #: Partitions whose entries the sink left unwritten: this member no longer owns them.

@@ -1,9 +1,14 @@
 """What the worker needs from a model, and how the default model is found.
 
-An :class:`Embedder` is used from one thread at a time (the embed stage), except
-``estimate_tokens``, which the polling thread calls concurrently. It must not touch the tokenizer:
-Hugging Face fast tokenizers keep padding/truncation settings as shared state, and a count from
-another thread once turned padding off under the model's call ("Unable to create tensor").
+The worker splits a model's work across two threads: the *prepare* stage cuts chunks and turns texts
+into what the model takes (:meth:`Embedder.prepare`: token ids for a real model), the *embed* stage
+runs the forward passes on them (:meth:`Embedder.embed_prepared`), so tokenizing never holds the
+model up. What runs on the prepare thread is :attr:`Embedder.preparer`'s (its tokenizer, no
+weights); the rest of an :class:`Embedder` is used from one thread at a time, except
+``estimate_tokens``, which the polling thread calls concurrently. No two threads may share a
+tokenizer: Hugging Face fast tokenizers keep padding/truncation settings as shared state, and a
+count from another thread once turned padding off under the model's call ("Unable to create
+tensor"). So ``estimate_tokens`` does not tokenize, and the embed side only pads ids.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import dataclasses
 import hashlib
 import re
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -23,9 +29,19 @@ PACKAGED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 _WORD = re.compile(r"\S+")
 
 
-def _word_spans(text: str) -> list[tuple[int, int]]:
+def word_spans(text: str) -> list[tuple[int, int]]:
     """The character span of each word (a run of non-whitespace) of ``text``."""
     return [m.span() for m in _WORD.finditer(text)]
+
+
+class Preparer(Protocol):
+    """What the prepare thread calls on a model (:attr:`Embedder.preparer`)."""
+
+    def prepare(self, texts: list[str]) -> list: ...
+
+    def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]: ...
+
+    def offsets_over(self, texts: list[str], limit: int) -> list[list[tuple[int, int]] | None]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,8 +112,8 @@ class Embedder(abc.ABC):
     def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
         """The character span of each token of each text, special tokens left out, nothing
         truncated: where the chunk step may cut. Here: words (a model without a tokenizer of its
-        own); a real model answers with its tokenizer. Call it from the embed thread only."""
-        return [_word_spans(t) for t in texts]
+        own); a real model answers with its tokenizer. Prepare thread (:attr:`preparer`)."""
+        return [word_spans(t) for t in texts]
 
     def offsets_over(self, texts: list[str], limit: int) -> list[list[tuple[int, int]] | None]:
         """For each text, its :meth:`token_offsets` if it has more than ``limit`` tokens, else None
@@ -105,10 +121,28 @@ class Embedder(abc.ABC):
         of this class's own tokenizer are first only counted (``str.split`` finds the same words as
         the regex, without a span object each); a subclass with a tokenizer of its own is asked for
         its offsets (a text of ``2 * limit`` characters or fewer holds at most ``limit`` words: it is
-        not even split). Embed thread only."""
+        not even split). Prepare thread (:attr:`preparer`)."""
         if type(self).token_offsets is not Embedder.token_offsets:
             return [o if len(o) > limit else None for o in self.token_offsets(texts)]
-        return [_word_spans(t) if len(t) > 2 * limit and len(t.split()) > limit else None for t in texts]
+        return [word_spans(t) if len(t) > 2 * limit and len(t.split()) > limit else None for t in texts]
+
+    def prepare(self, texts: list[str]) -> list:
+        """What :meth:`embed_prepared` takes for each document text: here the text itself; a model
+        with a tokenizer answers with token ids (document prompt included). Runs on the prepare
+        thread, so it may use the tokenizer and nothing else of the model."""
+        return list(texts)
+
+    def embed_prepared(self, prepared: list, sparse: bool = False):
+        """:meth:`embed` (with ``sparse``, :meth:`embed_sparse`) of texts made ready by
+        :meth:`prepare`. Embed thread."""
+        return self.embed_sparse(prepared) if sparse else self.embed(prepared)
+
+    @property
+    def preparer(self) -> Preparer:
+        """What the prepare thread calls (:meth:`prepare`, :meth:`offsets_over`,
+        :meth:`token_offsets`): here the model itself; a model with weights hands an object with
+        its tokenizer only, which a model set keeps while the weights come and go."""
+        return self
 
     @property
     def profile(self) -> ModelProfile:

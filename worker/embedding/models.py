@@ -17,9 +17,11 @@ budget, its prompts (its :class:`~worker.embedding.base.ModelProfile`). The work
 ``EMBEDSTREAM_MODEL_MEMORY_MB`` (their weights' bytes); a model that is asked for when it does not fit
 is loaded after the least recently used ones are unloaded. Loads and evictions are logged and
 counted (``embedstream_model_loads_total``, ``embedstream_model_evictions_total``). The chain holds a
-:class:`LazyModel` per model: an :class:`Embedder` with the profile's attributes whose calls load the
-model first, so the chunk and embed steps work unchanged. Loading runs on the embed thread, the only
-one that calls a model.
+:class:`LazyModel` per model: an :class:`Embedder` with the profile's attributes whose model calls
+load the model first, so the chunk and embed steps work unchanged. Loading runs on the embed thread,
+the only one that runs a model. The prepare thread's calls (chunk cuts, token ids) go to each
+model's :attr:`~worker.embedding.base.Embedder.preparer`, kept from its first load: a tokenizer
+without weights, so preparing never loads a model (nor unloads the one the embed thread runs).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.errors import ConfigError, TransientError
-from worker.embedding.base import Embedder, ModelProfile
+from worker.embedding.base import Embedder, ModelProfile, Preparer
 from worker.embedding.sparse import Sparse
 from worker.process import heap, metrics
 
@@ -139,11 +141,21 @@ class LazyModel(Embedder):
     def embed_sparse(self, texts: list[str], query: bool = False) -> tuple[np.ndarray, list[Sparse]]:
         return self._models.acquire(self.name).embed_sparse(texts, query)
 
+    def embed_prepared(self, prepared: list, sparse: bool = False):
+        return self._models.acquire(self.name).embed_prepared(prepared, sparse)
+
+    @property
+    def preparer(self) -> Preparer:
+        return self._models.preparers[self.name]
+
+    def prepare(self, texts: list[str]) -> list:
+        return self.preparer.prepare(texts)
+
     def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
-        return self._models.acquire(self.name).token_offsets(texts)
+        return self.preparer.token_offsets(texts)
 
     def offsets_over(self, texts: list[str], limit: int) -> list[list[tuple[int, int]] | None]:
-        return self._models.acquire(self.name).offsets_over(texts, limit)
+        return self.preparer.offsets_over(texts, limit)
 
     def warmup(self) -> None:
         self._models.acquire(self.name).warmup()
@@ -162,12 +174,15 @@ class ModelSet:
         self._lock = threading.Lock()
         self._resident: OrderedDict[str, Embedder] = OrderedDict()  # least recently used first
         self.profiles: dict[str, ModelProfile] = {}
+        #: Each model's prepare-thread side, from its first load (``LazyModel.preparer``).
+        self.preparers: dict[str, Preparer] = {}
         #: Bytes of each model's weights.
         self.sizes: dict[str, int] = {}
         self.loads = self.evictions = 0
         for name, spec in specs.items():  # every model once: a wrong setting fails now, not mid-stream
             model = (preloaded or {}).get(name) or self._timed_load(name, spec)
             self.profiles[name], self.sizes[name] = model.profile, weight_bytes(model)
+            self.preparers[name] = model.preparer
             if self.budget is not None and self.sizes[name] > self.budget:
                 raise ConfigError(f"model {name!r} needs {self.sizes[name] / 2**20:,.0f} MB of weights, more "
                                   f"than EMBEDSTREAM_MODEL_MEMORY_MB={memory_mb}: raise it")

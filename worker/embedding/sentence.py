@@ -27,7 +27,7 @@ import numpy as np
 
 from schemas.errors import ConfigError
 from worker.embedding import cpu
-from worker.embedding.base import Embedder, resolve_model_path
+from worker.embedding.base import Embedder, resolve_model_path, word_spans
 from worker.embedding.passes import PASS_TOKENS, split_by_budget, split_by_cost
 from worker.embedding.sparse import LearnedSparse, Sparse, is_learned, resolve_mode, rows_of
 from worker.embedding.tokens import Tokens
@@ -98,6 +98,36 @@ def model_prompts(st, document_prompt: str | None, query_prompt: str | None) -> 
     return document_prompt, query_prompt
 
 
+class TextSide:
+    """The prepare thread's side of a sentence-transformers model (``Embedder.preparer``): its
+    tokenizer and document prompt, without the weights, so a model set keeps it while a model is
+    unloaded and loaded again. Used from the prepare thread only (it owns its ``Tokens``)."""
+
+    def __init__(self, tokens: Tokens, document_prompt: str) -> None:
+        self.tokens = tokens
+        self.document_prompt = document_prompt
+
+    def prepare(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each document text (the document prompt before it), unpadded; the ids that
+        :meth:`offsets_over` kept for whole texts are taken as they are."""
+        prompt = self.document_prompt
+        return self.tokens.tokenize([prompt + t for t in texts]) if prompt else self.tokens.ids(texts)
+
+    def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
+        """Character spans of each text's tokens (no special tokens, nothing truncated), from the
+        tokenizer's Rust backend; a slow tokenizer's cut between words."""
+        found = self.tokens.token_offsets(texts)
+        return [word_spans(t) for t in texts] if found is None else found
+
+    def offsets_over(self, texts: list[str], limit: int) -> list[list[tuple[int, int]] | None]:
+        """As :meth:`Embedder.offsets_over`, tokenizing each text once (``Tokens.offsets_over``: the
+        ids of a text that fits whole are kept for :meth:`prepare`)."""
+        found = self.tokens.offsets_over(texts, limit)
+        if found is None:
+            return [o if len(o) > limit else None for o in self.token_offsets(texts)]
+        return found
+
+
 class SentenceTransformerEmbedder(Embedder):
     """A sentence-transformers model on CPU or CUDA at the chosen precision."""
 
@@ -120,11 +150,15 @@ class SentenceTransformerEmbedder(Embedder):
         self._read_dimension(truncate_dim)
         self.document_prompt, self.query_prompt = model_prompts(self.sentence_transformer, document_prompt,
                                                                 query_prompt)
-        #: The tokenizer side (``worker.embedding.tokens``); embed thread only.
+        #: The tokenizer side (``worker.embedding.tokens``): the prepare thread's (``text_side``), once loaded.
         self.tokens = Tokens(self.sentence_transformer.tokenizer, self.max_seq_length,
                              keep_whole=not self.document_prompt)
         self.special_tokens = self.tokens.special_tokens
         self.prompt_tokens = self.tokens.length(self.document_prompt) if self.document_prompt else 0
+        #: The prepare thread's side (``preparer``), and what the pooling needs of the document prompt
+        #: (measured now: the embed thread never tokenizes a document).
+        self.text_side = TextSide(self.tokens, self.document_prompt)
+        self._document_extra = self._prompt_extra(self.document_prompt)
         self._size_passes(sub_batch_size, sub_batch_tokens)
         self._modules = self._modules_but_normalize()
         self.sparse = resolve_mode(sparse)
@@ -211,25 +245,36 @@ class SentenceTransformerEmbedder(Embedder):
         return super().cache_id + ("+int8" if self.precision == "int8" else "")
 
     # -- the phases ---------------------------------------------------------------------------
+    @property
+    def preparer(self) -> TextSide:
+        return self.text_side
+
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text (special tokens added, truncated to the model's max), unpadded."""
         return self.tokens.tokenize(texts)
 
+    def prepare(self, texts: list[str]) -> list[list[int]]:
+        return self.text_side.prepare(texts)
+
     def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
-        """Character spans of each text's tokens (no special tokens, nothing truncated), from the
-        tokenizer's Rust backend; a slow tokenizer's cut between words."""
-        found = self.tokens.token_offsets(texts)
-        return super().token_offsets(texts) if found is None else found
+        return self.text_side.token_offsets(texts)
 
     def offsets_over(self, texts: list[str], limit: int) -> list[list[tuple[int, int]] | None]:
-        """As :meth:`Embedder.offsets_over`, tokenizing each text once (``Tokens.offsets_over``: the
-        ids of a text that fits whole are kept for ``embed``)."""
-        found = self.tokens.offsets_over(texts, limit)
-        return super().offsets_over(texts, limit) if found is None else found
+        return self.text_side.offsets_over(texts, limit)
 
     def pad(self, ids: list[list[int]]) -> dict:
-        """The model inputs of one forward pass (``Tokens.pad``), on the device."""
-        return {k: self._torch.from_numpy(v).to(self.device) for k, v in self.tokens.pad(ids).items()}
+        """The model inputs of one forward pass (``Tokens.pad``), on the device. On CUDA each array
+        is copied from pinned host memory without waiting (PyTorch's pinned-block cache keeps the
+        block until its copy is done), so the CPU goes on padding the next pass meanwhile."""
+        arrays = self.tokens.pad(ids)
+        if self.device == "cuda":
+            return {k: self._torch.from_numpy(v).pin_memory().to(self.device, non_blocking=True)
+                    for k, v in arrays.items()}
+        return {k: self._torch.from_numpy(v).to(self.device) for k, v in arrays.items()}
+
+    def _prompt_extra(self, prompt: str) -> dict:
+        """What the pooling is told of ``prompt`` (its length, when there is one)."""
+        return {"prompt_length": self.tokens.prompt_length(prompt)} if prompt else {}
 
     def run(self, features: dict):
         """Forward pass → pooled embeddings (a tensor in the model's dtype)."""
@@ -286,21 +331,31 @@ class SentenceTransformerEmbedder(Embedder):
             return super().embed_sparse(texts, query)
         return self._embed(texts, self.query_prompt if query else self.document_prompt, sparse=True)
 
+    def embed_prepared(self, prepared: list, sparse: bool = False):
+        """The vectors of document texts :meth:`prepare` made into ids: forward passes only."""
+        if sparse and self.learned_sparse is None:
+            return super().embed_sparse([], False)
+        return self._run_ids(prepared, self._document_extra, sparse)
+
     def _embed(self, texts: list[str], prompt: str, sparse: bool = False):
         """The dense vectors of ``texts`` (``prompt`` before each); with ``sparse``, also each text's
-        learned sparse vector, from the same padded ids pass by pass (the modules both models share
-        run once: ``LearnedSparse.shared``)."""
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        learned sparse vector (:meth:`_run_ids`). Tokenizes on the calling thread."""
+        ids = self.tokens.tokenize([prompt + t for t in texts]) if prompt else self.tokens.ids(texts)
+        return self._run_ids(ids, self._prompt_extra(prompt), sparse)
+
+    def _run_ids(self, ids: list[list[int]], extra: dict, sparse: bool = False):
+        """The vectors of texts tokenized to ``ids`` (``extra``: what the pooling is told of their
+        prompt); with ``sparse``, also each text's learned sparse vector, from the same padded ids
+        pass by pass (the modules both models share run once: ``LearnedSparse.shared``)."""
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
         learned_model = self.learned_sparse if sparse else None
         rows: list[Sparse] = []
-        if not texts:
+        if not ids:
             return (out, rows) if sparse else out
-        # Tokenized once; each forward pass pads its own length-sorted slice. Results are copied off
-        # the device only at the end: on a GPU the passes queue up and the CPU pads the next slice
-        # while the GPU computes this one (a copy per pass would wait for each). A sparse vector
-        # comes off as its largest weights only, not a row of the vocabulary's size.
-        ids = self.tokens.tokenize([prompt + t for t in texts]) if prompt else self.tokens.ids(texts)
-        extra = {"prompt_length": self.tokens.prompt_length(prompt)} if prompt else {}
+        # Each forward pass pads its own length-sorted slice. Results are copied off the device only
+        # at the end: on a GPU the passes queue up and the CPU pads the next slice while the GPU
+        # computes this one (a copy per pass would wait for each). A sparse vector comes off as its
+        # largest weights only, not a row of the vocabulary's size.
         done: list[tuple[list[int], Any, tuple | None]] = []
         for group in self.passes([len(seq) for seq in ids]):
             features = {**self.pad([ids[i] for i in group]), **extra}
@@ -314,7 +369,7 @@ class SentenceTransformerEmbedder(Embedder):
             out[group] = vectors.cpu().numpy()
             if learned is not None:
                 by_text.update(zip(group, rows_of(*(t.cpu().numpy() for t in learned))))
-        return (out, [by_text[i] for i in range(len(texts))]) if sparse else out
+        return (out, [by_text[i] for i in range(len(ids))]) if sparse else out
 
     def run_keeping(self, features: dict, after: int) -> tuple:
         """:meth:`run`, also handing back a copy of the features after the first ``after`` modules

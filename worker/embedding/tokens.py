@@ -3,7 +3,9 @@ step cuts at, prompt lengths, and the padded arrays of a forward pass (as numpy:
 them on its device).
 
 Hugging Face fast tokenizers keep their truncation and padding settings as shared state that each
-call sets again, so one :class:`Tokens` is used from one thread at a time (the embed thread).
+call sets again, so one :class:`Tokens` is used from one thread at a time: the prepare thread
+tokenizes (``worker.embedding.sentence.TextSide``); the embed thread only calls :meth:`Tokens.pad`,
+which reads no tokenizer state.
 """
 
 from __future__ import annotations

@@ -1,12 +1,19 @@
-"""Cache lookup and embedding of a group of batches, chunk by chunk.
+"""Cache lookup and embedding of a group of batches, chunk by chunk, in two halves on two threads.
 
 The unit is the chunk (``worker.steps.model.chunk``; a document that fits the model is one chunk with the
-document's own text and hash). Identical texts in a group are looked up and embedded once. Lookups
-go first to a small in-process memo of the vectors this worker computed lately (it covers repeats
-whose first copy is still in flight, before its batch has filled Redis), then to Redis with one
-pipelined MGET per group; only the misses reach the model, all in one call (which sorts them by
-length). The vectors of the misses are handed on (in each batch's ``fresh``) so the sink step writes
-them back to Redis.
+document's own text and hash). :meth:`EmbedStep.prepare` (the prepare stage, after the chunk step)
+looks each distinct text up and makes the misses ready for the model (token ids:
+``Embedder.prepare``); :meth:`EmbedStep.embed` (the embed stage) runs the model on them. So while the
+model runs one group's forward passes, the next group is tokenized and looked up in Redis.
+
+Identical texts are looked up and embedded once. Lookups go first to a small in-process memo of the
+vectors this worker computed lately (it covers repeats whose first copy is still in flight, before
+its batch has filled Redis), then to Redis with one pipelined MGET per group; the embed half asks
+the memo once more (a repeat whose first copy was embedded after its lookup). Only the misses reach
+the model, all in one call (which sorts them by length). What a batch still needs waits in its
+``pending`` between the halves: each batch holds what its own chunks need, since the embed stage may
+group batches otherwise than the prepare stage did. The vectors of the misses are handed on (in
+each batch's ``fresh``) so the sink step writes them back to Redis.
 
 The cache never makes a run slower (:class:`LookupPolicy`): on a GPU a Redis round trip can cost
 more than the forward pass it saves (measured from outside on one H100: 1,290-1,580 docs/s with the
@@ -21,6 +28,7 @@ model's time: Redis is always asked there.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 
@@ -84,10 +92,13 @@ class LookupPolicy:
 
 
 class EmbedStep:
-    """``process(group)`` fills ``chunk.vector`` and ``chunk.cached`` for every chunk of every item.
-    Blocks on the model.
+    """``prepare(share)`` then ``embed(share)`` (or ``process(share)``, both on one thread) fill
+    ``chunk.vector`` and ``chunk.cached`` for every chunk of every item of the model's share.
+    ``embed`` blocks on the model.
 
-    Raises only what the model raises (a bug: crash); the cache never raises."""
+    Raises only what the model raises (a bug: crash; a model that cannot be loaded for memory:
+    TransientError, and the embed stage tries the group again: ``pending`` is kept until it is
+    done); the cache never raises."""
 
     def __init__(self, embedder: Embedder, cache: RedisCache | None, memo_size: int = 20_000, model: str = "") -> None:
         self.embedder = embedder
@@ -101,13 +112,21 @@ class EmbedStep:
         # without Redis the operator asked for no caching.
         self.memo_size = memo_size if cache is not None else 0
         self._memo: OrderedDict[str, Value] = OrderedDict()
+        self._memo_lock = threading.Lock()  # read by the prepare thread, filled by the embed thread
         #: Whether a group's Redis lookup is worth its cost (the module doc).
         self.policy = LookupPolicy()
 
     def process(self, share: Share) -> None:
-        """Fill the vectors of every chunk of the model's ``share``."""
+        """Both halves on the calling thread."""
+        self.prepare(share)
+        self.embed(share)
+
+    def prepare(self, share: Share) -> None:
+        """Look up the share's distinct texts (memo, then Redis when it pays); give the chunks found
+        their vectors; put what the model must make of the rest (``Embedder.prepare``) in each batch's
+        ``pending``. Prepare thread."""
         for batch in share.group:
-            batch.fresh[self.model] = {}
+            batch.fresh.setdefault(self.model, {})
         chunks = [ch for _, _, it in share.places for ch in it.chunks]
         if not chunks:
             return
@@ -115,31 +134,80 @@ class EmbedStep:
         for ch in chunks:
             first_text.setdefault(ch.hash, ch.text)
         hashes = list(first_text)
-        vectors: dict[str, Value] = {}
-        hit: set[str] = set()
-        for h in hashes:
-            vec = self._memo.get(h)
-            if vec is not None:
-                self._memo.move_to_end(h)
-                vectors[h] = vec
-                hit.add(h)
+        vectors = self._from_memo(hashes)
+        hit = set(vectors)
         if self.cache is not None:
             self._look_up(hashes, vectors, hit)
         missing = [h for h in hashes if h not in vectors]
+        ready = dict(zip(missing, self.embedder.prepare([first_text[h] for h in missing]))) if missing else {}
+        for batch, _, it in share.places:
+            for ch in it.chunks:
+                if ch.hash in vectors:
+                    self._give(ch, vectors[ch.hash], cached=True)
+                else:
+                    batch.pending.setdefault(self.model, {})[ch.hash] = ready[ch.hash]
+
+    def embed(self, share: Share) -> None:
+        """Embed what the share's batches have pending (once each distinct text; the memo first) and
+        hand the vectors to their chunks, the fresh ones into ``batch.fresh``. Embed thread."""
+        pending: dict[str, object] = {}
+        for batch in share.group:
+            pending.update(batch.pending.get(self.model, {}))
+        if not pending:
+            return
+        vectors = self._from_memo(list(pending))
+        hit = set(vectors)
+        missing = [h for h in pending if h not in vectors]
         if missing:
             t0 = time.perf_counter()
-            texts = [first_text[h] for h in missing]
-            embedded = list(zip(*self.embedder.embed_sparse(texts))) if self.learned else self.embedder.embed(texts)
+            embedded = self.embedder.embed_prepared([pending[h] for h in missing], sparse=self.learned)
+            if self.learned:
+                embedded = list(zip(*embedded))
             seconds = time.perf_counter() - t0
             metrics.EMBED_SECONDS.observe(seconds)
             self.policy.embedded(len(missing), seconds)
-            for h, vec in zip(missing, embedded):
-                vectors[h] = vec
-                if self.memo_size:
-                    self._memo[h] = vec
+            vectors.update(zip(missing, embedded))
+            self._remember(missing, vectors)
+        for batch, _, it in share.places:
+            fresh = batch.fresh.setdefault(self.model, {})
+            for ch in it.chunks:
+                if ch.vector is None and ch.hash in vectors:
+                    value = vectors[ch.hash]
+                    self._give(ch, value, cached=ch.hash in hit)
+                    if not ch.cached:
+                        fresh[ch.hash] = value
+        for batch in share.group:
+            batch.pending.pop(self.model, None)
+
+    def _from_memo(self, hashes: list[str]) -> dict[str, Value]:
+        found: dict[str, Value] = {}
+        if not self.memo_size:
+            return found
+        with self._memo_lock:
+            for h in hashes:
+                vec = self._memo.get(h)
+                if vec is not None:
+                    self._memo.move_to_end(h)
+                    found[h] = vec
+        return found
+
+    def _remember(self, hashes: list[str], vectors: dict[str, Value]) -> None:
+        if not self.memo_size:
+            return
+        with self._memo_lock:
+            for h in hashes:
+                self._memo[h] = vectors[h]
             while len(self._memo) > self.memo_size:
                 self._memo.popitem(last=False)
-        self._hand_on(share, vectors, hit)
+
+    @staticmethod
+    def _give(ch, value: Value, cached: bool) -> None:
+        """A chunk's vector (and sparse vector), and whether it came from a cache."""
+        if isinstance(value, tuple):  # a learned sparse side: (vector, sparse vector)
+            ch.vector, ch.sparse = value
+        else:
+            ch.vector = value
+        ch.cached = cached
 
     def _look_up(self, hashes: list[str], vectors: dict[str, Value], hit: set[str]) -> None:
         """Ask Redis for the hashes the memo did not hold, when the policy says it pays."""
@@ -167,18 +235,3 @@ class EmbedStep:
             self.policy.looked_up(len(asked), found, time.perf_counter() - t0)
             metrics.CACHE_REQUESTS.labels("hit").inc(len(hit))
             metrics.CACHE_REQUESTS.labels("miss").inc(len(hashes) - len(hit))
-
-    def _hand_on(self, share: Share, vectors: dict[str, Value], hit: set[str]) -> None:
-        """Each chunk's vector (and sparse vector) and whether it came from a cache; the fresh values
-        into ``batch.fresh``."""
-        for batch, _, it in share.places:
-            fresh = batch.fresh[self.model]
-            for ch in it.chunks:
-                value = vectors[ch.hash]
-                if isinstance(value, tuple):  # a learned sparse side: (vector, sparse vector)
-                    ch.vector, ch.sparse = value
-                else:
-                    ch.vector = value
-                ch.cached = ch.hash in hit
-                if not ch.cached:
-                    fresh[ch.hash] = value
