@@ -4,8 +4,9 @@ Two workers serve one group on the fault stack. The group's capacity is measured
 of new documents, drained by both), then documents arrive at half of it for ``EMBEDSTREAM_SOAK_MINUTES``
 (15 by default): 5,000 ids updated over and over with new texts (no cache hits), each stamped with
 its send time. Every 2 minutes worker ``b`` is killed (``kill -9``) and started again; every 3
-minutes a third worker joins and, 20 s after its assignment, leaves by
-SIGTERM. Worker ``a`` runs throughout. The group's session is 6 s.
+minutes, half a minute off the kills (1.5, 4.5, 7.5 ... min: never two faults at once), a third
+worker joins and, 20 s after its assignment, leaves by SIGTERM. Worker ``a`` runs throughout. The
+group's session is 6 s.
 
 Sampled every 2 s: the group's committed offsets (throughput), its lag, and each worker's resident
 memory; from the output topic, each record's latency (output record's timestamp minus the document's
@@ -16,7 +17,8 @@ It must show: nothing lost and Milvus exact (the fault suite's shared check: eac
 text), ``a``'s resident memory flat after warm-up (the slope of a least-squares fit after the first
 5 minutes under 1 MB/min), and p99 back to its baseline (1.5 × the p99 of the minute before the first
 fault, at least +0.5 s) within 30 s of each fault: no 10 s window ending later than that, up to the
-next fault, over it.
+next fault (or 90 s), over it; a fault whose p99 is still over it when the next fault comes is not
+back at all (``back_after_s`` null).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.soak]
 
 SOAK_S = float(os.environ.get("EMBEDSTREAM_SOAK_MINUTES", "15")) * 60
 KILL_EVERY_S, REBALANCE_EVERY_S, WINDOW_S, SAMPLE_S = 120, 180, 10, 2.0
+#: The first rebalance: half way between kills, so that no rebalance falls on a kill (6, 12 ... min).
+FIRST_REBALANCE_S = 90
+#: How long the third worker stays in the group once assigned.
+STAY_S = 20
 IDS = 5_000
 #: The RSS fit starts here: buffers reach their high-water marks only under the first backlogs (the
 #: first kills and rebalance build the largest passes), and OpenVINO's 64 compiled shapes fill.
@@ -192,7 +198,7 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
     producer = threading.Thread(target=lambda: produce_records(fs.kafka_common(), fs.input_topic, soak.records(),
                                                                rate=rate), daemon=True)
     producer.start()
-    next_kill, next_rebalance, leaving = KILL_EVERY_S, REBALANCE_EVERY_S, None
+    next_kill, next_rebalance, leaving = KILL_EVERY_S, FIRST_REBALANCE_S, None
     while soak.now() < SOAK_S:
         if soak.now() >= next_kill:
             soak.faults.append((soak.now(), "kill -9 b"))
@@ -202,8 +208,9 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
         if soak.now() >= next_rebalance:
             soak.faults.append((soak.now(), "c joins"))
             soak.workers["c"] = WorkerProcess(fs, tmp_path, f"c{int(next_rebalance)}", **env)
-            leaving = soak.now() + 20 + 15  # ~15 s to start and be assigned, then 20 s in the group
             next_rebalance += REBALANCE_EVERY_S
+        if "c" in soak.workers and leaving is None and "assigned [" in soak.workers["c"].log():
+            leaving = soak.now() + STAY_S
         if leaving is not None and soak.now() >= leaving:
             soak.workers["c"].terminate()
             assert soak.workers["c"].wait(60) == 0
@@ -230,10 +237,12 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
     for i, (at, what) in enumerate(soak.faults):
         # back once no later window (up to the next fault, or 90 s) is over the threshold
         until = min([f for f, _ in soak.faults[i + 1:]] + [at + 90, end])
-        over = [w for w, v in p99 if at < w <= until and v > threshold]
+        windows = [(w, v) for w, v in p99 if at < w <= until]
+        over = [w for w, v in windows if v > threshold]
+        back = not windows or windows[-1][1] <= threshold
         recoveries.append({"at_s": round(at, 1), "fault": what,
-                           "back_after_s": round(max(over) - at, 1) if over else 0.0,
-                           "worst_p99_s": round(max([v for w, v in p99 if at < w <= until] or [0.0]), 2)})
+                           "back_after_s": (round(max(over) - at, 1) if over else 0.0) if back else None,
+                           "worst_p99_s": round(max([v for _, v in windows] or [0.0]), 2)})
     rss_a = [(s["t"] / 60, s["rss"]["a"]) for s in soak.samples if "a" in s["rss"] and s["t"] >= WARM_UP_S]
     slope = float(np.polyfit([m for m, _ in rss_a], [r for _, r in rss_a], 1)[0])
 
@@ -241,7 +250,9 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
     out.mkdir(parents=True, exist_ok=True)
     summary = {"minutes": SOAK_S / 60, "capacity_docs_s": round(capacity, 1), "rate_docs_s": round(rate, 1),
                "documents_sent": soak.expected.records, "ids": IDS, "output_records": report.output_records,
-               "duplicates_on_output": report.duplicates, "p99_baseline_s": round(baseline, 3),
+               # each document's output once, plus what kill -9 made the group redo (at-least-once)
+               "redone_on_output": report.output_records - soak.expected.records,
+               "p99_baseline_s": round(baseline, 3),
                "p99_threshold_s": round(threshold, 3), "recoveries": recoveries,
                "rss_a_slope_mb_per_min": round(slope, 3), "rss_a_first_last_mb": [rss_a[0][1], rss_a[-1][1]],
                "samples": soak.samples, "p99_windows": p99, "faults": soak.faults}
@@ -253,5 +264,5 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
           f"picture {out / 'soak.png'}")
 
     assert slope < 1.0, f"worker a's resident memory grows {slope:.2f} MB/min after warm-up"
-    slow = [r for r in recoveries if r["back_after_s"] > RECOVERY_S]
+    slow = [r for r in recoveries if r["back_after_s"] is None or r["back_after_s"] > RECOVERY_S]
     assert not slow, f"p99 not back under {threshold:.2f} s within {RECOVERY_S} s: {slow}"
