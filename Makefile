@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of torch on this machine's disk; an unpinned torch pulls a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-fast test-gpu soak demo bench bench-quick bench-cpu bench-gpu bench-peer-env dev-up dev-down lint clean
+.PHONY: setup test test-fast test-gpu soak demo bench bench-quick bench-cpu bench-gpu bench-gpu-processes bench-peer-env dev-up dev-down lint clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,10 @@ soak: setup
 
 bench-gpu: setup
 	$(BIN)/embedstream bench --device cuda --quick --docs 4000 --broker $(BROKER) --output bench-gpu
+
+# R1 on one GPU at 1, 2, 4 and 8 worker processes (`run --processes K`), S1 and S2, end to end.
+bench-gpu-processes: setup
+	$(BIN)/embedstream bench --device cuda --processes 1,2,4,8 --docs 20000 --broker $(BROKER) --output bench-gpu
 
 demo: setup
 	$(BIN)/embedstream demo

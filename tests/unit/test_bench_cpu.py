@@ -1,16 +1,18 @@
 """The bench's CPU tooling without a stack: each thread's CPU read as it ends, grouped by name; the
-patch it needs gone after the block; distinct texts past the corpus; the table of ``bench --cpu``."""
+patch it needs gone after the block; distinct texts past the corpus; the tables of ``bench --cpu`` and
+``bench --processes``."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import pytest
 from rich.console import Console
 
 from tools.bench import workloads
 from tools.bench.measure import _thread_group, host_gauge, thread_cpu
-from tools.bench.report import cpu_table
+from tools.bench.report import cpu_table, processes_table
 
 
 def _spin(seconds: float) -> None:
@@ -84,3 +86,30 @@ def test_the_host_gauge_times_the_loop_in_cpu_while_the_block_runs():
     before = len(speeds)
     time.sleep(0.1)
     assert len(speeds) == before
+
+
+def test_the_processes_table_marks_r1_against_the_gpu_goal_and_says_what_the_gpu_did():
+    out = {"machine": {"gpu": "NVIDIA H100 80GB HBM3"}, "docs": 20_000, "model": "m", "precision": "fp16",
+           "device": "cuda", "raw": {"S1": {"docs_per_s": 6800.0, "batch_size": 512}},
+           "runs": [{"set": "S1", "processes": 1, "cache": True, "docs_per_s": 1570.0, "r1": 0.23,
+                     "tokens_per_s": 31_400.0, "gpu_busy_mean": 8.2, "gpu_busy_max": 11.0},
+                    {"set": "S1", "processes": 4, "cache": False, "docs_per_s": 6500.0, "r1": 0.956,
+                     "tokens_per_s": 130_000.0, "gpu_busy_mean": None, "gpu_busy_max": None}]}
+    console = Console(width=120, record=True)
+    console.print(processes_table(out))
+    text = console.export_text()
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
+    assert rows[0] == ["S1", "1", "on", "1,570", "0.23 ✗", "31,400", "8 / 11"]
+    assert rows[1] == ["S1", "4", "off", "6,500", "0.96 ✓", "130,000", "—"]
+    assert "H100" in text and "6,800 docs/s at batch 512" in text.replace("\n", " ")
+
+
+def test_process_counts_are_a_comma_list_of_positive_numbers():
+    import typer
+
+    from worker.commands.cli import _process_counts
+
+    assert _process_counts("1,2,4,8") == [1, 2, 4, 8] and _process_counts("3") == [3]
+    for bad in ("", "0,2", "two", "1,,x"):
+        with pytest.raises(typer.Exit):
+            _process_counts(bad)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -466,3 +468,100 @@ def latency_run(base: Settings, embedder: Embedder, texts: list[str], rate: floa
     if not lat:
         return float("nan"), float("nan"), 0
     return float(np.percentile(lat, 50)), float(np.percentile(lat, 99)), len(lat)
+
+
+@dataclass
+class ProcessesResult:
+    """A run of ``embedstream run --processes K`` on a backlog: docs/s from the group's commits, and
+    the GPU's utilisation (NVML, % of time a kernel ran) sampled meanwhile (empty without a GPU)."""
+
+    docs: int
+    seconds: float
+    gpu_busy: list[float] = field(default_factory=list)
+
+    @property
+    def docs_per_s(self) -> float:
+        return self.docs / self.seconds if self.seconds else 0.0
+
+
+@contextmanager
+def gpu_utilisation(into: list[float], period: float = 0.2) -> Iterator[None]:
+    """Samples of the first GPU's utilisation (%, NVML) into ``into`` while the block runs; none where
+    NVML (``nvidia-ml-py``) or a GPU is missing."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    except Exception:  # no NVML, no driver, no device: nothing to sample
+        yield
+        return
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(period):
+            into.append(float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+
+    thread = threading.Thread(target=sample, name="gpu-sampler", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def processes_stream(base: Settings, texts: list[str], prefix: str, processes: int, partitions: int = 8,
+                     log_path: Path | None = None, timeout_s: float = 600.0) -> ProcessesResult:
+    """``embedstream run --processes N`` (each process a member of the group, loading the model of
+    ``base``) on a fresh topic of ``max(partitions, processes)`` partitions, end to end: first a
+    warm-up of other texts (every process joined, its model loaded and run), then ``texts``
+    produced at once, timed from the first one produced until the group has committed the last
+    (each batch committed: ``EMBEDSTREAM_COMMIT_INTERVAL_MS=0``; the group's offsets read every
+    0.1 s). Cold cache. The processes stop by SIGTERM; their output goes to ``log_path``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    n = max(partitions, processes)
+    s = fresh_topics(base, partitions=n, commit_interval_ms=0)
+    flush_cache(s)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDSTREAM_")}
+    env.update(s.environment())
+    env.update(EMBEDSTREAM_PROCESSES=str(processes), EMBEDSTREAM_METRICS_PORT="0")
+    log = log_path.open("ab") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen([sys.executable, "-m", "worker.commands.cli", "run"], env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    watcher = Consumer({**s.kafka_common(), "group.id": s.group_id})
+    tps = [TopicPartition(s.input_topic, p) for p in range(n)]
+    deadline = time.monotonic() + timeout_s
+
+    def drained(total: int, what: str) -> None:
+        while sum(max(tp.offset, 0) for tp in watcher.committed(tps, timeout=10)) < total:
+            if proc.poll() is not None:
+                raise RuntimeError(f"`run --processes {processes}` exited ({proc.returncode}) during {what}"
+                                   + (f": see {log_path}" if log_path else ""))
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"`run --processes {processes}`: {what} not committed after {timeout_s:.0f}s")
+            time.sleep(0.1)
+
+    samples: list[float] = []
+    try:
+        warm_up = [f"{t} (warm-up)" for t in texts[:max(16 * n, 200)]]
+        produce_texts(s, warm_up, f"{prefix}-warm-up")
+        drained(len(warm_up), "the warm-up")
+        with gpu_utilisation(samples):
+            started = time.monotonic()
+            produce_texts(s, texts, prefix)
+            drained(len(warm_up) + len(texts), "the backlog")
+            seconds = time.monotonic() - started
+        proc.send_signal(signal.SIGTERM)
+        if proc.wait(120) != 0:
+            raise RuntimeError(f"`run --processes {processes}` exited {proc.returncode} on SIGTERM")
+    finally:
+        watcher.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        if log_path:
+            log.close()  # type: ignore[union-attr]
+    drop_collection(s)
+    return ProcessesResult(len(texts), seconds, samples)

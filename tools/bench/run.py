@@ -472,3 +472,67 @@ def ratios(out: dict) -> dict:
     r["p99_at_50pct_s"] = half["p99_s"] if half else None
     r["p99_goal_met"] = bool(half and not math.isnan(half["p99_s"]) and half["p99_s"] <= out["latency_bound_s"])
     return r
+
+
+def run_processes(*, counts: list[int], docs: int, device: str, precision: str, state_dir: Path,
+                  say: Callable[[str], None], model: str | None = None, broker: str = "tansu") -> dict:
+    """R1 at several processes a machine (issue 32: one Python process does not keep a GPU busy): for
+    S1 and S2, the raw encode of the texts (the denominator, in this process), then ``embedstream run
+    --processes K`` for each K of ``counts`` on the same texts end to end on the local stack (cold
+    cache; ``measure.processes_stream``: timed from the first document produced to the last
+    committed, after a warm-up), and at the best K of S2 once more without Redis.
+    The GPU's utilisation is sampled during each run; tokens/s counts each text's tokens (chunks
+    whole)."""
+    from worker.assembly.runner import setup_logging
+    from worker.embedding.sentence import SentenceTransformerEmbedder
+
+    stack = LocalStack(state_dir, broker=broker)
+    env, _ = stack.up(partitions=6)
+    logs = state_dir / "processes-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    try:
+        base = Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
+                        redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
+                        kafka=quick_join_session(broker), metrics_port=0, log_level="WARNING", device=device,
+                        precision=precision, model=model)
+        setup_logging(base)
+        say("loading the model (for the raw encode)")
+        emb = SentenceTransformerEmbedder(model, precision, device)
+        emb.warmup()
+        texts = {"S1": workloads.short_texts(docs), "S2": workloads.mixed_texts(docs)}
+        machine = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+                   "cores": os.cpu_count(), "broker": broker}
+        if emb.device == "cuda":
+            import torch
+
+            machine["gpu"] = torch.cuda.get_device_name()
+        batch_sizes = (128, 256, 512, 1024) if emb.device == "cuda" else (32, 64, 128)
+        out: dict = {"machine": machine, "model": emb.model_id, "precision": emb.precision, "device": emb.device,
+                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "docs": docs, "raw": {}, "runs": []}
+        for name, wl in texts.items():
+            say(f"{name}: raw encode on {len(wl):,} texts")
+            raw, bs = measure.raw_encode(emb, wl, batch_sizes=batch_sizes)
+            tokens = sum(len(o) + emb.special_tokens for o in emb.token_offsets(wl))
+            out["raw"][name] = {"docs_per_s": raw, "batch_size": bs, "tokens": tokens}
+            for k in counts:
+                out["runs"].append(_processes_run(base, name, wl, k, raw, tokens, logs, say))
+        s2 = [r for r in out["runs"] if r["set"] == "S2"]
+        best = max(s2, key=lambda r: r["docs_per_s"])["processes"]
+        out["runs"].append(_processes_run(base.model_copy(update={"redis_url": None}), "S2", texts["S2"], best,
+                                          out["raw"]["S2"]["docs_per_s"], out["raw"]["S2"]["tokens"], logs, say,
+                                          cache=False))
+        return out
+    finally:
+        stack.down()
+
+
+def _processes_run(base: Settings, name: str, texts: list[str], k: int, raw: float, tokens: int, logs: Path,
+                   say: Callable[[str], None], cache: bool = True) -> dict:
+    say(f"{name}: `run --processes {k}`{'' if cache else ', no cache'}, {len(texts):,} documents")
+    res = measure.processes_stream(base, texts, f"{name.lower()}-p{k}-{int(time.time())}", k,
+                                   log_path=logs / f"{name}-p{k}{'' if cache else '-no-cache'}.log")
+    busy = res.gpu_busy
+    return {"set": name, "processes": k, "cache": cache, "docs": res.docs, "seconds": res.seconds,
+            "docs_per_s": res.docs_per_s, "r1": res.docs_per_s / raw if raw else None,
+            "tokens_per_s": tokens * res.docs_per_s / len(texts) if texts else 0.0,
+            "gpu_busy_mean": statistics.mean(busy) if busy else None, "gpu_busy_max": max(busy) if busy else None}

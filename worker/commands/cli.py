@@ -505,6 +505,11 @@ def bench(
                                       "an instant model, no model loaded, about a minute (--docs: documents a run, "
                                       "default 20,000; a tenth of them first, unmeasured, to warm up). "
                                       "Writes cpu.json")] = False,
+    processes: Annotated[str | None, typer.Option(
+        "--processes", help="Only R1 at these process counts, e.g. 1,2,4,8: for S1 and S2 the raw encode, then "
+        "`embedstream run --processes K` end to end for each K (cold cache; the best K of S2 once more without "
+        "Redis), with tokens/s and the GPU's utilisation (--docs: documents a run, default 20,000). Writes "
+        "processes.json")] = None,
     overrides: dict[str, object] | None = None,
 ) -> None:
     """Measure the workloads of benchmarks.md on a local stack of its own and print the ratio table.
@@ -518,6 +523,9 @@ def bench(
     s = None if cpu else settings_or_exit(overrides)
     if s is not None and s.models is not None:
         raise fail("bench measures one model (EMBEDSTREAM_MODEL); unset EMBEDSTREAM_MODELS")
+    counts = _process_counts(processes) if processes is not None else None
+    if counts and cpu:
+        raise fail("--cpu and --processes are two separate runs: give one of them")
     with console.status("benchmarking…") as status:
         def say(message: str) -> None:
             status.update(message)
@@ -525,6 +533,9 @@ def bench(
 
         if s is None:
             out = bench_run.run_cpu(docs=docs or 20_000, state_dir=state_dir, say=say, broker=broker)
+        elif counts:
+            out = bench_run.run_processes(counts=counts, docs=docs or 20_000, device=s.device, precision=s.precision,
+                                          state_dir=state_dir, say=say, model=s.model, broker=broker)
         else:
             out = bench_run.run_bench(quick=quick, device=s.device, precision=s.precision, peer_python=peer_python,
                                       docs=docs, latency_seconds=latency_seconds, state_dir=state_dir, say=say,
@@ -535,10 +546,26 @@ def bench(
         console.print(report.cpu_table(out))
         err.print(f"wrote {output / 'cpu.json'}")
         return
+    if counts:
+        report.write_json(out, output / "processes.json")
+        console.print(report.processes_table(out))
+        err.print(f"wrote {output / 'processes.json'}")
+        return
     report.write_json(out, output / "bench.json")
     report.write_chart(out, output / "bench.png")
     console.print(report.ratio_table(out))
     err.print(f"wrote {output / 'bench.json'} and {output / 'bench.png'}")
+
+
+def _process_counts(value: str) -> list[int]:
+    """``--processes 1,2,4,8`` → ``[1, 2, 4, 8]``; a bad list stops with what to give."""
+    try:
+        counts = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or any(k < 1 for k in counts):
+        raise fail(f"--processes {value!r}: give process counts of at least 1, separated by commas, e.g. 1,2,4,8")
+    return counts
 
 
 @app.command()
