@@ -29,6 +29,25 @@ def _flops_per_token(embedder) -> float:
     return 2.0 * params
 
 
+def _stack_settings(env: dict[str, str], broker: str, **extra) -> Settings:
+    """The bench's settings on the local stack ``env`` (its groups join with the broker's quick
+    session: some twenty workers join a group in a run), plus ``extra``."""
+    return Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
+                    redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
+                    kafka=quick_join_session(broker), metrics_port=0, log_level="WARNING", **extra)
+
+
+def _machine(broker: str, device: str) -> dict:
+    """What the run ran on: Python, CPU, cores, broker, and the GPU's name on CUDA."""
+    machine: dict = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+                     "cores": os.cpu_count(), "broker": broker}
+    if device == "cuda":
+        import torch
+
+        machine["gpu"] = torch.cuda.get_device_name()
+    return machine
+
+
 def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | None, docs: int | None,
               latency_seconds: float | None, state_dir: Path, say: Callable[[str], None],
               model: str | None = None, broker: str = "tansu") -> dict:
@@ -48,10 +67,7 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
     stack = LocalStack(state_dir, broker=broker)
     env, _ = stack.up(partitions=6)
     try:
-        base = Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
-                        redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
-                        kafka=quick_join_session(broker),  # some twenty workers join a group
-                        metrics_port=0, log_level="WARNING", device=device, precision=precision, model=model)
+        base = _stack_settings(env, broker, device=device, precision=precision, model=model)
         setup_logging(base)
         say("loading the model")
         emb = SentenceTransformerEmbedder(model, precision, device)
@@ -59,12 +75,7 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         if emb.device == "cuda":
             sizes["raw_batch_sizes"] = (128, 256, 512)
         texts = {"S1": workloads.short_texts(sizes["S1"]), "S2": workloads.mixed_texts(sizes["S2"])}
-        machine = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-                   "cores": os.cpu_count(), "broker": broker}
-        if emb.device == "cuda":
-            import torch
-
-            machine["gpu"] = torch.cuda.get_device_name()
+        machine = _machine(broker, emb.device)
         out: dict = {"machine": machine,
                      "model": emb.model_id, "precision": emb.precision, "device": emb.device, "quick": quick,
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "workloads": {}, "denominators": {}}
@@ -220,14 +231,11 @@ def run_cpu(*, docs: int, state_dir: Path, say: Callable[[str], None], broker: s
     stack = LocalStack(state_dir, broker=broker)
     env, _ = stack.up(partitions=6)
     try:
-        base = Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
-                        redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
-                        kafka=quick_join_session(broker), metrics_port=0, log_level="WARNING")
+        base = _stack_settings(env, broker)
         setup_logging(base)
         texts = {"S2": workloads.io_texts(docs), "S1": workloads.distinct(workloads.short_texts(4000), docs)}
         cpu, by_thread, _, gauge = _cpu_per_doc(base, dim, texts, say, threads=True)
-        return {"machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-                            "cores": os.cpu_count(), "broker": broker},
+        return {"machine": _machine(broker, "cpu"),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "docs": docs, "warm_up_docs": warm_up_docs(docs),
                 "cpu_per_doc": cpu, "cpu_threads": by_thread, "cpu_gauge_ns": gauge}
     finally:
@@ -491,21 +499,13 @@ def run_processes(*, counts: list[int], docs: int, device: str, precision: str, 
     logs = state_dir / "processes-logs"
     logs.mkdir(parents=True, exist_ok=True)
     try:
-        base = Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
-                        redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
-                        kafka=quick_join_session(broker), metrics_port=0, log_level="WARNING", device=device,
-                        precision=precision, model=model)
+        base = _stack_settings(env, broker, device=device, precision=precision, model=model)
         setup_logging(base)
         say("loading the model (for the raw encode)")
         emb = SentenceTransformerEmbedder(model, precision, device)
         emb.warmup()
         texts = {"S1": workloads.short_texts(docs), "S2": workloads.mixed_texts(docs)}
-        machine = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-                   "cores": os.cpu_count(), "broker": broker}
-        if emb.device == "cuda":
-            import torch
-
-            machine["gpu"] = torch.cuda.get_device_name()
+        machine = _machine(broker, emb.device)
         batch_sizes = (128, 256, 512, 1024) if emb.device == "cuda" else (32, 64, 128)
         out: dict = {"machine": machine, "model": emb.model_id, "precision": emb.precision, "device": emb.device,
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "docs": docs, "raw": {}, "runs": []}

@@ -110,8 +110,7 @@ class TextSide:
     def prepare(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each document text (the document prompt before it), unpadded; the ids that
         :meth:`offsets_over` kept for whole texts are taken as they are."""
-        prompt = self.document_prompt
-        return self.tokens.tokenize([prompt + t for t in texts]) if prompt else self.tokens.ids(texts)
+        return self.tokens.with_prompt(texts, self.document_prompt)
 
     def token_offsets(self, texts: list[str]) -> list[list[tuple[int, int]]]:
         """Character spans of each text's tokens (no special tokens, nothing truncated), from the
@@ -340,8 +339,7 @@ class SentenceTransformerEmbedder(Embedder):
     def _embed(self, texts: list[str], prompt: str, sparse: bool = False):
         """The dense vectors of ``texts`` (``prompt`` before each); with ``sparse``, also each text's
         learned sparse vector (:meth:`_run_ids`). Tokenizes on the calling thread."""
-        ids = self.tokens.tokenize([prompt + t for t in texts]) if prompt else self.tokens.ids(texts)
-        return self._run_ids(ids, self._prompt_extra(prompt), sparse)
+        return self._run_ids(self.tokens.with_prompt(texts, prompt), self._prompt_extra(prompt), sparse)
 
     def _run_ids(self, ids: list[list[int]], extra: dict, sparse: bool = False):
         """The vectors of texts tokenized to ``ids`` (``extra``: what the pooling is told of their

@@ -41,6 +41,10 @@ class Tokens:
         return self._tokenizer(texts, add_special_tokens=True, truncation=True, max_length=self.max_seq_length,
                                return_attention_mask=False, return_token_type_ids=False)["input_ids"]
 
+    def with_prompt(self, texts: list[str], prompt: str) -> list[list[int]]:
+        """Token ids of each text with ``prompt`` before it (tokenized together), else :meth:`ids`."""
+        return self.tokenize([prompt + t for t in texts]) if prompt else self.ids(texts)
+
     def length(self, text: str) -> int:
         """Tokens of ``text`` without special tokens (a document prompt's cost in a chunk)."""
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
