@@ -40,8 +40,10 @@ from worker.commands.produce import document_record, produce_records
 from worker.settings import Settings
 
 
-def short_docs(n: int, prefix: str) -> list[Document]:
-    """``n`` documents with short, distinct texts (first sentences of stdlib docstrings)."""
+def short_docs(n: int, prefix: str, unseen: bool = False) -> list[Document]:
+    """``n`` documents with short, distinct texts (first sentences of stdlib docstrings). The texts
+    are the same for every ``prefix``, so a test run after another finds them in the shared Redis;
+    ``unseen`` ends each with the prefix in brackets, a text no other test embeds."""
     seen: set[str] = set()
     out: list[Document] = []
     for name, doc in stdlib_docstrings():
@@ -49,7 +51,7 @@ def short_docs(n: int, prefix: str) -> list[Document]:
         if len(text) < 15 or text in seen:
             continue
         seen.add(text)
-        out.append(Document(f"{prefix}-{len(out)}", text, None, {"from": name}))
+        out.append(Document(f"{prefix}-{len(out)}", f"{text} [{prefix}]" if unseen else text, None, {"from": name}))
         if len(out) == n:
             return out
     raise ValueError(f"only {len(out)} distinct short texts available")
