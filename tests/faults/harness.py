@@ -9,9 +9,12 @@ partition (lag 0).
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -102,9 +105,62 @@ def worker_env(s: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
+class _WarmPool:
+    """One worker process kept ready (``tests.faults.warm_worker``: its imports done, waiting for
+    its command line), for the next ``WorkerProcess`` whose environment matches but for its
+    ``EMBEDSTREAM_*`` settings; another is started as each is taken. A start that finds none ready,
+    or one made for another environment, is a cold ``embedstream run``."""
+
+    def __init__(self) -> None:
+        self._ready: tuple[subprocess.Popen, dict[str, str]] | None = None
+
+    @staticmethod
+    def _base(env: dict[str, str]) -> dict[str, str]:
+        return {k: v for k, v in env.items() if not k.startswith("EMBEDSTREAM_")}
+
+    def start(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen | None:
+        """The ready process, handed ``argv`` (a ``CLI`` command line), ``env`` and ``log_path``; None
+        when there is none for this environment. Either way one is made ready for the next start."""
+        ready, self._ready = self._ready, None
+        proc = None
+        if ready is not None:
+            candidate, base = ready
+            request = {"argv": ["embedstream", *argv[len(CLI):]], "env": env, "cwd": str(REPO), "log": str(log_path)}
+            if base == self._base(env) and candidate.poll() is None:
+                try:
+                    assert candidate.stdin is not None
+                    candidate.stdin.write((json.dumps(request) + "\n").encode())
+                    candidate.stdin.close()
+                    proc = candidate
+                except OSError:
+                    candidate.kill()
+            else:
+                candidate.kill()
+        base = self._base(env)
+        self._ready = (subprocess.Popen([sys.executable, "-m", "tests.faults.warm_worker"], env=base, cwd=REPO,
+                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL), base)
+        return proc
+
+    def close(self) -> None:
+        if self._ready is not None:
+            self._ready[0].kill()
+            self._ready[0].wait(30)
+            self._ready = None
+
+
+_POOL = _WarmPool()
+atexit.register(_POOL.close)
+
+
 class WorkerProcess:
     """``embedstream run`` as a real subprocess, its output in a log file. Every instance is killed
-    at the end of its test (``kill_all``), so a failed test leaves no worker behind."""
+    at the end of its test (``kill_all``), so a failed test leaves no worker behind.
+
+    The process is taken ready-imported from the warm pool when one is there (``_WarmPool``:
+    the 5 s of imports of each start, ~60 starts a suite, done while the scenario before runs).
+    ``cold=True`` starts ``embedstream run`` from nothing, imports included, as a pod does: for a
+    measure of how long a restart takes (the soak)."""
 
     live: list[WorkerProcess] = []
 
@@ -116,11 +172,13 @@ class WorkerProcess:
                 w.proc.wait(30)
         cls.live.clear()
 
-    def __init__(self, s: Settings, log_dir: Path, name: str, args: tuple[str, ...] = (), **env: str) -> None:
+    def __init__(self, s: Settings, log_dir: Path, name: str, args: tuple[str, ...] = (), *, cold: bool = False,
+                 **env: str) -> None:
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("ab")
-        self.proc = subprocess.Popen([*CLI, "run", *args], env=worker_env(s, **env), cwd=REPO,
-                                     stdout=self._log, stderr=subprocess.STDOUT)
+        argv, full_env = [*CLI, "run", *args], worker_env(s, **env)
+        warm = None if cold else _POOL.start(argv, full_env, self.log_path)
+        self.proc = warm or subprocess.Popen(argv, env=full_env, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
         WorkerProcess.live.append(self)
         self.rss_samples: list[int] = []  # resident set size in MiB, sampled every 0.2 s
         threading.Thread(target=self._sample_rss, daemon=True).start()

@@ -178,8 +178,9 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
                         kafka={"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"})
     soak = Soak(fs)
     env = {"EMBEDSTREAM_REDIS_URL": ""}  # every text is new: the model sets the pace, not the cache
-    soak.workers["a"] = WorkerProcess(fs, tmp_path, "a", **env)
-    soak.workers["b"] = WorkerProcess(fs, tmp_path, "b", **env)
+    # Cold starts (imports included), as a pod restarts: the time a restart takes is part of the measure.
+    soak.workers["a"] = WorkerProcess(fs, tmp_path, "a", cold=True, **env)
+    soak.workers["b"] = WorkerProcess(fs, tmp_path, "b", cold=True, **env)
     wait_until(lambda: all("assigned [" in w.log() for w in soak.workers.values()), 180, what="a and b assigned")
 
     # Capacity: a backlog of 2,000 new texts, drained by both workers.
@@ -203,11 +204,11 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
         if soak.now() >= next_kill:
             soak.faults.append((soak.now(), "kill -9 b"))
             soak.workers["b"].kill9()
-            soak.workers["b"] = WorkerProcess(fs, tmp_path, "b", **env)
+            soak.workers["b"] = WorkerProcess(fs, tmp_path, "b", cold=True, **env)
             next_kill += KILL_EVERY_S
         if soak.now() >= next_rebalance:
             soak.faults.append((soak.now(), "c joins"))
-            soak.workers["c"] = WorkerProcess(fs, tmp_path, f"c{int(next_rebalance)}", **env)
+            soak.workers["c"] = WorkerProcess(fs, tmp_path, f"c{int(next_rebalance)}", cold=True, **env)
             next_rebalance += REBALANCE_EVERY_S
         if "c" in soak.workers and leaving is None and "assigned [" in soak.workers["c"].log():
             leaving = soak.now() + STAY_S

@@ -1,0 +1,60 @@
+"""A worker process started before a test needs it (``tests.faults.harness.WorkerProcess``).
+
+``python -m tests.faults.warm_worker`` imports what a worker's start spends most of its time on
+(torch, transformers and sentence-transformers: about 5 s of the 8 s from ``embedstream run`` to a
+loaded model on this project's 2-core host), then waits on stdin for one line of JSON: ``argv``,
+``env``, ``cwd`` and ``log``. It then points its stdout and stderr at the log, takes the environment
+as it is given, and runs ``embedstream`` (``worker.commands.cli.main``) with that command line:
+from there on it is the worker a cold start would be, in the process the test started (its pid, its
+exit status, its signals). The model, the settings and the connections are all made after the
+request, so nothing of a test reaches the worker of another.
+
+The imports happen with the process niced (when it may take its priority back, as root), so that
+preparing the next worker takes CPU from no scenario that is running. A closed stdin (the test
+session ended) ends the process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main() -> None:
+    # What ``worker.commands.cli.main`` sets before anything is imported (read by the libraries at import).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    niced = os.geteuid() == 0
+    if niced:
+        os.nice(10)
+    import worker.assembly.runner  # noqa: F401  (the connectors: pymilvus, confluent-kafka, redis)
+    import worker.commands.cli as cli
+    from worker.embedding.imports import sentence_transformers
+
+    sentence_transformers()  # torch and transformers with it
+    line = sys.stdin.readline()
+    if not line:
+        return
+    request = json.loads(line)
+    if niced:  # every thread the imports started, too (on Linux a priority is a thread's)
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), 0)
+            except ProcessLookupError:  # a thread that ended meanwhile
+                pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.argv = request["argv"]
+    cli.main()
+
+
+if __name__ == "__main__":
+    main()
