@@ -36,8 +36,8 @@ BROKER ?= tansu
 test-gpu: setup
 	$(BIN)/python -m pytest -q -m gpu tests/gpu
 
-# Fifteen minutes of steady load with a worker killed every 2 minutes and a rebalance every 3 (outside
-# `make test`): the picture and figures go to docs/soak/. EMBEDSTREAM_SOAK_MINUTES=N for longer.
+# Thirty minutes of steady load with a worker killed every 2 minutes and a rebalance every 3 (outside
+# `make test`): the picture and figures go to docs/soak/. EMBEDSTREAM_SOAK_MINUTES=N for another length.
 soak: setup
 	$(BIN)/python -m pytest -q -s -m soak tests/faults/test_soak.py
 

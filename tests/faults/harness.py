@@ -108,7 +108,7 @@ def worker_env(s: Settings, **extra: str) -> dict[str, str]:
 class _WarmPool:
     """One worker process kept ready (``tests.faults.warm_worker``: its imports done, waiting for
     its command line), for the next ``WorkerProcess`` whose environment matches but for its
-    ``EMBEDSTREAM_*`` settings; another is started as each is taken. A start that finds none ready,
+    ``EMBEDSTREAM_*`` settings (``_base``); another is started as each is taken. A start that finds none ready,
     or one made for another environment, is a cold ``embedstream run``."""
 
     def __init__(self) -> None:
@@ -116,7 +116,9 @@ class _WarmPool:
 
     @staticmethod
     def _base(env: dict[str, str]) -> dict[str, str]:
-        return {k: v for k, v in env.items() if not k.startswith("EMBEDSTREAM_")}
+        """What the imports may read: ``env`` less the worker's settings and pytest's name of the
+        test under way (set anew for each test: it made every test's first start a cold one)."""
+        return {k: v for k, v in env.items() if not k.startswith("EMBEDSTREAM_") and k != "PYTEST_CURRENT_TEST"}
 
     def start(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen | None:
         """The ready process, handed ``argv`` (a ``CLI`` command line), ``env`` and ``log_path``; None

@@ -2,16 +2,16 @@
 
 ``python -m tests.faults.warm_worker`` imports what a worker's start spends most of its time on
 (torch, transformers and sentence-transformers: about 5 s of the 8 s from ``embedstream run`` to a
-loaded model on this project's 2-core host), then waits on stdin for one line of JSON: ``argv``,
-``env``, ``cwd`` and ``log``. It then points its stdout and stderr at the log, takes the environment
-as it is given, and runs ``embedstream`` (``worker.commands.cli.main``) with that command line:
-from there on it is the worker a cold start would be, in the process the test started (its pid, its
-exit status, its signals). The model, the settings and the connections are all made after the
-request, so nothing of a test reaches the worker of another.
+loaded model on this project's 2-core host), and waits on stdin for one line of JSON: ``argv``,
+``env``, ``cwd`` and ``log``. Once both are done it points its stdout and stderr at the log, takes
+the environment as it is given, and runs ``embedstream`` (``worker.commands.cli.main``) with that
+command line: from there on it is the worker a cold start would be, in the process the test started
+(its pid, its exit status, its signals). The model, the settings and the connections are all made
+after the request, so nothing of a test reaches the worker of another.
 
-The imports happen with the process niced (when it may take its priority back, as root), so that
-preparing the next worker takes CPU from no scenario that is running. A closed stdin (the test
-session ended) ends the process.
+Until a request comes, the process runs niced (where it may take its priority back: as root), so
+that preparing the next worker takes CPU from no scenario that is running; the request restores the
+priority at once, even in the middle of the imports. A closed stdin (the session ended) ends it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,16 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
+
+
+def _unnice() -> None:
+    """Priority 0 for every thread (on Linux a priority is a thread's, and the imports start some)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), 0)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
 
 
 def main() -> None:
@@ -28,21 +38,27 @@ def main() -> None:
     niced = os.geteuid() == 0
     if niced:
         os.nice(10)
+    requests: list[str] = []
+    arrived = threading.Event()
+
+    def read() -> None:
+        requests.append(sys.stdin.readline())
+        if niced:
+            _unnice()
+        arrived.set()
+
+    threading.Thread(target=read, daemon=True).start()
     import worker.assembly.runner  # noqa: F401  (the connectors: pymilvus, confluent-kafka, redis)
     import worker.commands.cli as cli
     from worker.embedding.imports import sentence_transformers
 
     sentence_transformers()  # torch and transformers with it
-    line = sys.stdin.readline()
-    if not line:
+    arrived.wait()
+    if not requests[0]:
         return
-    request = json.loads(line)
-    if niced:  # every thread the imports started, too (on Linux a priority is a thread's)
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                os.setpriority(os.PRIO_PROCESS, int(tid), 0)
-            except ProcessLookupError:  # a thread that ended meanwhile
-                pass
+    if niced:
+        _unnice()  # threads the imports started after the request came
+    request = json.loads(requests[0])
     sys.stdout.flush()
     sys.stderr.flush()
     log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
