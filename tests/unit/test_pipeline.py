@@ -138,34 +138,3 @@ def test_abort_waits_for_a_stage_inside_its_step_and_wakes_idle_ones():
     release.set()
     assert pipeline.abort(wait=5)  # it returned: every thread ended, the idle sink's too
     assert pipeline.completed() == []
-
-
-def test_a_barrier_waits_for_the_attempt_under_way_and_its_hand_on_but_not_for_a_backoff():
-    inside, release = threading.Event(), threading.Event()
-    attempts = {"n": 0}
-
-    def write(group):
-        attempts["n"] += 1
-        if attempts["n"] == 1:
-            inside.set()
-            release.wait(5)
-        elif attempts["n"] == 2:
-            raise TransientError("milvus", "down")  # the third attempt comes after a backoff
-
-    sink = Stage("sink", write)
-    p = Pipeline([sink], backoff_max=5)
-    p.submit(_batch(0))
-    assert inside.wait(5)
-    assert not sink.barrier(0.1)  # the attempt is under way
-    threading.Timer(0.2, release.set).start()
-    assert sink.barrier(5)
-    # the group was handed on before the barrier let the caller through: completed() has it at once
-    assert [_n(b) for b in p.completed()] == [0]
-    p.submit(_batch(1))
-    end = time.monotonic() + 5
-    while sink.retries == 0 and time.monotonic() < end:
-        time.sleep(0.01)
-    t0 = time.monotonic()
-    assert sink.barrier(5) and time.monotonic() - t0 < 0.05  # waiting out a backoff holds nothing
-    assert [_n(b) for b in _wait(p, 1)] == [1]
-    p.close()

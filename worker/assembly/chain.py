@@ -114,11 +114,10 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
         for n in handles}, models.loaded))                                           #   (tokenizer: here only)
     embed = Stage("embed", embed_by_model({n: steps[n].embed for n in handles},      # 6 the model's passes
                                           models.loaded))
-    writing = Stage("sink", sink.process)
     pipeline = Pipeline([
         prepare,
         embed,
-        writing,                                                                     # 7 Milvus + topics
+        Stage("sink", sink.process),                                                 # 7 Milvus + topics
     ], backoff_max=s.section(OperationsSettings).retry_backoff_max_seconds, release=sink.close)
     intake = Intake(
         Validator(records.max_text_bytes, models.resolve,                            # 1 Item | Delete | DeadLetter
@@ -132,5 +131,4 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
                 batching.max_batch_wait_ms / 1000, max_bytes=batching.max_batch_bytes),  # deadline, bytes
         next_step=pipeline.submit,
     )
-    return Chain(intake, pipeline, committer, fence, model_free=lambda: prepare.backlog + embed.backlog == 0,
-                 write_barrier=writing.barrier)
+    return Chain(intake, pipeline, committer, fence, model_free=lambda: prepare.backlog + embed.backlog == 0)

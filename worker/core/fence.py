@@ -7,10 +7,9 @@ carry on where they stopped: without a fence, the sink would write the batches i
 over the newer versions. Two parts keep it from writing:
 
 * **Ownership.** The polling thread publishes the partitions it owns (``publish``) on every assign,
-  revoke (at-least-once: at once, and then it waits for the sink's group planned before it;
-  exactly-once: once the batches in flight finished: ``worker.core.loop.Worker.on_revoke``) and
-  loss (at once). The sink writes only the entries of owned partitions; the others are left to
-  their new owner (their offsets are never committed here).
+  revoke (after the in-flight batches of the revoked partitions finished) and loss (at once). The
+  sink writes only the entries of owned partitions; the others are left to their new owner (their
+  offsets are never committed here).
 * **A lease.** A beat thread renews it ten times a second (``beat``); it expires ``lease_s`` after
   the last renewal, and ``lease_s`` is shorter than the time the coordinator needs to evict this
   member and hand its partitions on (``session.timeout.ms`` minus a heartbeat interval, minus a

@@ -6,9 +6,8 @@ check for idle. The parts each own one thing: ``Intake`` the batching, ``Pipelin
 ``OffsetCommitter`` what is committed and when, ``Assignment`` the partitions with their pause and
 end state, ``RunStats`` the counting. The chain is assembled in ``worker.assembly.chain.build_chain``.
 
-Rebalance callbacks and signal handlers run on this thread too. On revoke the loop gives the
-partitions up without waiting for the batches in flight (at-least-once: ``Worker.on_revoke`` says
-how, and when it waits after all) and commits synchronously; on *lost* it commits nothing.
+Rebalance callbacks and signal handlers run on this thread too. On revoke the loop finishes the
+in-flight batches (within a budget) and commits synchronously; on *lost* it commits nothing.
 """
 
 from __future__ import annotations
@@ -57,15 +56,11 @@ class Chain:
     fence: Fence
     #: True when the model has nothing waiting: the loop closes a batch by its deadline only then.
     model_free: Callable[[], bool]
-    #: Waits (up to the seconds given) until the group the sink is writing, if any, has been handed on
-    #: (``worker.core.pipeline.Stage.barrier``); True unless the time ran out.
-    write_barrier: Callable[[float], bool]
 
 #: Records taken from the consumer per call when some are at hand (at least a batch's worth; never
 #: more than the batches still allowed in flight hold: ``Worker._chunk``).
 CONSUME_CHUNK = 500
-#: Longest a revoke waits for the sink's group, or (exactly-once) for the in-flight batches: the
-#: whole group's rebalance waits for it.
+#: Longest a revoke waits for in-flight batches (the rebalance waits for it).
 REVOKE_BUDGET_S = 20.0
 #: Longest a stop waits, after giving up on unfinished batches, for a stage to leave its step.
 ABORT_WAIT_S = 30.0
@@ -147,33 +142,11 @@ class Worker:
         log.info("assigned %s", sorted(p.partition for p in partitions))
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Give ``partitions`` up; the whole group's rebalance waits for this callback.
-
-        At-least-once: the smaller ownership is published first, so every group the sink plans from
-        now on leaves the revoked partitions' entries to their new owner (``worker.steps.writing.sink``).
-        Then only the group the sink is writing under the old ownership is waited for (the write
-        barrier), not the batches behind it: what it finished is committed, and the new owner redoes
-        the rest of those partitions from there. Waiting for every batch in flight (up to
-        ``max_inflight``, each a model pass and a write) held the group's rebalance, and every
-        partition of this member, for seconds under load.
-
-        Exactly-once waits for the batches in flight first (within a budget): a transaction under way
-        already holds records of the revoked partitions, and its abort would show them to readers of a
-        broker that does not filter aborted records (Tansu). After a stall (the fence is closed)
-        nothing in flight can be written: they are given up at once."""
-        chain = self.chain
-        if chain.committer.drains_on_revoke:
-            if not chain.fence.suspect:
-                self._wait_inflight(min(self.shutdown_grace, REVOKE_BUDGET_S))
-        else:
-            gone = {(p.topic, p.partition) for p in partitions}
-            chain.fence.publish(self.assignment.partitions - gone)
-            if not chain.write_barrier(REVOKE_BUDGET_S):
-                log.warning("the sink's group did not finish within %.0fs of a revoke: giving the partitions up "
-                            "without it (the version guard keeps an older row from replacing a newer one)",
-                            REVOKE_BUDGET_S)
-            self._collect()
-        chain.committer.commit(sync=True)
+        """Finish what is in flight (within a budget) and commit it before the partitions go. After a
+        stall (the fence is closed) nothing in flight can be written: give them up at once."""
+        if not self.chain.fence.suspect:
+            self._wait_inflight(min(self.shutdown_grace, REVOKE_BUDGET_S))
+        self.chain.committer.commit(sync=True)
         dropped = self._forget(partitions, lost=False)
         log.info("revoked %s (dropped %d uncommitted records still batching)",
                  sorted(p.partition for p in partitions), dropped)

@@ -64,11 +64,6 @@ class OffsetCommitter:
         """After a revoke published the smaller ownership: a commit under way finishes first."""
         self.delivery.barrier()
 
-    @property
-    def drains_on_revoke(self) -> bool:
-        """Whether a revoke must wait for the batches in flight (``Delivery.drains_on_revoke``)."""
-        return self.delivery.drains_on_revoke
-
     def new_generation(self, owned: Iterable[TopicPartitionKey], timeout: float = 10.0) -> None:
         """A rebalance this member took part in has just assigned it ``owned`` (any assign callback,
         even an empty one): the group says what it owns now. What is committed for those partitions

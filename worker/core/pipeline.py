@@ -73,9 +73,6 @@ class Stage:
         self.retrying_since: float | None = None
         self._inbox: queue.Queue[Batch | None] = queue.Queue()
         self._lock = threading.Lock()
-        #: Held through each attempt at a group and, when it succeeds, until the group is handed on
-        #: (``barrier``); not while the stage waits out a retry's backoff.
-        self._attempt = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def put(self, batch: Batch | None) -> None:
@@ -90,16 +87,6 @@ class Stage:
         self._thread = threading.Thread(target=self._run, args=(forward, abort, backoff_max, on_bug),
                                         name=self.name, daemon=True)
         self._thread.start()
-
-    def barrier(self, timeout: float) -> bool:
-        """Wait until the attempt under way (if any) has ended, and when it succeeded, its group has
-        been handed on (to the next stage, or to ``Pipeline.completed``); True unless ``timeout``
-        passed first. An attempt that begins after this call sees whatever the caller changed before
-        it (the write fence's smaller ownership: ``Worker.on_revoke``)."""
-        if not self._attempt.acquire(timeout=timeout):
-            return False
-        self._attempt.release()
-        return True
 
     def join(self, timeout: float) -> bool:
         """Wait for the thread to end; True when it has."""
@@ -125,7 +112,11 @@ class Stage:
             group, end = self._next_group()
             try:
                 if group:
-                    self._process(group, abort, backoff_max, forward)
+                    self._process(group, abort, backoff_max)
+                    with self._lock:
+                        self.backlog -= len(group)
+                    for batch in group:
+                        forward(batch)
             except Aborted:
                 return
             except BaseException as exc:  # a bug: hand it to the polling thread, which crashes
@@ -135,22 +126,15 @@ class Stage:
                 forward(None)
                 return
 
-    def _process(self, group: list[Batch], abort: threading.Event, backoff_max: float,
-                 forward: Callable[[Batch | None], None]) -> None:
-        """``step(group)``, then each batch handed to ``forward``; :class:`TransientError` is retried
-        with capped exponential backoff + jitter."""
+    def _process(self, group: list[Batch], abort: threading.Event, backoff_max: float) -> None:
+        """``step(group)``, retrying :class:`TransientError` with capped exponential backoff + jitter."""
         delay = 0.1
         while True:
             if abort.is_set():
                 raise Aborted()
             try:
-                with self._attempt:
-                    self.step(group)
-                    self.groups += 1
-                    with self._lock:
-                        self.backlog -= len(group)
-                    for batch in group:
-                        forward(batch)
+                self.step(group)
+                self.groups += 1
                 if self.retrying_since is not None:
                     log.info("%s: recovered after %.1fs", self.name, time.monotonic() - self.retrying_since)
                     self.retrying_since = None

@@ -59,9 +59,6 @@ class Delivery(abc.ABC):
     #: Told of offsets the delivery committed itself (exactly-once), from the sink thread: the
     #: committer's line past which a commit means a takeover.
     on_committed: Callable[[Mapping[TopicPartitionKey, int]], None] = staticmethod(lambda _offsets: None)
-    #: Whether a revoke waits for the batches in flight before the partitions go
-    #: (``worker.core.loop.Worker.on_revoke``); otherwise only for the group the sink is writing.
-    drains_on_revoke: bool = False
 
     @property
     @abc.abstractmethod

@@ -21,10 +21,6 @@ class ExactlyOnce(Delivery):
     """``EMBEDSTREAM_DELIVERY=exactly-once``: the sink commits each group's records and offsets in
     one transaction; the consumer never commits."""
 
-    #: A transaction under way holds records of partitions being revoked: finish it rather than
-    #: abort it (Tansu shows aborted records to read_committed consumers).
-    drains_on_revoke = True
-
     def __init__(self, transactions: Transactions, close_timeout_s: float) -> None:
         self.txn = transactions
         self.close_timeout_s = close_timeout_s
