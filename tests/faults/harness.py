@@ -124,11 +124,12 @@ class _WarmPool:
         """The ready process, handed ``argv`` (a ``CLI`` command line), ``env`` and ``log_path``; None
         when there is none for this environment. Either way one is made ready for the next start."""
         ready, self._ready = self._ready, None
-        proc = None
+        proc, base = None, self._base(env)
         if ready is not None:
-            candidate, base = ready
-            request = {"argv": ["embedstream", *argv[len(CLI):]], "env": env, "cwd": str(REPO), "log": str(log_path)}
-            if base == self._base(env) and candidate.poll() is None:
+            candidate, made_for = ready
+            if made_for == base and candidate.poll() is None:
+                request = {"argv": ["embedstream", *argv[len(CLI):]], "env": env, "cwd": str(REPO),
+                           "log": str(log_path)}
                 try:
                     assert candidate.stdin is not None
                     candidate.stdin.write((json.dumps(request) + "\n").encode())
@@ -138,7 +139,6 @@ class _WarmPool:
                     candidate.kill()
             else:
                 candidate.kill()
-        base = self._base(env)
         self._ready = (subprocess.Popen([sys.executable, "-m", "tests.faults.warm_worker"], env=base, cwd=REPO,
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL), base)
@@ -177,10 +177,12 @@ class WorkerProcess:
     def __init__(self, s: Settings, log_dir: Path, name: str, args: tuple[str, ...] = (), *, cold: bool = False,
                  **env: str) -> None:
         self.log_path = log_dir / f"{name}.log"
-        self._log = self.log_path.open("ab")
         argv, full_env = [*CLI, "run", *args], worker_env(s, **env)
-        warm = None if cold else _POOL.start(argv, full_env, self.log_path)
-        self.proc = warm or subprocess.Popen(argv, env=full_env, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
+        warm = None if cold else _POOL.start(argv, full_env, self.log_path)  # it opens the log itself
+        if warm is None:
+            with self.log_path.open("ab") as log:  # the child keeps its own descriptor
+                warm = subprocess.Popen(argv, env=full_env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = warm
         WorkerProcess.live.append(self)
         self.rss_samples: list[int] = []  # resident set size in MiB, sampled every 0.2 s
         threading.Thread(target=self._sample_rss, daemon=True).start()
