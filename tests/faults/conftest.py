@@ -50,16 +50,30 @@ def parts(fault_stack):
     return {name: p.pid for name, p in local.parts().items()}
 
 
+_TABLE: list[str] = []  # the fault table's path, once a scenario has run
+
+
 @pytest.fixture(scope="session", autouse=True)
 def fault_table(tmp_path_factory):
-    path = tmp_path_factory.mktemp("faults") / "table.tsv"
-    os.environ["EMBEDSTREAM_FAULT_TABLE"] = str(path)
-    yield
-    if path.exists():
-        rows = [line.split("\t") for line in path.read_text().splitlines()]
-        print("\n\nfault suite: scenario | injected | documents | dead-lettered | duplicates on output | recovery s")
-        for r in rows:
-            print(" | ".join(r))
+    """Where each scenario writes its row (``record_row``); the rows show in the run's summary."""
+    _TABLE.append(str(tmp_path_factory.mktemp("faults") / "table.tsv"))
+    os.environ["EMBEDSTREAM_FAULT_TABLE"] = _TABLE[-1]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fault table and the warm pool's count, after the results (a fixture's teardown prints
+    into the last test's captured output, which a passing run never shows)."""
+    if not _TABLE:  # no fault scenario ran
+        return
+    table = _TABLE[-1]
+    from tests.faults.harness import warm_starts
+
+    terminalreporter.section("fault suite")
+    terminalreporter.write_line("scenario | injected | documents | dead-lettered | duplicates on output | recovery s")
+    if os.path.exists(table):
+        for line in open(table).read().splitlines():
+            terminalreporter.write_line(" | ".join(line.split("\t")))
+    terminalreporter.write_line(f"warm pool: {warm_starts()}")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -72,5 +86,8 @@ def pytest_runtest_makereport(item, call):
     from tests.faults.harness import WorkerProcess
 
     for w in WorkerProcess.live:
-        tail = "\n".join(w.log().splitlines()[-25:])
+        try:
+            tail = "\n".join(w.log().splitlines()[-25:])
+        except OSError as e:  # a hook that raises is pytest's internal error: the whole run stops
+            tail = f"(log unreadable: {e})"
         report.sections.append((f"{w.log_path.name} (last 25 lines)", tail))

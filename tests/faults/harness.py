@@ -113,6 +113,7 @@ class _WarmPool:
 
     def __init__(self) -> None:
         self._ready: tuple[subprocess.Popen, dict[str, str]] | None = None
+        self.starts = self.handed = 0  # how many starts asked, and how many took a ready process
 
     @staticmethod
     def _base(env: dict[str, str]) -> dict[str, str]:
@@ -125,6 +126,7 @@ class _WarmPool:
         when there is none for this environment. Either way one is made ready for the next start."""
         ready, self._ready = self._ready, None
         proc, base = None, self._base(env)
+        self.starts += 1
         if ready is not None:
             candidate, made_for = ready
             if made_for == base and candidate.poll() is None:
@@ -135,6 +137,7 @@ class _WarmPool:
                     candidate.stdin.write((json.dumps(request) + "\n").encode())
                     candidate.stdin.close()
                     proc = candidate
+                    self.handed += 1
                 except OSError:
                     candidate.kill()
             else:
@@ -153,6 +156,11 @@ class _WarmPool:
 
 _POOL = _WarmPool()
 atexit.register(_POOL.close)
+
+
+def warm_starts() -> str:
+    """How many of the suite's worker starts took a ready process, for the suite's summary."""
+    return f"{_POOL.handed} of {_POOL.starts} worker starts took a ready-imported process"
 
 
 class WorkerProcess:
@@ -177,6 +185,8 @@ class WorkerProcess:
     def __init__(self, s: Settings, log_dir: Path, name: str, args: tuple[str, ...] = (), *, cold: bool = False,
                  **env: str) -> None:
         self.log_path = log_dir / f"{name}.log"
+        # made here, so that ``log()`` reads it before a warm process has opened it (it appends)
+        self.log_path.touch()
         argv, full_env = [*CLI, "run", *args], worker_env(s, **env)
         warm = None if cold else _POOL.start(argv, full_env, self.log_path)  # it opens the log itself
         if warm is None:
