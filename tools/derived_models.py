@@ -33,16 +33,35 @@ def prompted_model(dest: Path, prompts: dict[str, str], include_prompt: bool = T
 def projected_model(dest: Path, dim: int = 256, seed: int = 7, source: str | Path | None = None) -> Path:
     """The packaged model (or the model at ``source``) with a projection layer added after its
     pooling (a ``Dense`` to ``dim`` dimensions, fixed random weights): another model, of another
-    dimension."""
+    dimension. Its transformer's files are the source's, byte for byte (saving writes them anew, with
+    its own metadata), so the two share one int8 export (``int8.model_key``), as two such models
+    on one disk would in use."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.models import Dense, Normalize
 
-    base = SentenceTransformer(str(source or packaged_model_path()), device="cpu")
+    from worker.embedding.int8 import transformer_files
+
+    src = Path(source or packaged_model_path())
+    base = SentenceTransformer(str(src), device="cpu")
     torch.manual_seed(seed)
     dense = Dense(base.get_embedding_dimension(), dim, activation_function=torch.nn.Identity())
     SentenceTransformer(modules=[base[0], base[1], dense, Normalize()], device="cpu").save(str(dest))
+    if _transformer_at_root(dest) and _transformer_at_root(src):
+        for f in transformer_files(dest):
+            f.unlink()
+        for f in transformer_files(src):
+            target = dest / f.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, target)
     return dest
+
+
+def _transformer_at_root(model: Path) -> bool:
+    """Whether the model folder's first module is the folder itself (a plain Hugging Face folder, or
+    ``modules.json`` saying so), as in every model saved by sentence-transformers."""
+    listing = model / "modules.json"
+    return not listing.is_file() or json.loads(listing.read_text())[0].get("path", "") == ""
 
 
 def sparse_model(dest: Path, hidden: int = 4096, active: int = 48, seed: int = 11) -> Path:

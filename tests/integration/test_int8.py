@@ -122,3 +122,13 @@ def test_the_int8_warmup_runs_the_largest_forward_passes_once(int8_model, fp32_m
     shapes = int8_model.largest_shapes()
     assert shapes == [(16, 256), (128, 32)]  # the packaged model's: 256 tokens, 4,096 a pass, 128 texts
     assert model_tokens()[1] - before == small + sum(count * length for count, length in shapes)
+
+
+def test_a_model_derived_by_a_projection_shares_its_bases_export(tmp_path):
+    """The bench's and the tests' second model is MiniLM plus a projection: the same transformer,
+    so one int8 export serves both (an export is ~20 s on this host)."""
+    from tools.derived_models import packaged_model_path, projected_model
+
+    derived = projected_model(tmp_path / "proj")
+    assert (derived / "2_Dense").is_dir()
+    assert int8.model_key(derived) == int8.model_key(packaged_model_path())

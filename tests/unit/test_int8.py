@@ -82,3 +82,38 @@ def test_cpu_flags_are_read_from_the_flags_line():
             "bugs\t\t: sysret_ss_attrs\n\nprocessor\t: 1\nflags\t\t: fpu\n")
     assert cpu.parse_flags(text) == {"fpu", "sse4_2", "avx2", "avx512_vnni"}
     assert cpu.parse_flags("processor: 0\n") == frozenset()
+
+
+def test_the_cache_key_is_the_transformers_alone(tmp_path):
+    """Later modules, prompts and the model card do not change the export: a model derived by adding
+    a projection shares its base's. The transformer's own files do, wherever its folder is."""
+    import json
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "vocab.txt").write_text("a\nb\n")
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    first = int8.model_key(tmp_path)
+    (tmp_path / "README.md").write_text("# a card")
+    (tmp_path / "config_sentence_transformers.json").write_text('{"prompts": {"query": "q: "}}')
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    (tmp_path / "2_Dense").mkdir()
+    (tmp_path / "2_Dense" / "model.safetensors").write_bytes(b"\1" * 64)
+    modules = json.loads((tmp_path / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    assert int8.model_key(tmp_path) == first
+    (tmp_path / "vocab.txt").write_text("a\nc\n")  # the tokenizer is the transformer's
+    assert int8.model_key(tmp_path) != first
+
+    sub = tmp_path / "nested"
+    (sub / "0_Transformer").mkdir(parents=True)
+    (sub / "0_Transformer" / "config.json").write_text("{}")
+    (sub / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "0_Transformer",
+                                                   "type": "sentence_transformers.models.Transformer"}]))
+    nested = int8.model_key(sub)
+    (sub / "0_Transformer" / "config.json").write_text('{"hidden": 1}')
+    assert int8.model_key(sub) != nested

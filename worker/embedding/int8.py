@@ -12,7 +12,8 @@ quantized by one of two engines (:func:`engine`):
   little; 7-bit weights on CPUs without VNNI, :func:`reduce_range`).
 
 The files are kept under ``$XDG_CACHE_HOME/embedstream/int8`` (``~/.cache`` by default), keyed by a
-hash of the model's files and the engine, so a later start loads them in about a second. Pooling and
+hash of the transformer's files and the engine (:func:`model_key`), so a later start loads them in
+about a second. Pooling and
 any layers after it (a projection, a normalisation) run in torch, in float32, as for the other
 precisions.
 
@@ -95,14 +96,44 @@ def cache_root() -> Path:
     return cache_home() / "embedstream" / "int8"
 
 
+#: Files of a sentence-transformers model folder that belong to the pipeline, not to its first
+#: (transformer) module: the module list, prompts, the model card, its training data. None of them
+#: changes the exported transformer, so a model that only adds or edits later modules (a projection,
+#: a pooling option, prompts) shares its base's export.
+PIPELINE_FILES = frozenset({"modules.json", "config_sentence_transformers.json", "README.md", "data_config.json"})
+
+
+def transformer_files(path: str | Path) -> list[Path]:
+    """The files of the model at ``path`` that its transformer (the first module, the one exported)
+    is made of, sorted: its folder (``modules.json``'s first entry; the model folder when there is no
+    list), with every file under it but those of the other modules' folders and
+    :data:`PIPELINE_FILES`."""
+    root = Path(path)
+    folder, others = root, set()
+    listing = root / "modules.json"
+    if listing.is_file():
+        modules = json.loads(listing.read_text())
+        folder = root / (modules[0].get("path") or "") if modules else root
+        others = {(root / m["path"]).resolve() for m in modules[1:] if m.get("path")}
+    files = []
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        if any(o == f.resolve() or o in f.resolve().parents for o in others):
+            continue
+        if f.parent == root and f.name in PIPELINE_FILES:
+            continue
+        files.append(f)
+    return files
+
+
 def model_key(path: str | Path, engine_name: str = "onnxruntime") -> str:
-    """A hash of the model directory's files (names, sizes and contents of the small ones, and the
-    first and last MiB of large ones), of the export version, of the engine and, for onnxruntime, of
-    the weights' bit width (:func:`reduce_range`): a changed model, another engine, or a disk shared
-    with another kind of CPU, gets a new export."""
+    """A hash of the transformer's files (:func:`transformer_files`: names, sizes and contents of the
+    small ones, the first and last MiB of large ones), of the export version, of the engine and, for
+    onnxruntime, of the weights' bit width (:func:`reduce_range`): a changed transformer, another
+    engine, or a disk shared with another kind of CPU, gets a new export; a model that differs only
+    after its transformer (pooling, a projection, prompts) shares it."""
     tag = f"-{engine_name}" if engine_name != "onnxruntime" else ("-7bit" if reduce_range() else "")
     digest = hashlib.sha256(f"v{EXPORT_VERSION}{tag}".encode())
-    for f in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+    for f in transformer_files(path):
         size = f.stat().st_size
         digest.update(f"{f.relative_to(path)}:{size}".encode())
         with open(f, "rb") as fh:
