@@ -27,16 +27,19 @@ import json
 import os
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.codec import Document, decode_embedding
 from tests.faults.conftest import PARTITIONS
 from tests.faults.harness import Expected, WorkerProcess, check_nothing_lost, committed_reader, short_docs, wait_until
 from tests.helpers import REPO, fresh_settings
+from tools.dev import free_port
 from worker.commands.produce import document_record, produce_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.soak]
@@ -45,12 +48,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.soak]
 #: compiled shapes), and over the 10 minutes of fit a 15-minute run leaves, the fitted slope's
 #: standard error was 1.3 MB/min: more than the bound it is held to (``_slope``).
 SOAK_S = float(os.environ.get("EMBEDSTREAM_SOAK_MINUTES", "30")) * 60
+#: ``EMBEDSTREAM_SOAK_FAULTS=0``: the control run, the same load with no kill and no rebalance, which
+#: tells a slow drift of the steady state from what the faults leave behind.
+FAULTS = os.environ.get("EMBEDSTREAM_SOAK_FAULTS", "1") != "0"
 KILL_EVERY_S, REBALANCE_EVERY_S, WINDOW_S, SAMPLE_S = 120, 180, 10, 2.0
 #: The first rebalance: half way between kills, so that no rebalance falls on a kill (6, 12 ... min).
 FIRST_REBALANCE_S = 90
 #: How long the third worker stays in the group once assigned.
 STAY_S = 20
 IDS = 5_000
+#: Worker a's series sampled beside its memory (``Soak.stage_totals``).
+STAGE_SERIES = {f"embedstream_{h}_{part}" for h in ("embed_seconds", "sink_seconds", "batch_size")
+                for part in ("sum", "count")}
 #: The RSS fit starts here: buffers reach their high-water marks only under the first backlogs (the
 #: first kills and rebalance build the largest passes), and OpenVINO's 64 compiled shapes fill.
 WARM_UP_S = 300
@@ -70,6 +79,7 @@ class Soak:
         self.latencies: list[tuple[float, float]] = []  # (t of output record, latency s)
         self.faults: list[tuple[float, str]] = []
         self.workers: dict[str, WorkerProcess] = {}
+        self.metrics_port = free_port()  # worker a's
         self.stop = threading.Event()
 
     def now(self) -> float:
@@ -103,10 +113,26 @@ class Soak:
                     if w.proc.poll() is None and w.rss_samples:
                         rss[name] = w.rss_samples[-1]
                 self.samples.append({"t": self.now(), "committed": sum(committed.values()),
-                                     "lag": sum(ends[p] - committed[p] for p in ends), "rss": rss})
+                                     "lag": sum(ends[p] - committed[p] for p in ends), "rss": rss,
+                                     "a": self.stage_totals()})
                 self.stop.wait(SAMPLE_S)
         finally:
             c.close()
+
+    def stage_totals(self) -> dict[str, float]:
+        """Worker ``a``'s running totals of model and sink time and of its batches (``sum`` and
+        ``count`` of each histogram; ``a`` is never restarted): the difference of two samples says
+        whether a slower stretch is the model's or a sink's."""
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2).read().decode()
+        except OSError:
+            return {}
+        out = {}
+        for family in text_string_to_metric_families(body):
+            for sample in family.samples:
+                if sample.name in STAGE_SERIES:
+                    out["/".join([sample.name, *sample.labels.values()])] = sample.value
+        return out
 
     def read_output(self) -> None:
         """Latency of every output record: its timestamp minus its document's send time."""
@@ -196,11 +222,14 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
     soak = Soak(fs)
     env = {"EMBEDSTREAM_REDIS_URL": ""}  # every text is new: the model sets the pace, not the cache
     # Cold starts (imports included), as a pod restarts: the time a restart takes is part of the measure.
-    soak.workers["a"] = WorkerProcess(fs, tmp_path, "a", cold=True, **env)
+    soak.workers["a"] = WorkerProcess(fs, tmp_path, "a", cold=True, EMBEDSTREAM_METRICS_PORT=str(soak.metrics_port),
+                                      **env)
     soak.workers["b"] = WorkerProcess(fs, tmp_path, "b", cold=True, **env)
     wait_until(lambda: all("assigned [" in w.log() for w in soak.workers.values()), 180, what="a and b assigned")
 
-    # Capacity: a backlog of 2,000 new texts, drained by both workers.
+    # Capacity: a backlog of 2,000 new texts, drained by both workers. (A 10,000 one, with the
+    # soak's readers running, measured more, 653 against 395-521 docs/s: the larger the backlog,
+    # the larger the batches and the cheaper each document.)
     with committed_reader(fs, PARTITIONS) as committed:
         produce_records(fs.kafka_common(), fs.input_topic, soak.records(2_000))
         began = time.monotonic()
@@ -218,6 +247,8 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
     producer.start()
     next_kill, next_rebalance, leaving = KILL_EVERY_S, FIRST_REBALANCE_S, None
     restarted_at, restarts = None, []  # seconds from each kill to the new b's assignment
+    if not FAULTS:
+        next_kill = next_rebalance = float("inf")
     while soak.now() < SOAK_S:
         if soak.now() >= next_kill:
             soak.faults.append((soak.now(), "kill -9 b"))
@@ -253,7 +284,7 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
 
     end = soak.now()
     p99 = _p99_windows(soak.latencies, end)
-    first_fault = soak.faults[0][0]
+    first_fault = soak.faults[0][0] if soak.faults else FIRST_REBALANCE_S  # the control's same minute
     before = [lat for at, lat in soak.latencies if first_fault - 60 <= at < first_fault]
     baseline = float(np.percentile(before, 99))
     threshold = max(1.5 * baseline, baseline + 0.5)
@@ -272,7 +303,8 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
 
     out = Path(os.environ.get("EMBEDSTREAM_SOAK_OUT", REPO / "docs" / "soak"))
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"minutes": SOAK_S / 60, "capacity_docs_s": round(capacity, 1), "rate_docs_s": round(rate, 1),
+    summary = {"minutes": SOAK_S / 60, "faults_on": FAULTS, "capacity_docs_s": round(capacity, 1),
+               "rate_docs_s": round(rate, 1),
                "documents_sent": soak.expected.records, "ids": IDS, "output_records": report.output_records,
                # each document's output once, plus what kill -9 made the group redo (at-least-once)
                "redone_on_output": report.output_records - soak.expected.records,
