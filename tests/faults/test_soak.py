@@ -63,14 +63,16 @@ STAGE_SERIES = {f"embedstream_{h}_{part}" for h in ("embed_seconds", "sink_secon
 #: The RSS fit starts here: buffers reach their high-water marks only under the first backlogs (the
 #: first kills and rebalance build the largest passes), and OpenVINO's 64 compiled shapes fill.
 WARM_UP_S = 300
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 RECOVERY_S = 30
 
 
 class Soak:
     """The run's state: what was sent, the samples, the faults."""
 
-    def __init__(self, fs) -> None:
+    def __init__(self, fs, parts: dict[str, int]) -> None:
         self.fs = fs
+        self.parts = {**parts, "harness": os.getpid()}  # the stack's processes and this one, by pid
         self.expected = Expected()
         self.base = short_docs(IDS, "soak")
         self.version = 0
@@ -114,10 +116,23 @@ class Soak:
                         rss[name] = w.rss_samples[-1]
                 self.samples.append({"t": self.now(), "committed": sum(committed.values()),
                                      "lag": sum(ends[p] - committed[p] for p in ends), "rss": rss,
-                                     "a": self.stage_totals()})
+                                     "a": self.stage_totals(), "cpu": self.cpu_seconds()})
                 self.stop.wait(SAMPLE_S)
         finally:
             c.close()
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) each process has used so far: the workers (a restarted ``b``
+        starts again from 0), the stack's parts and the harness itself, which all share the cores."""
+        pids = {**self.parts, **{name: w.proc.pid for name, w in list(self.workers.items()) if w.proc.poll() is None}}
+        out = {}
+        for name, pid in pids.items():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[name] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (fields 14, 15)
+        return out
 
     def stage_totals(self) -> dict[str, float]:
         """Worker ``a``'s running totals of model and sink time and of its batches (``sum`` and
@@ -176,6 +191,19 @@ def _slope(points: list[tuple[float, float]]) -> tuple[float, float]:
     return float(slope), se
 
 
+def _cores(samples: list[dict], every: int = 10) -> dict[str, list[tuple[float, float]]]:
+    """(minute, cores) by process, over ``every`` samples: the CPU seconds each used in that stretch
+    over its length (a stretch in which the process restarted is left out)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for before, after in zip(samples[::every], samples[every::every]):
+        span = after["t"] - before["t"]
+        for name, used in after.get("cpu", {}).items():
+            start = before.get("cpu", {}).get(name)
+            if start is not None and used >= start and span > 0:
+                out.setdefault(name, []).append((after["t"] / 60, (used - start) / span))
+    return out
+
+
 def _plot(path: Path, soak: Soak, p99: list[tuple[float, float]], capacity: float, rate: float) -> None:
     import matplotlib
 
@@ -184,7 +212,7 @@ def _plot(path: Path, soak: Soak, p99: list[tuple[float, float]], capacity: floa
 
     t = np.array([s["t"] for s in soak.samples]) / 60
     committed = np.array([s["committed"] for s in soak.samples], dtype=float)
-    fig, axes = plt.subplots(4, 1, figsize=(10, 11), sharex=True)
+    fig, axes = plt.subplots(5, 1, figsize=(10, 13.5), sharex=True)
     rates = np.diff(committed) / np.maximum(np.diff(t * 60), 1e-9)
     axes[0].plot(t[1:], rates, lw=0.8)
     axes[0].axhline(rate, color="grey", ls=":", label=f"arrivals {rate:.0f}/s (half of {capacity:.0f})")
@@ -198,8 +226,12 @@ def _plot(path: Path, soak: Soak, p99: list[tuple[float, float]], capacity: floa
         pts = [(s["t"] / 60, s["rss"][name]) for s in soak.samples if name in s["rss"]]
         axes[3].plot([p[0] for p in pts], [p[1] for p in pts], ".", ms=2, label=f"worker {name}")
     axes[3].set_ylabel("resident memory, MiB")
-    axes[3].set_xlabel("minutes")
     axes[3].legend(loc="lower right")
+    for name, pts in _cores(soak.samples).items():
+        axes[4].plot([p[0] for p in pts], [p[1] for p in pts], lw=0.7, label=name)
+    axes[4].set_ylabel("CPU, cores (20 s means)")
+    axes[4].set_xlabel("minutes")
+    axes[4].legend(loc="upper right", ncol=4, fontsize=7)
     for at, what in soak.faults:
         for ax in axes:
             ax.axvline(at / 60, color="red" if what.startswith("kill") else "tab:blue", lw=0.6, alpha=0.6)
@@ -219,7 +251,8 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
     _, stack_env = fault_stack
     fs = fresh_settings(stack_env, partitions=PARTITIONS, commit_interval_ms=0, shutdown_grace_seconds=20,
                         kafka={"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"})
-    soak = Soak(fs)
+    local, _ = fault_stack
+    soak = Soak(fs, {name: part.pid for name, part in local.parts().items()})
     env = {"EMBEDSTREAM_REDIS_URL": ""}  # every text is new: the model sets the pace, not the cache
     # Cold starts (imports included), as a pod restarts: the time a restart takes is part of the measure.
     soak.workers["a"] = WorkerProcess(fs, tmp_path, "a", cold=True, EMBEDSTREAM_METRICS_PORT=str(soak.metrics_port),
