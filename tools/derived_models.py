@@ -40,14 +40,14 @@ def projected_model(dest: Path, dim: int = 256, seed: int = 7, source: str | Pat
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.models import Dense, Normalize
 
-    from worker.embedding.int8 import transformer_files
+    from worker.embedding.int8 import transformer_files, transformer_folder
 
     src = Path(source or packaged_model_path())
     base = SentenceTransformer(str(src), device="cpu")
     torch.manual_seed(seed)
     dense = Dense(base.get_embedding_dimension(), dim, activation_function=torch.nn.Identity())
     SentenceTransformer(modules=[base[0], base[1], dense, Normalize()], device="cpu").save(str(dest))
-    if _transformer_at_root(dest) and _transformer_at_root(src):
+    if transformer_folder(dest) == dest and transformer_folder(src) == src:  # as sentence-transformers saves
         for f in transformer_files(dest):
             f.unlink()
         for f in transformer_files(src):
@@ -55,13 +55,6 @@ def projected_model(dest: Path, dim: int = 256, seed: int = 7, source: str | Pat
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(f, target)
     return dest
-
-
-def _transformer_at_root(model: Path) -> bool:
-    """Whether the model folder's first module is the folder itself (a plain Hugging Face folder, or
-    ``modules.json`` saying so), as in every model saved by sentence-transformers."""
-    listing = model / "modules.json"
-    return not listing.is_file() or json.loads(listing.read_text())[0].get("path", "") == ""
 
 
 def sparse_model(dest: Path, hidden: int = 4096, active: int = 48, seed: int = 11) -> Path:

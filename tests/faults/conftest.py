@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -65,13 +66,13 @@ def pytest_terminal_summary(terminalreporter):
     into the last test's captured output, which a passing run never shows)."""
     if not _TABLE:  # no fault scenario ran
         return
-    table = _TABLE[-1]
+    table = Path(_TABLE[-1])
     from tests.faults.harness import warm_starts
 
     terminalreporter.section("fault suite")
     terminalreporter.write_line("scenario | injected | documents | dead-lettered | duplicates on output | recovery s")
-    if os.path.exists(table):
-        for line in open(table).read().splitlines():
+    if table.exists():
+        for line in table.read_text().splitlines():
             terminalreporter.write_line(" | ".join(line.split("\t")))
     terminalreporter.write_line(f"warm pool: {warm_starts()}")
 

@@ -222,13 +222,18 @@ class WorkerProcess:
 
 
 
+def metric_samples(port: int, timeout: float = 5):
+    """Every sample of a running worker's /metrics (``prometheus_client``'s ``Sample``s)."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout).read().decode()
+    for family in text_string_to_metric_families(body):
+        yield from family.samples
+
+
 def scrape(port: int, name: str, **labels: str) -> float:
     """One sample of a running worker's /metrics (0.0 when the series does not exist yet)."""
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    for family in text_string_to_metric_families(body):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
+    for sample in metric_samples(port):
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+            return float(sample.value)
     return 0.0
 
 

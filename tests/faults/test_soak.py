@@ -27,17 +27,23 @@ import json
 import os
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.codec import Document, decode_embedding
 from tests.faults.conftest import PARTITIONS
-from tests.faults.harness import Expected, WorkerProcess, check_nothing_lost, committed_reader, short_docs, wait_until
+from tests.faults.harness import (
+    Expected,
+    WorkerProcess,
+    check_nothing_lost,
+    committed_reader,
+    metric_samples,
+    short_docs,
+    wait_until,
+)
 from tests.helpers import REPO, fresh_settings
 from tools.dev import free_port
 from worker.commands.produce import document_record, produce_records
@@ -139,15 +145,10 @@ class Soak:
         ``count`` of each histogram; ``a`` is never restarted): the difference of two samples says
         whether a slower stretch is the model's or a sink's."""
         try:
-            body = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2).read().decode()
+            return {"/".join([x.name, *x.labels.values()]): x.value
+                    for x in metric_samples(self.metrics_port, timeout=2) if x.name in STAGE_SERIES}
         except OSError:
             return {}
-        out = {}
-        for family in text_string_to_metric_families(body):
-            for sample in family.samples:
-                if sample.name in STAGE_SERIES:
-                    out["/".join([sample.name, *sample.labels.values()])] = sample.value
-        return out
 
     def read_output(self) -> None:
         """Latency of every output record: its timestamp minus its document's send time."""

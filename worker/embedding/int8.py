@@ -103,21 +103,32 @@ def cache_root() -> Path:
 PIPELINE_FILES = frozenset({"modules.json", "config_sentence_transformers.json", "README.md", "data_config.json"})
 
 
+def _modules(root: Path) -> tuple[Path, set[Path]]:
+    """The transformer's folder (``modules.json``'s first entry; ``root`` when there is no list) and
+    the other modules' folders, resolved."""
+    listing = root / "modules.json"
+    if not listing.is_file():
+        return root, set()
+    modules = json.loads(listing.read_text())
+    folder = root / (modules[0].get("path") or "") if modules else root
+    return folder, {(root / m["path"]).resolve() for m in modules[1:] if m.get("path")}
+
+
+def transformer_folder(path: str | Path) -> Path:
+    """The folder of the model at ``path`` that holds its transformer (the first module)."""
+    return _modules(Path(path))[0]
+
+
 def transformer_files(path: str | Path) -> list[Path]:
     """The files of the model at ``path`` that its transformer (the first module, the one exported)
-    is made of, sorted: its folder (``modules.json``'s first entry; the model folder when there is no
-    list), with every file under it but those of the other modules' folders and
-    :data:`PIPELINE_FILES`."""
+    is made of, sorted: its folder (:func:`transformer_folder`), with every file under it but those
+    of the other modules' folders and :data:`PIPELINE_FILES`."""
     root = Path(path)
-    folder, others = root, set()
-    listing = root / "modules.json"
-    if listing.is_file():
-        modules = json.loads(listing.read_text())
-        folder = root / (modules[0].get("path") or "") if modules else root
-        others = {(root / m["path"]).resolve() for m in modules[1:] if m.get("path")}
+    folder, others = _modules(root)
     files = []
     for f in sorted(p for p in folder.rglob("*") if p.is_file()):
-        if any(o == f.resolve() or o in f.resolve().parents for o in others):
+        real = f.resolve()
+        if any(o == real or o in real.parents for o in others):
             continue
         if f.parent == root and f.name in PIPELINE_FILES:
             continue
