@@ -22,7 +22,7 @@ class MilvusAdmin(MilvusConnection):
     points aliases to it."""
 
     def has(self, name: str) -> bool:
-        """Whether a collection (not an alias) ``name`` exists."""
+        """Whether ``name`` answers as a collection: an alias of one does too (Milvus resolves it)."""
         return bool(self._client.has_collection(name, timeout=self.timeout))
 
     def ensure_collection(self, dim: int, sparse: str = "off") -> None:
@@ -83,9 +83,11 @@ class MilvusAdmin(MilvusConnection):
         another worker did it first). Raises :class:`ConfigError` when its dim, shape or model is not
         this worker's: those rows belong to another model (`embedstream migrate`)."""
         try:
-            if self.alias_target(legacy) is not None or not self.has(legacy):
+            if not self._legacy_present(legacy):
                 return False
             if self.has(self.collection):
+                if not self._legacy_present(legacy):
+                    return False  # a worker starting beside this one adopted it, or created the alias
                 raise ConfigError(f"Milvus holds both a collection {legacy!r} and {self.collection!r}, so the alias "
                                   f"{legacy!r} cannot be created: drop the one not in use, or set "
                                   "EMBEDSTREAM_MILVUS_ALIAS to another name")
@@ -102,6 +104,13 @@ class MilvusAdmin(MilvusConnection):
         log.warning("collection %r from before aliases is now %r behind the alias %r (its rows kept)",
                     legacy, self.collection, legacy)
         return True
+
+    def _legacy_present(self, legacy: str) -> bool:
+        """Whether ``legacy`` is a collection, not an alias. ``has_collection`` answers True for an alias
+        too, so the alias is asked after it: a worker starting beside this one may create the alias (or
+        rename the collection) between the two calls, and this order sees either (CI, `run
+        --processes 2`: asked the other way round, a fresh alias read as a collection to adopt)."""
+        return self.has(legacy) and self.alias_target(legacy) is None
 
     def _check_legacy(self, legacy: str, model_id: str, dim: int, sparse: str) -> None:
         """Refuse to take over ``legacy`` when its shape, dim, sparse side or model is not this worker's."""

@@ -207,3 +207,79 @@ def test_alias_created_at_first_start_a_collection_from_before_aliases_adopted_a
     assert behind.collections(f"old_{tag}") == []
     for s in (fresh, reader, legacy, other, behind, via_alias):
         s.close()
+
+
+
+class _RacingClient:
+    """Milvus's names as two workers starting at once see them: ``has_collection`` answers for an
+    alias too (as the server does), and the other worker's whole start-up (``other``) lands just
+    before this worker's call number ``at``."""
+
+    SHAPE = {"fields": [{"name": n, "params": {"dim": 4} if n == "vector" else {}} for n in (
+        "id", "doc_id", "chunk_index", "chunk_count", "span_start", "span_end", "vector", "source", "source_offset")]}
+
+    def __init__(self, collections: set[str], other, at: int) -> None:
+        self.collections: set[str] = set(collections)
+        self.aliases: dict[str, str] = {}
+        self.other, self.at, self.calls = other, at, 0
+
+    def _step(self, name: str | None = None) -> None:
+        if self.calls == self.at:
+            self.other(self)
+        self.calls += 1
+        if name is not None and name not in self.collections and name not in self.aliases:
+            raise RuntimeError(f"collection {name} does not exist")
+
+    def has_collection(self, name, timeout=None):
+        self._step()
+        return name in self.collections or name in self.aliases
+
+    def describe_alias(self, alias, timeout=None):
+        self._step()
+        if alias not in self.aliases:
+            raise RuntimeError(f"alias {alias} does not exist")
+        return {"collection_name": self.aliases[alias]}
+
+    def describe_collection(self, name, timeout=None):
+        self._step(name)
+        return self.SHAPE
+
+    def load_collection(self, name, timeout=None):
+        self._step(name)
+
+    def query(self, name, **_):
+        self._step(name)
+        return [{"model": "m"}]
+
+    def rename_collection(self, old, new, timeout=None):
+        self._step(old)
+        if new in self.collections:
+            raise RuntimeError(f"collection {new} already exists")
+        self.collections.remove(old)
+        self.collections.add(new)
+
+
+@pytest.mark.parametrize("legacy_exists", [False, True])
+@pytest.mark.parametrize("at", range(9))
+def test_a_worker_starting_beside_another_never_mistakes_its_alias_for_a_collection_to_adopt(legacy_exists, at):
+    """CI saw `run --processes 2` fail at start-up: one process created the alias while the other was
+    between asking for an alias and asking for a collection of that name (which an alias answers too),
+    and read the fresh alias as a collection from before aliases. Wherever the other worker's start
+    lands among this one's calls, ``adopt`` raises nothing, the legacy collection (if any) is renamed
+    once, and this worker says it adopted it only when the other did not."""
+    renamed_by_other = []
+
+    def other_starts(client):  # what a worker's prepare does: adopt a legacy collection, then the alias
+        if "old" in client.collections:
+            client.collections.remove("old")
+            renamed_by_other.append(True)
+        client.collections.add("old__m_1")
+        client.aliases.setdefault("old", "old__m_1")
+
+    client = _RacingClient({"old"} if legacy_exists else set(), other_starts, at)
+    admin = MilvusAdmin("fake", "old__m_1", timeout=5.0, client=client)
+    adopted = admin.adopt("old", "m", 4)
+    if client.calls <= at:  # this worker was done before the other began
+        other_starts(client)
+    assert adopted is (legacy_exists and not renamed_by_other)
+    assert client.collections == {"old__m_1"} and client.aliases == {"old": "old__m_1"}
