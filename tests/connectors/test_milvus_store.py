@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from connectors.milvus import MilvusAdmin, MilvusReader, MilvusStore
-from connectors.milvus.schema import ChunkRows
+from connectors.milvus.schema import CHUNK_FIELDS, VERSION_FIELDS, ChunkRows
 from schemas.errors import ConfigError, TransientError
 from tests.unit.fakes import RecordingMilvusClient
 
@@ -142,13 +142,19 @@ def test_a_failed_write_is_transient(kind, stack_env):
     store.close()
 
 
+def _info(*names: str, dim: int = 4) -> dict:
+    """``describe_collection``'s answer for a collection of fields ``names`` (``dim``-dim vectors)."""
+    return {"fields": [{"name": n, "params": {"dim": dim} if n == "vector" else {}} for n in names]}
+
+
+#: The fields of a collection in this version's shape.
+CURRENT_FIELDS = ("id", *CHUNK_FIELDS, "vector", *VERSION_FIELDS)
+
+
 def test_a_collection_of_another_shape_is_refused_with_what_to_do():
     from connectors.milvus.schema import check_shape
 
-    def info(*names, dim=4):
-        return {"fields": [{"name": n, "params": {"dim": dim} if n == "vector" else {}} for n in names]}
-
-    new = ("id", "doc_id", "chunk_index", "chunk_count", "span_start", "span_end", "vector", "source", "source_offset")
+    info, new = _info, CURRENT_FIELDS
     check_shape("c", info(*new), 4)
     with pytest.raises(ConfigError, match="holds 8-dim vectors"):
         check_shape("c", info(*new, dim=8), 4)
@@ -209,14 +215,10 @@ def test_alias_created_at_first_start_a_collection_from_before_aliases_adopted_a
         s.close()
 
 
-
 class _RacingClient:
     """Milvus's names as two workers starting at once see them: ``has_collection`` answers for an
     alias too (as the server does), and the other worker's whole start-up (``other``) lands just
     before this worker's call number ``at``."""
-
-    SHAPE = {"fields": [{"name": n, "params": {"dim": 4} if n == "vector" else {}} for n in (
-        "id", "doc_id", "chunk_index", "chunk_count", "span_start", "span_end", "vector", "source", "source_offset")]}
 
     def __init__(self, collections: set[str], other, at: int) -> None:
         self.collections: set[str] = set(collections)
@@ -242,7 +244,7 @@ class _RacingClient:
 
     def describe_collection(self, name, timeout=None):
         self._step(name)
-        return self.SHAPE
+        return _info(*CURRENT_FIELDS)
 
     def load_collection(self, name, timeout=None):
         self._step(name)

@@ -256,10 +256,9 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
     # restarts while another member is live is never assigned again (its JoinGroup is held; seen
     # here for minutes), so ``b`` comes back under a new member id, as a pod without
     # ``kafka.staticMembership`` would.
-    _, stack_env = fault_stack
+    local, stack_env = fault_stack
     fs = fresh_settings(stack_env, partitions=PARTITIONS, commit_interval_ms=0, shutdown_grace_seconds=20,
                         kafka={"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"})
-    local, _ = fault_stack
     soak = Soak(fs, {name: part.pid for name, part in local.parts().items()})
     env = {"EMBEDSTREAM_REDIS_URL": ""}  # every text is new: the model sets the pace, not the cache
     # Cold starts (imports included), as a pod restarts: the time a restart takes is part of the measure.
