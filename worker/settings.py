@@ -73,7 +73,9 @@ class DeliverySettings(BaseModel):
         "at-least-once", "at-least-once|exactly-once; exactly-once commits each group of batches' output and DLQ "
                          "records with their input offsets in one Kafka transaction (its transactional.id is "
                          "embedstream-<group>-<group instance id, else host-pid>)", flag=True)
-    commit_interval_ms: int = setting(1000, "0 = commit synchronously after every batch", ge=0)
+    commit_interval_ms: int = setting(1000, "milliseconds between asynchronous commits; 0 = commit synchronously after "
+                                      "every batch (the polling loop waits for each commit: on the local Tansu a "
+                                      "commit during a rebalance is held 3-5 s)", ge=0)
     dlq_max_consecutive: int = setting(1000, "halt after this many dead-lettered records in a row", ge=1)
     dlq_max_ratio: float = setting(0.9, "halt when more of the last window is dead-lettered", gt=0, le=1)
     dlq_ratio_window: int = setting(1000, "records in the window of the ratio", ge=10)

@@ -175,6 +175,7 @@ class Worker:
         chain = self.chain
         self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke,
                                 on_lost=self.on_lost)
+        log.info("joining the group on %s: waiting for partitions", self.topic)
         chain.fence.start()
         try:
             while not self.stop.requested:
