@@ -222,16 +222,17 @@ def _recoveries(faults: list[tuple[float, str]], p99: list[tuple[float, float]],
                 flushes: list[float] = ()) -> list[dict]:
     """How soon p99 was back under ``threshold`` after each fault: once no window ending later, up to
     the next fault (or 90 s), is over it; a fault still over it when the next one comes is not back
-    (``back_after_s`` None). Windows a milvus-lite flush touched (``FLUSH_TOUCHES_S``: the one it fell
-    in and the next) are set aside, and counted (``flush_windows``)."""
-    def touched(w: float) -> bool:
-        return any(w - FLUSH_TOUCHES_S < f <= w + SAMPLE_S for f in flushes)  # seen up to a sample late
+    (``back_after_s`` None). Past the fault's first ``RECOVERY_S``, windows a milvus-lite flush
+    touched (``FLUSH_TOUCHES_S``: the one it fell in and the next) are set aside, and counted
+    (``flush_windows``): a flush can excuse a late window, never hide a fault's own peak."""
+    def set_aside(at: float, w: float) -> bool:  # a flush is seen up to a sample after it happened
+        return w - at > RECOVERY_S and any(w - FLUSH_TOUCHES_S < f <= w + SAMPLE_S for f in flushes)
 
     out = []
     for i, (at, what) in enumerate(faults):
         until = min([f for f, _ in faults[i + 1:]] + [at + 90, end])
         span = [(w, v) for w, v in p99 if at < w <= until]
-        windows = [(w, v) for w, v in span if not touched(w)]
+        windows = [(w, v) for w, v in span if not set_aside(at, w)]
         over = [w for w, v in windows if v > threshold]
         back = not windows or windows[-1][1] <= threshold
         out.append({"at_s": round(at, 1), "fault": what,
@@ -292,7 +293,13 @@ def _plot(path: Path, soak: Soak, p99: list[tuple[float, float]], capacity: floa
     axes[3].set_ylabel("resident memory, MiB")
     axes[3].legend(loc="lower right")
     for name, pts in _cores(soak.samples).items():
-        axes[4].plot([p[0] for p in pts], [p[1] for p in pts], lw=0.7, label=name)
+        # a gap (the process was down, or it is another third worker) breaks the line
+        xs, ys = [], []
+        for (m0, _), (m1, v) in zip([pts[0], *pts], pts):
+            if m1 - m0 > 1.0:
+                xs.append(np.nan), ys.append(np.nan)
+            xs.append(m1), ys.append(v)
+        axes[4].plot(xs, ys, lw=0.7, label=name)
     axes[4].set_ylabel("CPU, cores (20 s means)")
     axes[4].set_xlabel("minutes")
     axes[4].legend(loc="upper right", ncol=4, fontsize=7)

@@ -40,6 +40,11 @@ def test_the_windows_a_flush_touched_are_set_aside_and_counted():
     assert r["back_after_s"] == 50.0
 
 
+def test_a_flush_in_the_first_30_s_never_hides_the_faults_own_peak():
+    [r] = _recoveries([(100.0, "kill -9 b")], windows({110: 9.0, 120: 12.0}), THRESHOLD, 300.0, flushes=[115.0])
+    assert r["back_after_s"] == 20.0 and r["flush_windows"] == 0
+
+
 def test_flushes_are_told_by_new_rows_past_the_last_not_by_compactions(tmp_path: Path):
     data = tmp_path / "collections" / "c_x" / "partitions" / "_default" / "data"
     data.mkdir(parents=True)
