@@ -154,23 +154,22 @@ CURRENT_FIELDS = ("id", *CHUNK_FIELDS, "vector", *VERSION_FIELDS)
 def test_a_collection_of_another_shape_is_refused_with_what_to_do():
     from connectors.milvus.schema import check_shape
 
-    info, new = _info, CURRENT_FIELDS
-    check_shape("c", info(*new), 4)
+    check_shape("c", _info(*CURRENT_FIELDS), 4)
     with pytest.raises(ConfigError, match="holds 8-dim vectors"):
-        check_shape("c", info(*new, dim=8), 4)
+        check_shape("c", _info(*CURRENT_FIELDS, dim=8), 4)
     with pytest.raises(ConfigError, match="from before chunking .* no doc_id, chunk_index"):
-        check_shape("c", info("id", "vector", "model", "content_hash", "metadata", "updated_at"), 4)
+        check_shape("c", _info("id", "vector", "model", "content_hash", "metadata", "updated_at"), 4)
     with pytest.raises(ConfigError, match="no 'vector' field"):
-        check_shape("c", info("id"), 4)
+        check_shape("c", _info("id"), 4)
     from pymilvus import FunctionType
 
-    bm25 = {**info(*new, "text", "sparse"), "functions": [{"name": "bm25", "type": FunctionType.BM25}]}
+    bm25 = {**_info(*CURRENT_FIELDS, "text", "sparse"), "functions": [{"name": "bm25", "type": FunctionType.BM25}]}
     check_shape("c", bm25, 4, "bm25")
-    check_shape("c", info(*new, "sparse"), 4, "learned")
+    check_shape("c", _info(*CURRENT_FIELDS, "sparse"), 4, "learned")
     with pytest.raises(ConfigError, match="sparse side 'bm25' but this worker writes 'learned'"):
         check_shape("c", bm25, 4, "learned")
     with pytest.raises(ConfigError, match="sparse side 'off' but this worker writes 'bm25'"):
-        check_shape("c", info(*new), 4, "bm25")
+        check_shape("c", _info(*CURRENT_FIELDS), 4, "bm25")
 
 
 @pytest.mark.integration

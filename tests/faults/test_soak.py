@@ -19,10 +19,10 @@ text), ``a``'s resident memory flat after warm-up (the slope of a least-squares 
 5 minutes under 1 MB/min; its standard error is reported beside it), and p99 back to its baseline
 (1.5 × the p99 of the minute before anything is done to the group, at least +0.5 s) within 30 s of
 each fault: no 10 s window ending later than that, up to the next fault (or 90 s), over it; a fault
-whose p99 is still over it when the next fault comes is not back at all (``back_after_s`` null). Past a fault's
-first 30 s, a window that a flush of milvus-lite's memtable touched (the local Milvus blocks a write
-for 1.3-1.5 s every ~3 minutes, faults or not: ``FLUSH_TOUCHES_S``) is set aside in that judgement,
-and counted.
+whose p99 is still over it when the next fault comes is not back at all (``back_after_s`` null).
+Past a fault's first 30 s, a window that a flush of milvus-lite's memtable touched (the local Milvus
+blocks a write for 1.3-1.5 s every ~3 minutes, faults or not: ``FLUSH_TOUCHES_S``) is set aside in
+that judgement, and counted.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ LINGER_MS = 250
 #: alone and 1.3-1.5 s beside the workers, every write waits behind it, and the 10 s window it falls
 #: in reads p99 1.0-1.9 s, in the control run without faults as often. (A smaller memtable
 #: flushes more often for not much less: 0.3-0.45 s a flush at 16 MB against 0.6 s at 128 MB,
-#: measured alone.) The soak watches for them (``Soak.flushed``) and marks them in the picture;
+#: measured alone.) The soak watches for them (``FlushWatch``) and marks them in the picture;
 #: past a fault's first 30 s, a window with a flush in it, or in the window before, says nothing of
 #: that fault's recovery (``_recoveries``).
 FLUSH_TOUCHES_S = 2 * WINDOW_S
@@ -98,6 +98,26 @@ FLUSH_TOUCHES_S = 2 * WINDOW_S
 #: move partitions, with the next kill 30 s after the start.
 JOIN_LEAD_S = 12
 JOINING = "joining the group on"
+
+
+class FlushWatch:
+    """milvus-lite's memtable flushes, each noted at ``clock()`` when ``look`` finds it: the highest
+    row number in its data files' names (``data_<first>_<last>.parquet``) went up. Only a flush adds
+    rows past the last one; a compaction merges files already there. (Should milvus-lite lay out its
+    files otherwise, none is seen and no window is set aside: the stricter reading.)"""
+
+    def __init__(self, milvus_dir: Path, clock) -> None:
+        self.milvus_dir = milvus_dir
+        self.clock = clock
+        self.seen: list[float] = []
+        self._highest: int | None = None  # once listed
+
+    def look(self) -> None:
+        names = self.milvus_dir.glob("collections/*/partitions/*/data/data_*_*.parquet")
+        highest = max((int(n.stem.rsplit("_", 1)[1]) for n in names), default=-1)
+        if self._highest is not None and highest > self._highest:
+            self.seen.append(self.clock())
+        self._highest = highest if self._highest is None else max(self._highest, highest)
 
 
 class Soak:
@@ -113,12 +133,15 @@ class Soak:
         self.samples: list[dict] = []  # t, committed, lag, rss {name: MB}
         self.latencies: list[tuple[float, float]] = []  # (t of output record, latency s)
         self.faults: list[tuple[float, str]] = []
-        self.flushes: list[float] = []  # when a milvus-lite memtable flush was seen (``flushed``)
-        self.milvus_dir = milvus_dir
-        self._flushed_seq: int | None = None  # the highest row sequence in its data files, once listed
+        self.flush_watch = FlushWatch(milvus_dir, self.now)
         self.workers: dict[str, WorkerProcess] = {}
         self.metrics_port = free_port()  # worker a's
         self.stop = threading.Event()
+
+    @property
+    def flushes(self) -> list[float]:
+        """When each milvus-lite memtable flush was seen (``FlushWatch``)."""
+        return self.flush_watch.seen
 
     def now(self) -> float:
         return time.monotonic() - self.start
@@ -150,24 +173,13 @@ class Soak:
                 for name, w in list(self.workers.items()):
                     if w.proc.poll() is None and w.rss_samples:
                         rss[name] = w.rss_samples[-1]
-                self.flushed()
+                self.flush_watch.look()
                 self.samples.append({"t": self.now(), "committed": sum(committed.values()),
                                      "lag": sum(ends[p] - committed[p] for p in ends), "rss": rss,
                                      "a": self.stage_totals(), "cpu": self.cpu_seconds()})
                 self.stop.wait(SAMPLE_S)
         finally:
             c.close()
-
-    def flushed(self) -> None:
-        """Note a milvus-lite memtable flush since the last call: the highest sequence number in its
-        data files' names (``data_<first>_<last>.parquet``) went up. Only a flush adds rows past the
-        last one; a compaction merges files already there. (Should milvus-lite lay out its files
-        otherwise, none is seen and no window is set aside: the stricter reading.)"""
-        names = self.milvus_dir.glob("collections/*/partitions/*/data/data_*_*.parquet")
-        highest = max((int(n.stem.rsplit("_", 1)[1]) for n in names), default=-1)
-        if self._flushed_seq is not None and highest > self._flushed_seq:
-            self.flushes.append(self.now())
-        self._flushed_seq = max(self._flushed_seq or -1, highest)
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) each process has used so far: the workers (a restarted ``b``
@@ -328,8 +340,8 @@ def test_soak_steady_load_with_kills_and_rebalances(fault_stack, model, tmp_path
     # ``kafka.staticMembership`` would. Commits at the worker's default (asynchronous, every second),
     # as deployed: the fault suite's commit after every batch is synchronous, and while the group
     # rebalances Tansu holds a commit for 3-5 s (measured with plain consumers), so every member's
-    # loop stood still, the partitions it kept included. With it a join's p99 peaked at 14-17 s;
-    # without, 8-9 s, the moved partitions' 5-8 s unowned between Tansu's join rounds and their catch-up.
+    # loop stood still, the partitions it kept included. With it a join's p99 peaked at 8-17 s;
+    # without, 7-12 s: the moved partitions' 3-8 s unowned between Tansu's join rounds, and their catch-up.
     local, stack_env = fault_stack
     fs = fresh_settings(stack_env, partitions=PARTITIONS, shutdown_grace_seconds=20,
                         kafka={"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"})

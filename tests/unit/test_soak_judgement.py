@@ -1,11 +1,11 @@
 """The soak's judgement of a fault's recovery (``tests.faults.test_soak._recoveries``) and its
-watch for milvus-lite's memtable flushes (``Soak.flushed``): pure parts, checked without a stack."""
+watch for milvus-lite's memtable flushes (``FlushWatch``): pure parts, checked without a stack."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.faults.test_soak import Soak, _recoveries
+from tests.faults.test_soak import FlushWatch, _recoveries
 
 THRESHOLD = 1.0
 
@@ -48,14 +48,13 @@ def test_a_flush_in_the_first_30_s_never_hides_the_faults_own_peak():
 def test_flushes_are_told_by_new_rows_past_the_last_not_by_compactions(tmp_path: Path):
     data = tmp_path / "collections" / "c_x" / "partitions" / "_default" / "data"
     data.mkdir(parents=True)
-    soak = Soak.__new__(Soak)  # only the flush watch's state
-    soak.milvus_dir, soak._flushed_seq, soak.flushes, soak.start = tmp_path, None, [], 0.0
-    soak.flushed()  # nothing yet: the first listing sets the mark
+    watch = FlushWatch(tmp_path, clock=lambda: 0.0)
+    watch.look()  # nothing yet: the first listing sets the mark
     (data / "data_000000_072000.parquet").touch()
-    soak.flushed()
+    watch.look()
     (data / "data_000000_072000.parquet").rename(data / "data_000000_071990.parquet")  # compacted: no new rows
-    soak.flushed()
+    watch.look()
     (data / "data_072001_144000.parquet").touch()
-    soak.flushed()
-    soak.flushed()
-    assert len(soak.flushes) == 2
+    watch.look()
+    watch.look()
+    assert len(watch.seen) == 2
