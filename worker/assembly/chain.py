@@ -15,7 +15,7 @@ state), or a step inside intake. The connectors and the model are opened by ``wo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from confluent_kafka import Consumer
 
@@ -83,13 +83,16 @@ def embed_by_model(steps: dict[str, Callable[[Share], None]],
 
 def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: ModelSet,
                 caches: dict[str, RedisCache | None], stores: dict[str, MilvusStore], fence: Fence,
-                topic_ids: dict[str, str], registry: SchemaRegistry | None = None,
-                limits: TopicLimits | None = None, dead_letters: bool = True) -> Chain:
+                topic_ids: Mapping[str, str], registry: SchemaRegistry | None = None,
+                limits: TopicLimits | None = None, dead_letters: bool = True,
+                lookup_ids: Callable[[], Mapping[str, str]] | None = None) -> Chain:
     """Every step, in the order a record meets it (the pipeline is built first only because intake
     hands its batches to it), each given its own section of the settings. ``models``, ``caches`` and
     ``stores`` are by model name; ``delivery`` makes the sink's groups and their offsets durable
     (``worker.core.delivery``); ``limits``: the largest record the output and DLQ topics take;
-    ``dead_letters=False`` writes no dead letter (a migration's backfill: the live worker wrote them)."""
+    ``dead_letters=False`` writes no dead letter (a migration's backfill: the live worker wrote them);
+    ``topic_ids`` names the input topic's partitions for the version guard, ``lookup_ids`` reads them
+    again when a record looks superseded."""
     handles = models.handles
     limits = limits or TopicLimits()
     topics, records, durable = s.section(KafkaSettings), s.section(RecordSettings), s.section(DeliverySettings)
@@ -99,8 +102,9 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
     breaker = DlqLimit(durable.dlq_max_consecutive, durable.dlq_max_ratio, durable.dlq_ratio_window)
     targets = {n: ModelTarget(stores[n], m.model_id, m.dim, caches[n], sparse.kind(m.sparse))
                for n, m in handles.items()}
+    guard = VersionGuard(topic_ids, lookup_ids)
     sink = SinkStep(targets, delivery, fence=fence,
-                    guard=VersionGuard(topic_ids), output_topic=topics.output_topic, dlq_topic=topics.dlq_topic,
+                    guard=guard, output_topic=topics.output_topic, dlq_topic=topics.dlq_topic,
                     delivery_timeout_s=topics.kafka_timeout_seconds,
                     output=output_format(records.output_format, topics.output_topic, registry), limits=limits,
                     dead_lettered=breaker.record_late, dead_letters=dead_letters)

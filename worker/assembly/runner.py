@@ -213,6 +213,21 @@ def open_transactions(s: Settings) -> Transactions:
                         s.kafka_timeout_seconds, keep_open_s=txn_timeout_ms / 2000)
 
 
+def input_topic_ids(s: Settings) -> dict[str, str]:
+    """The input topic's id for the version guard (``worker.steps.writing.versions``); without one,
+    a warning at start-up says what the guard falls back to and what that costs."""
+    ids = topic_ids(s.kafka_common(), [s.input_topic])
+    if s.input_topic in ids:
+        log.info("input topic %s has id %s (the version guard's source)", s.input_topic, ids[s.input_topic])
+    else:
+        log.warning("the broker gave no id for topic %r: the version guard compares offsets by topic name. If the "
+                    "topic is deleted and re-created, its records start again at offset 0 and count as older than "
+                    "the rows the old topic wrote: updates of those documents are skipped (counted as superseded) "
+                    "until their offsets pass the old ones. Use a broker with topic ids (Kafka 2.8+), or clear the "
+                    "collection when you re-create the topic", s.input_topic)
+    return ids
+
+
 #: The smallest record limit the worker runs with: a dead letter's own headers take up to ~6 KB.
 MIN_RECORD_LIMIT = 16_384
 
@@ -280,8 +295,8 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
         "statistics.interval.ms": 5000, "stats_cb": metrics.record_lag_from_stats,
         "error_cb": health.on_kafka_error})
     chain = build_chain(s, consumer, open_delivery(s, consumer, delivery_timeout_s), models, caches, stores, fence,
-                        topic_ids(s.kafka_common(), [s.input_topic]), open_registry(s), topic_limits(s),
-                        dead_letters=dead_letters)
+                        input_topic_ids(s), open_registry(s), topic_limits(s), dead_letters=dead_letters,
+                        lookup_ids=lambda: topic_ids(s.kafka_common(), [s.input_topic]))
     max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
     # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without
     # partitions waits two session timeouts (a rejoin) before it counts as idle.

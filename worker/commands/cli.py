@@ -84,8 +84,11 @@ def dev_up(
     """Start the broker (Tansu), Redis, Milvus Lite and a development schema registry, create the
     topics, print KEY=VALUE lines.
 
-    --broker mock runs librdkafka's mock cluster instead of Tansu (in memory, topics of 4 partitions,
-    no transactions; it picks its own port): for machines Tansu's binary cannot reach.
+    --broker kafka runs Apache Kafka itself (one KRaft node, transactions and share groups on): its
+    jars are fetched with Maven once into ~/.cache/embedstream/kafka (EMBEDSTREAM_KAFKA_CACHE), and it
+    needs Java 17 or later. --broker mock runs librdkafka's mock cluster instead of Tansu (in memory,
+    topics of 4 partitions, no transactions; it picks its own port): for machines Tansu's binary
+    cannot reach.
 
     The registry is a stand-in for a Confluent-compatible one (the REST calls confluent-kafka's client
     makes, BACKWARD compatibility checks); it is never part of the Helm chart.
@@ -135,9 +138,10 @@ def dev_status(state_dir: opt.StateDir = DEFAULT_STATE) -> None:
     if not status:
         err.print(f"no local stack recorded in {state_dir}")
         raise typer.Exit(1)
+    kind = LocalStack(state_dir).broker_kind()
     table = Table("part", "pid", "address", "state", "log")
     for name, st in status.items():
-        table.add_row(name, str(st["pid"]), f"127.0.0.1:{st['port']}",
+        table.add_row(f"broker ({kind})" if name == "broker" else name, str(st["pid"]), f"127.0.0.1:{st['port']}",
                       "[green]running[/]" if st["running"] else "[red]stopped[/]", st["log"])
     console.print(table)
     if set(status) != set(PART_NAMES) or not all(st["running"] for st in status.values()):

@@ -82,5 +82,6 @@ def _one_of(*values: str):
 
 
 Broker = Annotated[str, typer.Option(
-    "--broker", callback=_one_of("tansu", "mock"),
-    help="The local stack's broker: tansu, or librdkafka's mock cluster (in memory; where Tansu cannot run)")]
+    "--broker", callback=_one_of("tansu", "kafka", "mock"),
+    help="The local stack's broker: tansu (the default), kafka (Apache Kafka from Maven's jars: needs Java 17+ "
+         "and Maven), or mock (librdkafka's mock cluster, in memory; where Tansu cannot run)")]

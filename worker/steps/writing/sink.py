@@ -264,15 +264,29 @@ class SinkStep:
             upserts, deletes = final_operations(ops)
             stored, counts = target.store.versions([*upserts, *deletes])
             plans[name] = Plan(target, upserts, deletes, counts, dict(stored))
+        # A record that looks superseded may come from a topic re-created since its id was read: ask
+        # the broker once, and judge the group again under the new id (worker.steps.writing.versions).
+        if self._mark_superseded(mine, plans) and self.guard.refresh():
+            self._mark_superseded(mine, plans)
+        for e in mine:
+            if isinstance(e, (Item, Delete)) and e.superseded:
+                held = [p.stored[e.id][1] for p in plans.values() if e.id in p.stored]
+                self.guard.tell(e.source, max((o for o in held if o is not None), default=None))
+        for p in plans.values():
+            p.upserts = {i: e for i, e in p.upserts.items() if not e.superseded}
+            p.deletes = {i: e for i, e in p.deletes.items() if not self.guard.superseded(e, p.stored)}
+        return [e for e in mine if not getattr(e, "superseded", False)], list(plans.values())
+
+    def _mark_superseded(self, mine: list[Entry], plans: dict[str, Plan]) -> bool:
+        """Set each item's and tombstone's ``superseded`` (a tombstone: in every collection); True if any is."""
+        found = False
         for e in mine:
             if isinstance(e, Item):
                 e.superseded = self.guard.superseded(e, plans[e.model].stored)
             elif isinstance(e, Delete):
                 e.superseded = all(self.guard.superseded(e, p.stored) for p in plans.values())
-        for p in plans.values():
-            p.upserts = {i: e for i, e in p.upserts.items() if not e.superseded}
-            p.deletes = {i: e for i, e in p.deletes.items() if not self.guard.superseded(e, p.stored)}
-        return [e for e in mine if not getattr(e, "superseded", False)], list(plans.values())
+            found = found or getattr(e, "superseded", False)
+        return found
 
     @staticmethod
     def written_offsets(group: list[Batch]) -> dict:
