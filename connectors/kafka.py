@@ -22,9 +22,22 @@ log = logging.getLogger(__name__)
 Conf = Mapping[str, object]
 
 
+#: Client properties of the classic group protocol that librdkafka refuses under KIP-848
+#: (``group.protocol=consumer``): there the broker assigns, and keeps the session and heartbeat.
+CLASSIC_ONLY = ("partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms", "group.protocol.type")
+
+
 def make_consumer(common: Conf, group_id: str, group_instance_id: str | None = None,
-                  **overrides: object) -> Consumer:
-    """A group consumer that commits only what the worker stores (at-least-once)."""
+                  group_protocol: str = "classic", **overrides: object) -> Consumer:
+    """A group consumer that commits only what the worker stores (at-least-once): :func:`consumer_conf`."""
+    return Consumer(consumer_conf(common, group_id, group_instance_id, group_protocol, **overrides))
+
+
+def consumer_conf(common: Conf, group_id: str, group_instance_id: str | None = None,
+                  group_protocol: str = "classic", **overrides: object) -> dict[str, object]:
+    """The worker's consumer properties: its own, then ``common``, then ``overrides``.
+    ``group_protocol="consumer"`` joins with KIP-848's protocol: :data:`CLASSIC_ONLY` properties are
+    left out (librdkafka refuses them there; one warning names those the caller gave)."""
     conf: dict[str, object] = {
         "group.id": group_id,
         "enable.auto.commit": False,
@@ -44,7 +57,16 @@ def make_consumer(common: Conf, group_id: str, group_instance_id: str | None = N
         conf["group.instance.id"] = group_instance_id
     conf.update(common)
     conf.update(overrides)
-    return Consumer(conf)
+    if group_protocol == "consumer":
+        conf["group.protocol"] = "consumer"
+        given = sorted(k for k in CLASSIC_ONLY if k in common or k in overrides)
+        if given:
+            log.warning("group.protocol=consumer: %s left out (under KIP-848 the broker assigns partitions and keeps "
+                        "the group's session and heartbeat: group.consumer.session.timeout.ms and "
+                        "group.consumer.heartbeat.interval.ms)", ", ".join(given))
+        for key in CLASSIC_ONLY:
+            conf.pop(key, None)
+    return conf
 
 
 #: Consumer-only librdkafka properties, kept out of producers (librdkafka warns about each one).
@@ -157,6 +179,21 @@ def topic_ids(common: Conf, topics: Iterable[str], timeout: float = 10.0) -> dic
         if tid is not None and str(tid) not in ("", NO_TOPIC_ID):
             out[name] = str(tid)
     return out
+
+
+def group_session_ms(common: Conf, group_id: str, timeout: float = 10.0) -> int | None:
+    """The session timeout the broker applies to a KIP-848 group (its ``consumer.session.timeout.ms``,
+    the group's own or the broker's default), or None when the broker does not tell it."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    admin = make_admin(common)  # held until the futures are done
+    try:
+        futures = admin.describe_configs([ConfigResource(ResourceType.GROUP, group_id)], request_timeout=timeout)
+        entry = next(iter(futures.values())).result(timeout).get("consumer.session.timeout.ms")
+    except Exception as exc:  # a broker before KIP-848's group configs
+        log.warning("could not read the session timeout of group %r from the broker: %s", group_id, exc)
+        return None
+    return int(entry.value) if entry is not None and str(entry.value).isdigit() else None
 
 
 def topic_max_bytes(common: Conf, topics: Iterable[str], timeout: float = 10.0) -> dict[str, int]:

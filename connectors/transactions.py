@@ -132,7 +132,7 @@ class Transactions:
             if offsets:
                 if self._began_metadata is None:
                     raise TransientError("kafka", "no group metadata yet (no rebalance has assigned partitions)")
-                if self.group_metadata is not self._began_metadata:  # Kafka refuses the old one; any broker
+                if self.group_metadata != self._began_metadata:  # Kafka refuses the old one; any broker
                     raise TransientError("kafka", "the group rebalanced during the transaction")
                 self._retrying(lambda t: self.producer.send_offsets_to_transaction(
                     offsets, self._began_metadata, t), "sending the offsets")

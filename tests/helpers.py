@@ -78,11 +78,12 @@ def run_cli(args: list[str], env: dict[str, str], timeout: float = 300, **kw) ->
 
 
 def read_topic(s: Settings, topic: str, expect: int | None = None, idle: float = 3.0,
-               deadline: float = 60.0) -> list:
+               deadline: float = 60.0, isolation: str = "read_committed") -> list:
     """Every message of ``topic`` from the beginning: stops once ``expect`` messages were read (then
-    waits ``idle`` more seconds for extras), or after ``idle`` seconds with nothing new."""
+    waits ``idle`` more seconds for extras), or after ``idle`` seconds with nothing new.
+    ``isolation="read_uncommitted"`` shows the records of open and aborted transactions too."""
     c = Consumer({**s.kafka_common(), "group.id": f"reader-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False,
-                  "enable.partition.eof": False})
+                  "enable.partition.eof": False, "isolation.level": isolation})
     meta = c.list_topics(topic, timeout=10).topics[topic]
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
     out = []
@@ -188,8 +189,7 @@ def min_cosine_to_direct_encode(model, docs: dict[str, list[dict]], texts: dict[
     from worker.core.records import normalise_text
 
     rows = [r for chunks in docs.values() for r in chunks]
-    if not rows:
-        return 1.0
+    assert rows, "no rows to compare: a similarity of nothing would pass any threshold"
     clean = {d: normalise_text(texts[d]) for d in docs}
     got = np.array([r["vector"] for r in rows], dtype=np.float32)
     spans = [clean[r["doc_id"]][r["span_start"]:r["span_end"]] for r in rows]

@@ -60,6 +60,11 @@ class KafkaSettings(BaseModel):
     dlq_topic: str = setting("documents.dlq", "Dead-letter topic", flag=True)
     group_id: str = setting("embedstream", "Consumer group of the workers", flag=True)
     group_instance_id: str | None = setting(None, "Static membership id, e.g. the pod name", flag=True)
+    group_protocol: Literal["classic", "consumer"] = setting(
+        "classic", "classic|consumer: the group's rebalance protocol. consumer is KIP-848 (Kafka 4's own; the "
+                   "broker assigns, and the group's session and heartbeat are the broker's: "
+                   "group.consumer.session.timeout.ms)",
+        flag=True)
     # repr=False: the passthrough may hold secrets (sasl.password); redacted() shows it masked.
     kafka: dict[str, str] = setting(dict, "librdkafka passthrough properties (EMBEDSTREAM_KAFKA__<NAME>)",
                                     repr=False)

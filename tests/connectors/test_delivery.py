@@ -24,6 +24,18 @@ def _producer(kind, stack_env, down: bool = False):
     return make_producer(common, delivery_timeout_s=10), topic
 
 
+def _written(kind, stack_env, producer, topic: str) -> list[tuple[bytes, bytes | None]]:
+    """(key, value) of every record on ``topic``, in order: what the fake recorded, or what a reader of
+    the real broker gets back."""
+    if kind == "fake":
+        return [(key, value) for _, key, value, _ in producer.records]
+    from tests.helpers import read_topic
+    from worker.settings import Settings
+
+    s = Settings(kafka_bootstrap_servers=stack_env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"])
+    return [(m.key(), m.value()) for m in read_topic(s, topic, expect=4, idle=1.0)]
+
+
 def test_confirm_returns_once_every_record_is_acknowledged(kind, stack_env):
     producer, topic = _producer(kind, stack_env)
     delivery = DeliveryBatch(producer, 10)
@@ -31,6 +43,7 @@ def test_confirm_returns_once_every_record_is_acknowledged(kind, stack_env):
         delivery.produce(topic, f"k{i}".encode(), b"v")
     delivery.produce(topic, b"gone", None)  # a tombstone
     delivery.confirm()
+    assert _written(kind, stack_env, producer, topic) == [(b"k0", b"v"), (b"k1", b"v"), (b"k2", b"v"), (b"gone", None)]
 
 
 def test_confirm_raises_transient_when_the_broker_does_not_acknowledge(kind, stack_env):

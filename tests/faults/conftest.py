@@ -14,9 +14,10 @@ PARTITIONS = 6
 
 @pytest.fixture(scope="session")
 def fault_stack(tmp_path_factory):
+    from tests.conftest import TEST_BROKER
     from tools.dev import LocalStack
 
-    local = LocalStack(tmp_path_factory.mktemp("fault-stack"))
+    local = LocalStack(tmp_path_factory.mktemp("fault-stack"), broker=TEST_BROKER)
     env, _ = local.up(partitions=PARTITIONS)
     yield local, env
     local.down()

@@ -92,9 +92,17 @@ def test_broker_down_mid_stream(mock_settings, model):
     produce_records(s.kafka_common(), s.input_topic, (document_record(d) for d in docs), delivery_timeout_s=10)
     worker, thread, result = _run_in_thread(s, _Paced(model), idle=5.0)
     wait_until(lambda: committed_total(s, 2) >= 75, 120, what="the first batches committed")
+    retries_before = _retries()
     mc.broker_down(1)
     time.sleep(8)
+    assert _retries() > retries_before, "the worker never met the outage"
     mc.broker_up(1)
+    # the first commits the broker tells after the outage never run ahead of the output topic:
+    # what was committed during and right after it was durable first
+    committed_after = committed_total(s, 2)
+    written = {m.key().decode() for m in read_topic(s, s.output_topic, idle=0.5)}
+    assert committed_after <= len(written), (committed_after, len(written))
+    assert committed_after < 400, "the stream ended before the outage: it proved nothing"
     thread.join(240)
     assert not thread.is_alive()
     assert committed_total(s, 2) == 400

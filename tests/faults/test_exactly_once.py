@@ -1,6 +1,10 @@
 """Scenario 13: ``EMBEDSTREAM_DELIVERY=exactly-once`` under the faults of scenarios 1, 3, 7 and 9.
 
-Every reader here is ``read_committed`` (librdkafka's default, and ``read_topic``'s). The faults
+Every reader here is ``read_committed`` (librdkafka's default, and ``read_topic``'s); each scenario
+also checks what only transactions give, so that an at-least-once worker fails it: the markers its
+commits leave on the output topic, and output records held from read_committed readers while Milvus
+is down. 0 duplicates after an interrupted transaction is asserted where the broker hides aborted
+transactions (Apache Kafka, the suite's default), and is a visible xfail elsewhere. The faults
 share streams to keep the suite's time: Milvus frozen, poison pills and SIGTERM + restart in one
 stream, kill -9 + restart in another.
 """
@@ -28,7 +32,9 @@ from tests.faults.harness import (
     produce_bad,
     produce_docs,
     record_row,
+    records_in_open_transactions,
     short_docs,
+    transaction_markers,
     two_join_then_leave,
     wait_until,
 )
@@ -62,7 +68,11 @@ def test_exactly_once_through_milvus_frozen_poison_pills_and_sigterm(fs, model, 
     with frozen(parts["milvus"]):
         time.sleep(2)  # a transaction past Milvus when the freeze began may still commit
         during = committed_total(fs, PARTITIONS)
-        time.sleep(6)
+        # what only a transaction gives: the group's records are on the output topic, visible to a
+        # read_uncommitted reader and held from read_committed ones until Milvus has them too
+        held = wait_until(lambda: records_in_open_transactions(fs, fs.output_topic, PARTITIONS) > 0, 5,
+                          what="output records held in an open transaction while Milvus is down")
+        time.sleep(max(0.0, 6 - held))
         assert committed_total(fs, PARTITIONS) == during, "offsets were committed while Milvus was down"
     wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.5 * expected.records, 120, what="50% committed")
     w.terminate()
@@ -71,10 +81,28 @@ def test_exactly_once_through_milvus_frozen_poison_pills_and_sigterm(fs, model, 
                        **UNCACHED)
     assert w2.wait(300) == 0, w2.log()[-3000:]
     assert "sink: milvus" in w.log(), "the worker never met the Milvus outage"
+    assert_transactional(fs)
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
     assert report.duplicates == 0, report
     assert _dlq_copies(fs, expected) == Counter(set(expected.bad))  # each bad record dead-lettered once
     record_row("13 exactly-once: 3+7+9", "Milvus frozen 8 s, 3 poison pills, SIGTERM at 50%", report, None)
+
+
+def assert_transactional(fs) -> None:
+    """The worker wrote its output in transactions: each one left a marker on the output topic, an
+    offset with no record behind it (an at-least-once worker leaves none)."""
+    assert transaction_markers(fs, fs.output_topic) > 0, "no transaction markers on the output topic"
+
+
+def exact_or_xfail(fs, report, stray: list) -> None:
+    """0 duplicates where the broker hides aborted transactions (Kafka); elsewhere (Tansu) what still
+    holds, every repeat inside an interrupted transaction's window, then a visible xfail."""
+    if broker_hides_aborted_transactions(fs):
+        assert report.duplicates == 0, (report, "repeated (partition, offset):", repeats_outside(fs, [])[:20])
+        return
+    assert not stray, f"records repeated outside an interrupted transaction: {stray[:5]}"
+    pytest.xfail("this broker shows aborted transactions to read_committed readers: 0 duplicates is "
+                 "checked on Apache Kafka (EMBEDSTREAM_TEST_BROKER=kafka)")
 
 
 def broker_hides_aborted_transactions(fs) -> bool:
@@ -120,7 +148,8 @@ def test_exactly_once_through_kill_9(fs, model, tmp_path):
     """On Kafka a restarted worker's ``init_transactions`` aborts the transaction its killed
     predecessor left open: 0 duplicates. Tansu shows that transaction's records instead, so there the
     test asserts what is still true: nothing lost, and every repeat lies in the killed worker's open
-    transaction (after the offsets committed at the kill, no wider than the batches it held). With
+    transaction (after the offsets committed at the kill, no wider than the batches it held), and
+    is marked xfail. With
     ``EMBEDSTREAM_SPARSE=bm25``: the rows' texts end as the dense rows do."""
     fs = fs.model_copy(update={"sparse": "bm25"})
     expected = Expected()
@@ -134,14 +163,10 @@ def test_exactly_once_through_kill_9(fs, model, tmp_path):
                        **UNCACHED)
     assert w2.wait(300) == 0, w2.log()[-3000:]
     assert sum(at_kill.values()) < expected.records, "the kill came after the last commit"
+    assert_transactional(fs)
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
-    if broker_hides_aborted_transactions(fs):
-        record_row("13 exactly-once: 1", "1 kill -9", report, None)
-        assert report.duplicates == 0, report
-        return
-    stray = repeats_outside(fs, [at_kill])
-    assert not stray, f"records repeated outside the killed worker's open transaction: {stray[:5]}"
-    record_row("13 exactly-once: 1", "1 kill -9 (Tansu shows the killed open transaction)", report, None)
+    record_row("13 exactly-once: 1", "1 kill -9", report, None)
+    exact_or_xfail(fs, report, repeats_outside(fs, [at_kill]))
 
 
 def test_exactly_once_through_broker_frozen_and_rebalance(fs, model, parts, tmp_path):
@@ -177,10 +202,7 @@ def test_exactly_once_through_broker_frozen_and_rebalance(fs, model, parts, tmp_
     two_join_then_leave(fs, tmp_path, **UNCACHED)
     producer.join(120)
     assert a.wait(300) == 0, a.log()[-3000:]
+    assert_transactional(fs)
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
     record_row("13 exactly-once: 2+5", "SIGSTOP broker 10 s, then 1 → 3 → 1 workers", report, None)
-    if broker_hides_aborted_transactions(fs):
-        assert report.duplicates == 0, report
-    else:
-        stray = repeats_outside(fs, [at_freeze])
-        assert not stray, f"records repeated outside the transaction open during the freeze: {stray[:5]}"
+    exact_or_xfail(fs, report, repeats_outside(fs, [at_freeze]))

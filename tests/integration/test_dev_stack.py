@@ -92,3 +92,34 @@ def test_busy_port_is_refused_with_its_name(tmp_path):
         res = run_cli(["dev", "up", "--state-dir", str(tmp_path / "st"), "--redis-port", str(busy)], _env())
     assert res.returncode != 0
     assert "redis" in res.stderr and str(busy) in res.stderr
+
+
+def test_up_with_apache_kafka_serves_transactions_and_topic_ids(tmp_path):
+    """`dev up --broker kafka`: Apache Kafka (KRaft) from Maven's jars, with the three topics, the
+    input compacted, transactions and topic ids; `status` names it; `down` stops it."""
+    from confluent_kafka import Producer
+
+    from connectors.kafka import topic_ids
+
+    state = str(tmp_path / "kafka")
+    up = run_cli(["dev", "up", "--broker", "kafka", "--state-dir", state, "--partitions", "2"], _env(), timeout=300)
+    assert up.returncode == 0, up.stderr
+    env = _parse(up.stdout)
+    bootstrap = env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"]
+    try:
+        status = run_cli(["dev", "status", "--state-dir", state], _env())
+        assert status.returncode == 0 and "broker (kafka)" in status.stdout, status.stdout
+        assert "kafka.Kafka" in " ".join(LocalStack(state).parts()["broker"].cmd)
+        assert _cleanup_policies(bootstrap, ["documents", "embeddings"]) == {"documents": "compact",
+                                                                           "embeddings": "delete"}
+        assert set(topic_ids({"bootstrap.servers": bootstrap}, ["documents", "embeddings", "documents.dlq"])) == {
+            "documents", "embeddings", "documents.dlq"}
+        p = Producer({"bootstrap.servers": bootstrap, "transactional.id": "dev-stack-probe"})
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.produce("embeddings", b"x")
+        p.commit_transaction(30)
+    finally:
+        down = run_cli(["dev", "down", "--state-dir", state], _env(), timeout=60)
+    assert down.returncode == 0 and "broker" in down.stderr
+    assert _port_free(int(bootstrap.rsplit(":", 1)[1]))

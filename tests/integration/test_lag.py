@@ -9,6 +9,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from connectors.lag import PartitionLag, desired_replicas, partition_lag
+from tests.conftest import TEST_BROKER
 from tests.helpers import run_cli
 from tools.mock_broker import MockCluster
 
@@ -52,15 +53,15 @@ def test_lag_command_on_a_correct_broker():
         assert table.returncode == 0 and "total" in table.stdout and "21" in table.stdout
 
 
-def test_a_drained_transactional_input_reads_lag_0_on_tansu(stack, model):
+def test_a_drained_transactional_input_reads_lag_0(stack, model):
     """A transactional producer on the input topic: the worker embeds the committed records only (an
     aborted transaction's never), and once drained `embedstream lag` reads 0 with the partitions'
-    ends committed, so KEDA can scale the deployment to zero.
+    ends committed, so KEDA can scale the deployment to zero. What the command reads agrees with
+    what the broker itself says of the group's committed offsets and the partitions' ends.
 
     On Kafka a commit marker takes an offset after the last record, which the consumer is never
-    handed; the worker commits the partition's end once drained (``test_loop``'s marker test). Neither
-    local broker gives markers an offset (measured: Tansu's and the mock cluster's end offsets count
-    the records only), so here the end is the last record's offset + 1."""
+    handed: the worker commits the partition's end once drained (``test_loop``'s marker test).
+    Tansu and the mock cluster give markers no offset; there the end is the last record's + 1."""
     from schemas.codec import Document, encode_document
     from tests.helpers import fresh_settings, read_topic, settings_env
     from worker.assembly.runner import build_worker
@@ -84,4 +85,24 @@ def test_a_drained_transactional_input_reads_lag_0_on_tansu(stack, model):
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["total_lag"] == 0 and out["desired_replicas"] == 0, out
-    assert all(x["committed"] == x["end_offset"] > 0 for x in out["partitions"]), out
+    assert out["partitions"] and all(x["committed"] == x["end_offset"] > 0 for x in out["partitions"]), out
+
+    # the broker's own answers, asked here: ListOffsets(latest) and the group's committed offsets
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import OffsetSpec
+
+    from connectors.kafka import make_admin
+
+    admin = make_admin(s.kafka_common())
+    tps = [TopicPartition(s.input_topic, p) for p in range(2)]
+    ends = {tp.partition: r.offset for tp, r in
+            ((tp, f.result(10)) for tp, f in admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}).items())}
+    group = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(s.group_id, tps)])
+    committed = {tp.partition: tp.offset for tp in group[s.group_id].result(10).topic_partitions}
+    assert {x["partition"]: x["end_offset"] for x in out["partitions"]} == ends
+    assert {x["partition"]: x["committed"] for x in out["partitions"]} == committed
+    last = {}
+    for m in read_topic(s, s.input_topic, expect=18, idle=1.0):
+        last[m.partition()] = max(last.get(m.partition(), -1), m.offset())
+    if TEST_BROKER == "kafka":  # markers take offsets there: the end lies past the last record
+        assert all(ends[p] > last[p] + 1 for p in last), (ends, last)

@@ -56,6 +56,7 @@ def test_two_models_interleaved_under_a_memory_cap_lose_nothing_and_never_share_
         docs = documents_in_milvus(coll)
         assert set(docs) == set(want[name]), name  # exactly its model's ids
         ids = sorted(docs)
+        assert ids, f"nothing in the {name} collection"
         got = np.array([docs[i][0]["vector"] for i in ids])
         assert got.shape[1] == dim
         assert _cos(got, st[name].encode_document([want[name][i] for i in ids])).min() >= 0.999, name

@@ -80,8 +80,7 @@ def test_tail_decodes_embeddings_and_tombstones(stack):
 
 def test_tail_reads_committed_records_unless_asked(stack):
     """A transactional producer's open transaction is hidden from `tail` (read_committed, as consumers
-    of an exactly-once output read) until it commits, and shown with --read-uncommitted. (Tansu
-    drops an aborted transaction's records for every reader, read_uncommitted ones included.)"""
+    of an exactly-once output read) until it commits, and shown with --read-uncommitted."""
     s = fresh_settings(stack, partitions=1)
     p = Producer({**s.kafka_common(), "transactional.id": f"tail-{s.group_id}"})
     p.init_transactions(30)

@@ -120,7 +120,7 @@ def test_a_learned_sparse_model_writes_its_vectors_to_milvus_the_output_topic_an
     stats = _run(again, learned)
     assert stats.cached == stats.embedded == len(newest)
     cached = [decode_embedding(m.value()) for m in read_topic(again, again.output_topic, idle=2.0)]
-    assert all(r["cached"] for r in cached)
+    assert len(cached) >= len(newest) and all(r["cached"] for r in cached)
     fresh = {(r["id"], r["chunk_index"]): r for r in out if r["id"] in newest and r["id"] != "long"}
     for r in cached:
         if (r["id"], r["chunk_index"]) in fresh:

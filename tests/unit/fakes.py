@@ -138,6 +138,12 @@ class FakeConsumer(MemorySource):
         self.pause_calls = self.resume_calls = 0
         self._rebalance: tuple[str, list[int]] | None = None
 
+    #: The group's generation as ``consumer_group_metadata`` tells it (bytes, as librdkafka's).
+    generation = 1
+
+    def consumer_group_metadata(self) -> bytes:
+        return b"generation %d" % self.generation
+
     def revoke_next(self, partitions: list[int]) -> None:
         self._rebalance = ("revoke", partitions)
 
@@ -179,6 +185,8 @@ class TransactionalProducer(RecordingProducer):
         self.calls: list[str] = []
         self.visible: list[tuple[str, object, object, object]] = []
         self.offsets: dict[tuple[str, int], int] = {}
+        #: The group metadata each ``send_offsets_to_transaction`` was given.
+        self.offsets_metadata: list[object] = []
         self._open: list = []
         self._open_offsets: dict[tuple[str, int], int] = {}
 
@@ -203,6 +211,7 @@ class TransactionalProducer(RecordingProducer):
 
     def send_offsets_to_transaction(self, positions, group_metadata, timeout=None):
         self._call("send_offsets_to_transaction")
+        self.offsets_metadata.append(group_metadata)
         self._open_offsets.update({(tp.topic, tp.partition): tp.offset for tp in positions})
 
     def commit_transaction(self, timeout=None):

@@ -166,6 +166,14 @@ def test_delivery_reaches_the_worker():
     assert env["EMBEDSTREAM_GROUP_INSTANCE_ID"]["value"] == "$(POD_NAME)"  # → transactional.id
 
 
+def test_group_protocol_reaches_the_worker_and_a_typo_is_refused():
+    assert env_of(render(BASE))["EMBEDSTREAM_GROUP_PROTOCOL"]["value"] == "classic"
+    env = env_of(render(merge(BASE, {"kafka": {"groupProtocol": "consumer"}})))
+    assert env["EMBEDSTREAM_GROUP_PROTOCOL"]["value"] == "consumer"
+    with pytest.raises(Exception, match="groupProtocol"):
+        render(merge(BASE, {"kafka": {"groupProtocol": "cooperative"}}))
+
+
 def test_schema_registry_settings_and_secrets_reach_the_worker():
     objs = render(merge(BASE, VALUE_SETS["schema registry, basic auth over TLS"]))
     env = env_of(objs)

@@ -36,3 +36,41 @@ def test_output_producers_linger_until_the_flush_unless_the_user_says_otherwise(
     assert made[0]["transactional.id"] == "t" and made[0]["message.timeout.ms"] == 12_000
     assert made[1]["linger.ms"] == "2"
     assert made[2]["linger.ms"] == 5 and made[2]["compression.type"] == "lz4"
+
+
+def test_kip_848_leaves_out_what_librdkafka_refuses_there(caplog):
+    import logging
+
+    import pytest
+    from confluent_kafka import Consumer, KafkaException
+
+    from connectors.kafka import CLASSIC_ONLY, consumer_conf
+
+    common = {"bootstrap.servers": "127.0.0.1:1", "session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"}
+    classic = consumer_conf(common, "g")
+    assert classic["partition.assignment.strategy"] == "cooperative-sticky" and "group.protocol" not in classic
+    assert classic["session.timeout.ms"] == "6000"
+    with caplog.at_level(logging.WARNING, logger="connectors.kafka"):
+        kip848 = consumer_conf(common, "g", "pod-0", "consumer")
+    assert kip848["group.protocol"] == "consumer" and kip848["group.instance.id"] == "pod-0"
+    assert not set(CLASSIC_ONLY) & set(kip848)
+    assert "heartbeat.interval.ms, session.timeout.ms left out" in caplog.text
+    Consumer(kip848).close()  # librdkafka takes it ...
+    with pytest.raises(KafkaException):  # ... and refuses the classic properties under KIP-848
+        Consumer({**kip848, "session.timeout.ms": "6000"})
+
+
+def test_a_transaction_timeout_below_the_kafka_timeout_makes_a_producer_librdkafka_accepts(monkeypatch):
+    """EMBEDSTREAM_KAFKA__TRANSACTION_TIMEOUT_MS under EMBEDSTREAM_KAFKA_TIMEOUT_SECONDS: records may
+    wait no longer than the transaction (librdkafka refuses the producer otherwise: found on Kafka)."""
+    import worker.assembly.runner as runner
+    from worker.settings import Settings
+
+    made = {}
+    monkeypatch.setattr(runner, "Transactions", lambda new_producer, timeout, keep_open_s: made.update(
+        producer=new_producer(), keep_open_s=keep_open_s))
+    s = Settings(kafka_bootstrap_servers="127.0.0.1:1", delivery="exactly-once", kafka_timeout_seconds=30,
+                 kafka={"transaction.timeout.ms": "10000"})
+    runner.open_transactions(s)  # the real librdkafka producer: refused before, with a traceback
+    assert made["keep_open_s"] == 5.0
+    made["producer"].purge()

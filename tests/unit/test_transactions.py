@@ -245,3 +245,32 @@ def test_an_abort_that_cannot_finish_replaces_the_producer():
     assert txn.producer is fresh and fresh.calls == ["init_transactions"] and stuck.purged
     sink.process(group)
     assert stuck.visible == [] and len(fresh.visible) == 4
+
+
+def test_a_generation_moved_on_without_a_callback_is_learnt_at_the_next_tick():
+    """On Kafka a member joining that gives this one nothing new calls no rebalance callback, yet
+    moves the group's generation on: the committer's tick tells the delivery, the transaction begun
+    under the old generation is aborted (Kafka would refuse its offsets), and the redo commits."""
+    from .fakes import FakeConsumer
+
+    producer, consumer = TransactionalProducer(), FakeConsumer({})
+    sink, txn = _sink(producer)
+    committer = OffsetCommitter(consumer, 0, sink.delivery)
+    committer.tick()
+    assert txn.group_metadata == b"generation 1"
+    real_flush = producer.flush
+
+    def join_then_flush(t=None):
+        consumer.generation = 2  # another member joined: no callback here
+        committer.tick()  # the polling thread's next tick
+        return real_flush(t)
+
+    producer.flush = join_then_flush
+    group = _group()
+    with pytest.raises(TransientError, match="rebalanced"):
+        sink.process(group)
+    assert producer.visible == [] and producer.calls[-1] == "abort_transaction"
+    producer.flush = real_flush
+    sink.process(group)
+    assert len(producer.visible) == 4 and txn.group_metadata == b"generation 2"
+    assert producer.offsets_metadata[-1] == b"generation 2"

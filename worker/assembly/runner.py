@@ -21,6 +21,7 @@ from confluent_kafka.schema_registry import SchemaRegistryError
 
 from connectors.kafka import (
     check_broker,
+    group_session_ms,
     make_admin,
     make_consumer,
     make_output_producer,
@@ -203,14 +204,30 @@ def open_transactions(s: Settings) -> Transactions:
     bounds the at-least-once producer's: a zombie's records wake into a transaction that its commit
     check (ownership and lease, ``worker.steps.writing.sink``) aborts, so read_committed readers never see
     them; and a record that times out costs an epoch bump that a broker may refuse (Tansu does)."""
-    delivery_timeout_s = s.kafka_timeout_seconds
     member = s.group_instance_id or f"{socket.gethostname()}-{os.getpid()}"
     tid = transactional_id(s.group_id, member)
     log.info("exactly-once delivery: transactional.id %s", tid)
-    txn_timeout_ms = int(s.kafka.get("transaction.timeout.ms", max(60.0, delivery_timeout_s) * 1000))
+    txn_timeout_ms = int(s.kafka.get("transaction.timeout.ms", max(60.0, s.kafka_timeout_seconds) * 1000))
+    # librdkafka refuses a transactional producer whose records may wait longer than its transaction
+    delivery_timeout_s = min(s.kafka_timeout_seconds, txn_timeout_ms / 1000)
     conf = {"transactional.id": tid, "transaction.timeout.ms": txn_timeout_ms}
     return Transactions(lambda: make_output_producer(s.kafka_common(), delivery_timeout_s, **conf),
                         s.kafka_timeout_seconds, keep_open_s=txn_timeout_ms / 2000)
+
+
+def group_session(s: Settings) -> tuple[float, float]:
+    """``(session, heartbeat)`` in seconds as the group coordinator applies them to this member: the
+    client's properties under the classic protocol; under KIP-848 the broker's (the group's
+    ``consumer.session.timeout.ms``), never longer than what the client's properties state, since
+    the fence's lease must end before the coordinator could hand the partitions on."""
+    session_ms = int(s.kafka.get("session.timeout.ms", 45000))
+    heartbeat_ms = int(s.kafka.get("heartbeat.interval.ms", 3000))
+    if s.group_protocol == "consumer":
+        told = group_session_ms(s.kafka_common(), s.group_id)
+        session_ms = min(session_ms, told) if told else session_ms
+        heartbeat_ms = min(heartbeat_ms, session_ms // 3)
+        log.info("group protocol consumer (KIP-848): a session of %d ms bounds the fence's lease", session_ms)
+    return session_ms / 1000, heartbeat_ms / 1000
 
 
 def input_topic_ids(s: Settings) -> dict[str, str]:
@@ -285,13 +302,12 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     serve_metrics(s, health)
     if any(m.device == "cuda" for m in models.handles.values()):
         register_gpu_metrics("cuda")
-    session_s = int(s.kafka.get("session.timeout.ms", 45000)) / 1000
-    heartbeat_s = int(s.kafka.get("heartbeat.interval.ms", 3000)) / 1000
+    session_s, heartbeat_s = group_session(s)
     fence = Fence(lease_seconds(session_s, heartbeat_s))
     # A record still queued in librdkafka when the process froze must time out on waking rather than
     # be sent after the new owner's records (worker/core/fence.py): deliveries never outlast the lease.
     delivery_timeout_s = min(s.kafka_timeout_seconds, fence.lease_s)
-    consumer = make_consumer(s.kafka_common(), s.group_id, s.group_instance_id, **{
+    consumer = make_consumer(s.kafka_common(), s.group_id, s.group_instance_id, s.group_protocol, **{
         "statistics.interval.ms": 5000, "stats_cb": metrics.record_lag_from_stats,
         "error_cb": health.on_kafka_error})
     chain = build_chain(s, consumer, open_delivery(s, consumer, delivery_timeout_s), models, caches, stores, fence,

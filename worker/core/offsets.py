@@ -99,7 +99,9 @@ class OffsetCommitter:
         self.delivery.forget(tps)
 
     def tick(self) -> None:
-        """Commit what is stored if the interval has passed (every call with interval 0)."""
+        """Commit what is stored if the interval has passed (every call with interval 0); first the
+        delivery learns the group's generation, which a rebalance may move on without a callback."""
+        self.delivery.new_generation(self.consumer)
         if self.interval == 0:
             self.commit(sync=True)
         elif self._clock() - self._last >= self.interval:

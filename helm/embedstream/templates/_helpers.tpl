@@ -84,6 +84,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ .Values.kafka.groupId | quote }}
 - name: EMBEDSTREAM_DELIVERY
   value: {{ .Values.kafka.delivery | quote }}
+- name: EMBEDSTREAM_GROUP_PROTOCOL
+  value: {{ .Values.kafka.groupProtocol | default "classic" | quote }}
 - name: EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS
   value: {{ .Values.kafka.sessionTimeoutMs | quote }}
 {{- range $k, $v := .Values.kafka.extraProperties }}

@@ -93,7 +93,9 @@ class Delivery(abc.ABC):
         return None  # nothing under way to wait for unless the delivery commits on the sink thread
 
     def new_generation(self, consumer: Consumer) -> None:
-        """A rebalance assigned partitions to this member: the group's generation changed."""
+        """Called on the polling thread at every rebalance callback and every tick: the group's
+        generation may have changed (a rebalance that left this member's partitions as they were
+        calls no callback, yet moves the generation on)."""
         return None  # only a delivery that commits with the group's metadata needs it
 
     def forget(self, tps: Iterable[TopicPartitionKey]) -> None:

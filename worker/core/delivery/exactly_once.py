@@ -3,6 +3,7 @@ says how each kind of Kafka error is met; ``worker.core.delivery`` tells the ord
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -15,6 +16,8 @@ from schemas.errors import TransientError
 from worker.core.delivery.base import Delivery, GroupWriter, Planned
 from worker.core.records import Batch, TopicPartitionKey
 from worker.process import metrics
+
+log = logging.getLogger(__name__)
 
 
 class ExactlyOnce(Delivery):
@@ -73,8 +76,9 @@ class ExactlyOnce(Delivery):
             wait([write])  # never leave a write running behind a retry: one writer at a time
             if not keep_open:
                 self._carried = None
-                if not txn.pending:
+                if not txn.pending and txn.open:
                     txn.abort()
+                    log.warning("transaction aborted (%s): its %d batches are redone", exc, len(group))
             if isinstance(exc, KafkaException):  # a produce refused by the transaction's state
                 raise TransientError("kafka", f"{exc}: the transaction was aborted, its batches are redone") from None
             raise
@@ -123,8 +127,13 @@ class ExactlyOnce(Delivery):
     def new_generation(self, consumer: Consumer) -> None:
         # The generation the transactions' offsets are committed under. Asked for here, on the
         # polling thread: from the sink's thread, librdkafka's consumer_group_metadata blocked for
-        # good once the consumer had paused its partitions (measured, librdkafka 2.16).
-        self.txn.group_metadata = consumer.consumer_group_metadata()
+        # good once the consumer had paused its partitions (measured, librdkafka 2.16). Asked at
+        # every tick too: on Kafka a member joining gave this one nothing new and called no callback,
+        # yet moved the generation on, and every commit under the old one was refused (ILLEGAL_GENERATION)
+        # until the next callback, 20 s later.
+        metadata = consumer.consumer_group_metadata()
+        if metadata != self.txn.group_metadata:  # a value (generation, member id): compared, not identity
+            self.txn.group_metadata = metadata
 
     def forget(self, tps: Iterable[TopicPartitionKey]) -> None:
         with self._lock:
