@@ -163,8 +163,13 @@ logger.state.level = WARN
 
 
 def cluster_id() -> str:
-    """A new cluster id: 16 random bytes, URL-safe base64 without padding (what StorageTool takes)."""
-    return base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+    """A new cluster id: 16 random bytes, URL-safe base64 without padding (what StorageTool takes),
+    never one that starts with '-': the format command would read it as an option (1 start in 64
+    failed so; Kafka's own ids are drawn again for the same reason)."""
+    while True:
+        cid = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def prepare_node(state: Path, port: int, controller_port: int, java: str, classpath: str) -> Path:

@@ -8,8 +8,9 @@ those, and :meth:`Settings.kafka_common` builds the librdkafka dict in this one 
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -24,6 +25,48 @@ SECRET_REGISTRY_KEYS = ("basic.auth.user.info", "bearer.auth.token", "bearer.aut
 
 
 REGISTRY_PREFIX = "EMBEDSTREAM_SCHEMA_REGISTRY__"
+
+#: librdkafka properties the worker's guarantees rest on: refused through the passthrough unless set
+#: to the worker's own value (None: refused whatever the value), with the guarantee they hold.
+GUARDED_KAFKA: dict[str, tuple[str | None, str]] = {
+    "enable.auto.commit": ("false", "offsets are committed only once a batch is in Milvus and on the output topic"),
+    "enable.auto.offset.store": ("false", "offsets are committed only once a batch is in Milvus and on the "
+                                          "output topic"),
+    "enable.idempotence": ("true", "a retried produce never duplicates or reorders an output record"),
+}
+#: Under exactly-once, also: the transaction's identity and the reads it commits.
+GUARDED_KAFKA_EXACTLY_ONCE: dict[str, tuple[str | None, str]] = {
+    "transactional.id": (None, "exactly-once derives it from EMBEDSTREAM_GROUP_ID and EMBEDSTREAM_GROUP_INSTANCE_ID, "
+                               "so that a restarted worker fences its predecessor's transaction"),
+    "isolation.level": ("read_committed", "exactly-once reads only committed input"),
+}
+
+#: ``EMBEDSTREAM_*`` variables of the development tools and the tests, not of the worker (prefixes).
+NOT_SETTINGS = ("EMBEDSTREAM_TEST_", "EMBEDSTREAM_SOAK_", "EMBEDSTREAM_KAFKA_CACHE", "EMBEDSTREAM_FAULT_TABLE")
+
+
+def unknown_variables(fields: Iterable[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per ``EMBEDSTREAM_*`` variable of ``environ`` that names no setting of ``fields``,
+    with the nearest known name (a misspelt variable is otherwise ignored, its default used)."""
+    environ = os.environ if environ is None else environ
+    known = {f"EMBEDSTREAM_{name.upper()}" for name in fields}
+    lines = []
+    for key in sorted(environ):
+        if not key.startswith("EMBEDSTREAM_") or key in known or key.startswith(NOT_SETTINGS):
+            continue
+        if any(key.startswith(prefix) and len(key) > len(prefix) for prefix in (KAFKA_PREFIX, REGISTRY_PREFIX)):
+            continue
+        for single, double in (("EMBEDSTREAM_SCHEMA_REGISTRY_", REGISTRY_PREFIX), ("EMBEDSTREAM_KAFKA_", KAFKA_PREFIX)):
+            if key.startswith(single) and not key.startswith(double):
+                near = difflib.get_close_matches(key, known, n=1, cutoff=0.85)
+                hint = (f"did you mean {near[0]}? " if near else "") + (
+                    f"client properties pass through with two underscores: {double}{key[len(single):]}")
+                break
+        else:
+            near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]}?" if near else "no setting has a name near it"
+        lines.append(f"unknown variable {key}: {hint}")
+    return lines
 
 
 def passthrough(prefix: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -193,7 +236,7 @@ class OperationsSettings(BaseModel):
     healthz_max_tick_age_seconds: float = setting(60.0, "/healthz fails when the loop is older", gt=0)
     retry_backoff_max_seconds: float = setting(10.0, "longest wait between retries of a stage", gt=0)
     log_format: Literal["text", "json"] = setting("text", "text|json", flag=True)
-    log_level: str = setting("INFO", "DEBUG|INFO|WARNING|ERROR", flag=True)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = setting("INFO", "DEBUG|INFO|WARNING|ERROR", flag=True)
 
 
 #: The sections, in the order the README and ``--help`` show them.
@@ -217,6 +260,21 @@ class Settings(BaseSettings, OperationsSettings, MilvusSettings, CacheSettings, 
     def section(self, kind: type[S]) -> S:
         """This section's settings alone (already validated: not checked again)."""
         return kind.model_construct(**{name: getattr(self, name) for name in kind.model_fields})
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_in_any_case(cls, v):
+        return v.upper() if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _guarantees_kept(self) -> Settings:
+        guarded = {**GUARDED_KAFKA, **(GUARDED_KAFKA_EXACTLY_ONCE if self.delivery == "exactly-once" else {})}
+        for prop, (keeps, why) in guarded.items():
+            value = self.kafka.get(prop)
+            if value is not None and (keeps is None or str(value).strip().lower() != keeps):
+                name = KAFKA_PREFIX + prop.replace(".", "_").upper()
+                raise ValueError(f"{name}={value} is refused: {why}. Remove it (the worker sets {prop} itself)")
+        return self
 
     @field_validator("kafka_bootstrap_servers", "redis_url", "milvus_uri", "model", "schema_registry_url",
                      "key_field", "models", "milvus_alias", mode="before")
@@ -283,10 +341,22 @@ class Settings(BaseSettings, OperationsSettings, MilvusSettings, CacheSettings, 
         return out
 
 
+class UnknownVariables(ValueError):
+    """``EMBEDSTREAM_*`` variables that name no setting: :func:`unknown_variables`' lines."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("; ".join(lines))
+        self.lines = lines
+
+
 def load_settings(overrides: Mapping[str, object] | None = None) -> Settings:
     """Build :class:`Settings` from the environment, then ``overrides`` (flags) where not None.
 
-    Raises ``pydantic.ValidationError`` with the offending names when a value is invalid."""
+    Raises ``pydantic.ValidationError`` with the offending names when a value is invalid, and
+    :class:`UnknownVariables` when an ``EMBEDSTREAM_*`` variable names no setting."""
+    unknown = unknown_variables(Settings.model_fields)
+    if unknown:
+        raise UnknownVariables(unknown)
     given: dict[str, Any] = {k: v for k, v in (overrides or {}).items() if v is not None}
     given.setdefault("kafka", kafka_passthrough())
     given.setdefault("schema_registry", passthrough(REGISTRY_PREFIX))

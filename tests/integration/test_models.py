@@ -14,6 +14,7 @@ from schemas.codec import Document, encode_document
 from tests.helpers import documents_in_milvus, fresh_settings, read_topic, run_cli, settings_env
 from tools.derived_models import packaged_model_path, projected_model
 from worker.assembly.naming import collection_name
+from worker.embedding.base import resolve_model_path
 
 pytestmark = pytest.mark.integration
 
@@ -68,8 +69,10 @@ def test_two_models_interleaved_under_a_memory_cap_lose_nothing_and_never_share_
     for doc_id, m in out.items():
         rec = decode_embedding(m.value())
         assert rec["dim"] == (256 if doc_id.startswith("proj") else 384)
-        minilm = "sentence-transformers/all-MiniLM-L6-v2"
-        assert rec["model"] == (str(proj_path) if doc_id.startswith("proj") else minilm)
+        # each model by its id (name @ a hash of its files), never its path: the derived model's
+        # folder is named after it, and differs from the base by a layer, so by its hash
+        want_id = resolve_model_path(str(proj_path) if doc_id.startswith("proj") else None)[0]
+        assert rec["model"] == want_id and rec["model"] != str(proj_path)
     dlq = read_topic(s, s.dlq_topic, expect=1)
     assert [dict(m.headers())["embedstream.error.reason"] for m in dlq] == [b"unknown_model"]
 

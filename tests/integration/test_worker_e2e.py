@@ -24,6 +24,7 @@ from tests.helpers import (
     settings_env,
 )
 from tools.corpus import sample_documents
+from worker.embedding.base import resolve_model_path
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +76,7 @@ def test_end_to_end(stack, model):
     sample = decode_embedding(next(m.value() for m in out if m.value() is not None))
     assert sample["dim"] == 384 and len(sample["vector"]) == 384 and sample["source_topic"] == s.input_topic
     hdrs = dict(next(m for m in out if m.value() is not None).headers())
-    assert hdrs["embedstream.model"] == b"sentence-transformers/all-MiniLM-L6-v2"
+    assert hdrs["embedstream.model"] == resolve_model_path(None)[0].encode()  # name @ a hash of its files
 
     # DLQ: every bad record, with its reason and original bytes
     dlq = read_topic(s, s.dlq_topic, expect=len(bad))

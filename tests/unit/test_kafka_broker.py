@@ -63,3 +63,10 @@ def test_the_node_is_one_kraft_process_with_a_single_replica_everywhere(tmp_path
     assert int(props["group.min.session.timeout.ms"]) <= 2000  # the fault suite's 2 s sessions
     assert props["group.initial.rebalance.delay.ms"] == "0"
     assert len(kafka_broker.cluster_id()) == 22
+
+
+def test_a_cluster_id_never_reads_as_an_option(monkeypatch):
+    """An id drawn with a leading '-' (1 in 64) is drawn again: kafka-storage would take it for an option."""
+    draws = iter([b"\xfb" + bytes(15), bytes(16)])  # base64 of 0xfb... starts with '-'
+    monkeypatch.setattr(kafka_broker.os, "urandom", lambda n: next(draws))
+    assert kafka_broker.cluster_id() == "AAAAAAAAAAAAAAAAAAAAAA"

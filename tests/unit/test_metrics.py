@@ -27,6 +27,22 @@ def test_lag_comes_from_assigned_partitions_only():
     record_lag_from_stats("not json")  # ignored, never raises
 
 
+def test_a_revoked_partitions_lag_is_dropped_so_a_sum_over_members_counts_it_once():
+    """After a rebalance the new owner reports the partition: the old one's series goes, at the
+    revoke (forget_lag, from the loop) and whenever librdkafka still lists it as not desired."""
+    from worker.process.metrics import forget_lag
+
+    record_lag_from_stats(json.dumps({"topics": {"moving": {"partitions": {
+        "0": {"fetch_state": "active", "consumer_lag": 7, "desired": True},
+        "1": {"fetch_state": "active", "consumer_lag": 3, "desired": True}}}}}))
+    assert _lag("moving", "0") == 7 and _lag("moving", "1") == 3
+    forget_lag("moving", [0, 5])  # 5 never had a series: no error
+    assert _lag("moving", "0") is None and _lag("moving", "1") == 3
+    record_lag_from_stats(json.dumps({"topics": {"moving": {"partitions": {
+        "1": {"fetch_state": "stopped", "consumer_lag": 3, "desired": False}}}}}))
+    assert _lag("moving", "1") is None
+
+
 def test_health_needs_a_recent_tick_and_readiness_needs_model_and_partitions():
     h = Health(max_tick_age=60)
     assert h.alive() and not h.ready()

@@ -92,3 +92,58 @@ def test_every_flag_is_derived_from_its_settings_declaration():
     for name in FLAGGED:
         description = Settings.model_fields[name].description
         assert f"--{name.replace('_', '-')}" in out and description.split()[0] in out, name
+
+
+def _run(monkeypatch, env: dict[str, str]):
+    """``embedstream run`` under ``env`` (the stack is never reached: these fail before it)."""
+    from typer.testing import CliRunner
+
+    from worker.commands.cli import app
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return CliRunner().invoke(app, ["run"])
+
+
+@pytest.mark.parametrize(("env", "says"), [
+    ({"EMBEDSTREAM_MAX_BATCH_SIZ": "5"}, "unknown variable EMBEDSTREAM_MAX_BATCH_SIZ: did you mean "
+                                         "EMBEDSTREAM_MAX_BATCH_SIZE?"),
+    ({"EMBEDSTREAM_KAFKA_SASL_MECHANISM": "PLAIN"}, "two underscores: EMBEDSTREAM_KAFKA__SASL_MECHANISM"),
+    ({"EMBEDSTREAM_LOG_LEVEL": "LOUD"}, "EMBEDSTREAM_LOG_LEVEL: Input should be"),
+    ({"EMBEDSTREAM_KAFKA__ENABLE_AUTO_COMMIT": "true"}, "EMBEDSTREAM_KAFKA__ENABLE_AUTO_COMMIT=true is refused: "
+                                                        "offsets are committed only once"),
+    ({"EMBEDSTREAM_KAFKA__ENABLE_IDEMPOTENCE": "false"}, "a retried produce never duplicates"),
+    ({"EMBEDSTREAM_DELIVERY": "exactly-once", "EMBEDSTREAM_KAFKA__TRANSACTIONAL_ID": "mine"},
+     "EMBEDSTREAM_KAFKA__TRANSACTIONAL_ID=mine is refused: exactly-once derives it"),
+])
+def test_a_setting_to_fix_is_one_line_and_exit_2(monkeypatch, env, says):
+    """A misspelt variable, a bad value, a property a guarantee rests on: one line, exit 2, never a
+    traceback, never ignored."""
+    result = _run(monkeypatch, env)
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 2, result.output
+
+
+def test_guarded_properties_pass_at_the_workers_own_values_and_tools_variables_pass(monkeypatch):
+    from worker.settings import unknown_variables
+
+    s = Settings(kafka={"enable.auto.commit": "False", "enable.idempotence": "true"}, log_level="debug")
+    assert s.log_level == "DEBUG"
+    env = {"EMBEDSTREAM_TEST_BROKER": "kafka", "EMBEDSTREAM_SOAK_MINUTES": "5", "EMBEDSTREAM_KAFKA__ACKS": "all",
+           "EMBEDSTREAM_SCHEMA_REGISTRY__SSL_CA_LOCATION": "/ca", "EMBEDSTREAM_MODEL": "m", "OTHER": "x"}
+    assert unknown_variables(Settings.model_fields, env) == []
+
+
+def test_a_property_librdkafka_refuses_is_one_line_and_exit_2(monkeypatch):
+    from confluent_kafka import KafkaError, KafkaException
+
+    import worker.assembly.runner as runner
+
+    def refuse(_s):
+        raise KafkaException(KafkaError(KafkaError._INVALID_ARG, 'No such configuration property: "sasl.mechanizm"'))
+
+    monkeypatch.setattr(runner, "build_worker", refuse)
+    result = _run(monkeypatch, {"EMBEDSTREAM_KAFKA__SASL_MECHANIZM": "PLAIN"})
+    assert result.exit_code == 2, result.output
+    assert "sasl.mechanizm" in result.output and "EMBEDSTREAM_KAFKA__" in result.output

@@ -170,13 +170,39 @@ def test_a_partition_revoked_during_the_transaction_is_left_out_of_the_redo():
 
     producer.flush = revoke_then_flush
     group = _group()
-    with pytest.raises(TransientError, match=r"partitions \[1\] were revoked"):
+    with pytest.raises(TransientError, match=r"partitions \[1\] were revoked or lost"):
         sink.process(group)
     assert producer.visible == [] and producer.offsets == {}
     producer.flush = real_confirm_flush
     sink.process(group)
     assert producer.offsets == {("docs", 0): 2}
     assert sorted(k for _, k, _, _ in producer.visible) == [b"a", b"k"]  # partition 1's b and c left out
+
+
+def test_a_partition_lost_and_given_back_during_the_transaction_is_left_to_its_new_reading():
+    """Kafka, broker frozen past the session: the member lost every partition and was given them
+    back while a group read before was in its transaction. Its records are read again from the
+    committed offset; the old group may write none of them, nor commit their offsets."""
+    fence = Fence(lease_s=60)
+    fence.publish({("docs", 0), ("docs", 1)})
+    producer = TransactionalProducer()
+    sink, _ = _sink(producer, fence=fence)
+    group = [fence.stamp(batch) for batch in _group()]
+    real_flush = producer.flush
+
+    def lost_and_back_then_flush(t=None):
+        fence.publish(set())  # lost
+        fence.publish({("docs", 0), ("docs", 1)})  # the rejoin gives them back
+        return real_flush(t)
+
+    producer.flush = lost_and_back_then_flush
+    with pytest.raises(TransientError, match=r"partitions \[0, 1\] were revoked or lost"):
+        sink.process(group)
+    assert producer.visible == [] and producer.offsets == {}
+    producer.flush = real_flush
+    sink.process(group)  # the redo: nothing of the old tenure is written or committed
+    assert producer.offsets == {} and [k for _, k, _, _ in producer.visible] == []
+    assert all(batch.fenced == {("docs", 0), ("docs", 1)} for batch in group)
 
 
 class _Consumer:

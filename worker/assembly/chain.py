@@ -133,6 +133,6 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
         breaker,                                                                     # 3 halt a bad deploy
         Batcher(batching.max_batch_size, batching.max_batch_tokens,                  # 4 count, tokens,
                 batching.max_batch_wait_ms / 1000, max_bytes=batching.max_batch_bytes),  # deadline, bytes
-        next_step=pipeline.submit,
+        next_step=lambda batch: pipeline.submit(fence.stamp(batch)),                 #   (read in this tenure)
     )
     return Chain(intake, pipeline, committer, fence, model_free=lambda: prepare.backlog + embed.backlog == 0)

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from schemas.errors import ConfigError, TransientError
 from worker.commands import options as opt
-from worker.settings import Settings, load_settings
+from worker.settings import Settings, UnknownVariables, load_settings
 
 app = typer.Typer(
     name="embedstream",
@@ -41,10 +41,15 @@ def settings_or_exit(overrides: Mapping[str, object] | None = None, **more: obje
     bad value exits 2 with what to fix."""
     try:
         return load_settings({**(overrides or {}), **more})
+    except UnknownVariables as exc:
+        for line in exc.lines:
+            err.print(f"[red]invalid setting[/] {line}", soft_wrap=True)
+        raise typer.Exit(2) from None
     except ValidationError as exc:
         for e in exc.errors():
-            name = "EMBEDSTREAM_" + "_".join(str(p) for p in e["loc"]).upper() if e["loc"] else "settings"
-            err.print(f"[red]invalid setting[/] {name}: {e['msg']}")
+            msg = e["msg"].removeprefix("Value error, ")
+            name = " EMBEDSTREAM_" + "_".join(str(p) for p in e["loc"]).upper() if e["loc"] else ""
+            err.print(f"[red]invalid setting[/]{name}: {msg}", soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -58,6 +63,17 @@ def tool(name: str) -> Any:
             raise
         raise fail("this is a development command: run it from a checkout of embedstream after `make setup` "
                    "(the installed package and the image hold the worker and its commands only)", 2) from None
+
+
+def refused_property(exc: Exception) -> Exception:
+    """A librdkafka client refused its properties (a misspelt or invalid ``EMBEDSTREAM_KAFKA__*``):
+    exit 2 with librdkafka's one line; any other Kafka error goes on as it was."""
+    from confluent_kafka import KafkaError
+
+    error = exc.args[0] if exc.args else None
+    if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG:
+        return fail(f"{error.str()}: check the EMBEDSTREAM_KAFKA__* variables (librdkafka's names, dots as _)", 2)
+    return exc
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
@@ -281,6 +297,8 @@ def run(
     Exit codes: 0 stopped or idle; 2 a setting to fix; 3 the DLQ breaker tripped; 4 exactly-once's
     producer was fenced; 5 the broker refused a record for good (the line says which and what to set).
     """
+    from confluent_kafka import KafkaException
+
     from connectors.transactions import TransactionsFailed
     from schemas.errors import DlqLimitExceeded, RecordRefused
     from worker.assembly.runner import build_worker, setup_logging
@@ -299,9 +317,13 @@ def run(
         raise fail(f"{exc}", 2) from None
     except TransactionsFailed as exc:
         raise fail(str(exc), 4) from None
+    except KafkaException as exc:
+        raise refused_property(exc) from None
     worker.install_signal_handlers()
     try:
         stats = worker.run(stop_when_idle=stop_when_idle)
+    except KafkaException as exc:  # a client made after start-up (the output producer) refused its properties
+        raise refused_property(exc) from None
     except DlqLimitExceeded as exc:
         raise fail(str(exc), 3) from None
     except RecordRefused as exc:

@@ -43,13 +43,14 @@ its request reaching the socket; for Milvus the version guard covers it (``worke
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 
 from schemas.errors import TransientError
-from worker.core.records import TopicPartitionKey
+from worker.core.records import Batch, TopicPartitionKey
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,9 @@ class Fence:
         self._suspect_since: float | None = None
         self._revalidating_since: float | None = None
         self._owned: frozenset[TopicPartitionKey] = frozenset()
+        #: Per owned partition, its tenure: a number drawn when this member was given it.
+        self._tenures: dict[TopicPartitionKey, int] = {}
+        self._tenure_counter = itertools.count(1)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -156,8 +160,19 @@ class Fence:
         return self._suspect_since is not None
 
     def publish(self, partitions: Iterable[TopicPartitionKey]) -> None:
-        """The partitions this member owns now."""
-        self._owned = frozenset(partitions)
+        """The partitions this member owns now. A partition that was not owned a moment ago (newly
+        assigned, or lost or revoked and given back) starts a new tenure; one still owned keeps its own."""
+        before = self._tenures
+        now = {tp: before.get(tp) or next(self._tenure_counter) for tp in partitions}
+        self._tenures = now
+        self._owned = frozenset(now)
+
+    def stamp(self, batch: Batch) -> Batch:
+        """Record in ``batch`` the tenure under which its records were read (the polling thread, as
+        it hands the batch on): the sink writes a partition's records only in that same tenure."""
+        tenures = self._tenures
+        batch.tenure = {tp: tenures[tp] for tp in batch.offsets if tp in tenures}
+        return batch
 
     # -- the sink -----------------------------------------------------------------------------
     def check(self) -> None:
@@ -171,3 +186,15 @@ class Fence:
         """The partitions writes may go to now; raises :class:`FenceClosed` when the lease expired."""
         self.check()
         return self._owned
+
+    def stale(self, batch: Batch) -> set[TopicPartitionKey]:
+        """The partitions of ``batch`` whose records may not be written now: not owned, or owned in
+        another tenure than the batch was read in (lost and assigned again meanwhile: the consumer
+        reads them again from the committed offset, so writing these too would repeat them, and
+        under exactly-once commit the older offsets after the newer ones). Raises
+        :class:`FenceClosed` when the lease expired."""
+        self.check()
+        tenures = self._tenures
+        if batch.tenure is None:  # a batch never stamped (built by hand): ownership alone
+            return {tp for tp in batch.offsets if tp not in tenures}
+        return {tp for tp in batch.offsets if tenures.get(tp) is None or tenures.get(tp) != batch.tenure.get(tp)}

@@ -27,7 +27,7 @@ from worker.core.offsets import OffsetCommitter
 from worker.core.pipeline import Pipeline
 from worker.core.records import TopicPartitionKey
 from worker.core.stats import RunStats
-from worker.process.metrics import Health
+from worker.process.metrics import Health, forget_lag
 from worker.process.signals import GracefulStop
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,9 @@ class Worker:
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Finish what is in flight (within a budget) and commit it before the partitions go. After a
         stall (the fence is closed) nothing in flight can be written: give them up at once."""
+        # The in-flight transactions commit under the generation that revokes (the one they began
+        # under is refused now): without this they failed until the budget ran out, 20 s a revoke.
+        self.chain.committer.refresh_generation()
         if not self.chain.fence.suspect:
             self._wait_inflight(min(self.shutdown_grace, REVOKE_BUDGET_S))
         self.chain.committer.commit(sync=True)
@@ -161,6 +164,8 @@ class Worker:
         tps = {(p.topic, p.partition) for p in partitions}
         dropped = self.chain.intake.drop(tps)
         self.held.drop(tps)
+        for topic in {t for t, _ in tps}:
+            forget_lag(topic, [p for t, p in tps if t == topic])
         self.assignment.remove(tps, lost=lost)
         self.chain.fence.publish(self.assignment.partitions)
         # Exactly-once: a transaction that checked the ownership before it shrank finishes now; any
@@ -266,7 +271,10 @@ class Worker:
         """Account for finished batches and store their offsets (only for partitions still ours)."""
         for batch in self.chain.pipeline.completed(timeout):
             self.stats.account(batch)
-            self.chain.committer.store(batch.offsets, self.assignment)
+            # a partition the sink left unwritten (not ours, or ours in a later tenure) stores nothing:
+            # its records are read again (here or by its new owner)
+            written = {tp: o for tp, o in batch.offsets.items() if tp not in batch.fenced}
+            self.chain.committer.store(written, self.assignment)
             if self.on_progress:
                 self.on_progress(self.stats)
 

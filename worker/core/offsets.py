@@ -77,7 +77,9 @@ class OffsetCommitter:
         if not owned:
             return
         try:
-            for p in self.consumer.committed([TopicPartition(t, n) for t, n in owned], timeout=timeout):
+            found = self.consumer.committed([TopicPartition(t, n) for t, n in owned], timeout=timeout)
+            log.debug("committed at the assignment: %s", {p.partition: p.offset for p in found})
+            for p in found:
                 key = (p.topic, p.partition)
                 if p.offset >= 0:
                     with self._lock:
@@ -98,10 +100,16 @@ class OffsetCommitter:
                 self._known.pop(tp, None)
         self.delivery.forget(tps)
 
+    def refresh_generation(self) -> None:
+        """Tell the delivery the group's generation as the consumer knows it now. Safe outside a
+        callback under the cooperative and KIP-848 protocols: a partition moves only after its owner
+        revoked it, so until this member's revoke it is still this member's in the new generation."""
+        self.delivery.new_generation(self.consumer)
+
     def tick(self) -> None:
         """Commit what is stored if the interval has passed (every call with interval 0); first the
         delivery learns the group's generation, which a rebalance may move on without a callback."""
-        self.delivery.new_generation(self.consumer)
+        self.refresh_generation()
         if self.interval == 0:
             self.commit(sync=True)
         elif self._clock() - self._last >= self.interval:

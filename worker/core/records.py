@@ -133,8 +133,12 @@ class Batch:
     pending: dict[str, dict[str, object]] = field(default_factory=dict)
     #: Its output and dead-letter records were acknowledged (a retry for Milvus skips them).
     delivered: bool = False
-    #: Partitions whose entries the sink left unwritten: this member no longer owns them.
+    #: Partitions whose entries the sink left unwritten: this member no longer owns them (or owns them
+    #: again, in another tenure than the batch was read in).
     fenced: set[TopicPartitionKey] = field(default_factory=set)
+    #: Per partition, the fence's tenure the batch's records were read in (``Fence.stamp``); None:
+    #: never stamped.
+    tenure: dict[TopicPartitionKey, int] | None = None
 
     def add(self, entry: Entry) -> None:
         self.entries.append(entry)

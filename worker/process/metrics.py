@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -112,11 +113,26 @@ def record_lag_from_stats(stats_json: str) -> None:
         return
     for topic, t in stats.get("topics", {}).items():
         for pid, p in t.get("partitions", {}).items():
-            if pid == "-1" or not p.get("fetch_state") or p.get("fetch_state") == "none":
+            if pid == "-1":
+                continue
+            if p.get("desired") is False:  # revoked: librdkafka still reports it a while
+                forget_lag(topic, [int(pid)])
+                continue
+            if not p.get("fetch_state") or p.get("fetch_state") == "none":
                 continue
             lag = p.get("consumer_lag", -1)
             if lag >= 0:
                 CONSUMER_LAG.labels(topic, pid).set(lag)
+
+
+def forget_lag(topic: str, partitions: Iterable[int]) -> None:
+    """Drop the lag series of partitions this member no longer owns: their new owner reports them,
+    and a sum over the members (the dashboard's, KEDA's view) must count each partition once."""
+    for p in partitions:
+        try:
+            CONSUMER_LAG.remove(topic, str(p))
+        except KeyError:
+            pass
 
 
 class Health:

@@ -69,7 +69,9 @@ class ExactlyOnce(Delivery):
                 self._carried = (group, planned) if keep_open else None
                 raise
             with txn.lock:  # a revoke waits for this: no offsets of a partition given away commit
-                txn.commit(writer.owned_offsets(group))
+                offsets = writer.owned_offsets(group)
+                txn.commit(offsets)
+            log.debug("transaction committed: offsets %s", {tp.partition: tp.offset for tp in offsets})
             metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
             writer.written(planned)
         except BaseException as exc:

@@ -251,11 +251,10 @@ class SinkStep:
         """The entries to write (owned partitions, not superseded) and, per model's collection, the
         final operations and the chunk counts it holds for their documents. Marks each batch's
         ``fenced`` partitions and each superseded entry (a tombstone: superseded in every collection)."""
-        owned = self.fence.owned_now()
         mine: list[Entry] = []
         for batch in group:
-            batch.fenced = {tp for tp in batch.offsets if tp not in owned}
-            mine += [e for e in batch.entries if e.source.tp in owned] if batch.fenced else batch.entries
+            batch.fenced = self.fence.stale(batch)
+            mine += [e for e in batch.entries if e.source.tp not in batch.fenced] if batch.fenced else batch.entries
         plans: dict[str, Plan] = {}
         for name, target in self.targets.items():
             ops = [e for e in mine if isinstance(e, Delete) or (isinstance(e, Item) and e.model == name)]
@@ -300,11 +299,11 @@ class SinkStep:
 
     def owned_offsets(self, group: list[Batch]) -> list[TopicPartition]:
         """The group's ``written_offsets`` to commit; raises :class:`TransientError` when one of their
-        partitions left this member during the transaction (the redo leaves it to its new owner)."""
-        owned = self.fence.owned_now()
+        partitions left this member during the transaction, or left and came back (the redo leaves
+        its records to its new owner, or to this member's new reading of them)."""
         offsets = self.written_offsets(group)
-        gone = sorted(p for t, p in offsets if (t, p) not in owned)
+        gone = sorted({p for batch in group for _, p in self.fence.stale(batch) - batch.fenced})
         if gone:
-            raise TransientError("fence", f"partitions {gone} were revoked during the transaction: redoing the "
-                                 "group without them")
+            raise TransientError("fence", f"partitions {gone} were revoked or lost during the transaction: "
+                                 "redoing the group without them")
         return [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
