@@ -23,7 +23,10 @@ def _parse(stdout: str) -> dict[str, str]:
 
 
 def _port_free(port: int) -> bool:
+    """Nothing listens on ``port``: a server could bind it (SO_REUSEADDR, as servers set it: Kafka
+    closes its clients' connections as it stops, and the port keeps them in TIME_WAIT a while)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return True

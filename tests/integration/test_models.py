@@ -34,12 +34,14 @@ def test_two_models_interleaved_under_a_memory_cap_lose_nothing_and_never_share_
     s = fresh_settings(stack, partitions=2, models=json.dumps(models), model_memory_mb=120,
                        milvus_collection="c_{model}_" + stack["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"][-5:])
     texts = [f"Document {i}: how a worker embeds text number {i} with the model it asked for." for i in range(40)]
+    proj_id = resolve_model_path(str(proj_path))[0]
     want: dict[str, dict[str, str]] = {"minilm": {}, "proj": {}}
     producer = make_producer(s.kafka_common())
     for i, text in enumerate(texts):
-        # interleaved: the default (no model field), by name, by the model's id; the same text for both
-        model = ("", "proj", "minilm", str(proj_path))[i % 4]
-        target = "proj" if model in ("proj", str(proj_path)) else "minilm"
+        # interleaved: the default (no model field), by name, by the path it is configured with, by
+        # its id (name @ a hash of its files); the same text for both
+        model = ("", "proj", "minilm", str(proj_path), proj_id)[i % 5]
+        target = "proj" if model in ("proj", str(proj_path), proj_id) else "minilm"
         doc = Document(f"{target}-{i}", text, model or None)
         want[target][doc.id] = text
         producer.produce(s.input_topic, key=doc.id, value=encode_document(doc))

@@ -538,7 +538,7 @@ def bench(
         "processes.json")] = None,
     overrides: dict[str, object] | None = None,
 ) -> None:
-    """Measure the workloads of benchmarks.md on a local stack of its own and print the ratio table.
+    """Measure the workloads of the README's Benchmark section on a local stack of its own and print the ratio table.
 
     Every figure is a ratio to a denominator measured in the same run: raw SentenceTransformer.encode,
     an instant model (what Kafka + Redis + Milvus cost), Milvus bulk upserts, and optionally the

@@ -188,8 +188,17 @@ class ModelSet:
                                   f"than EMBEDSTREAM_MODEL_MEMORY_MB={memory_mb}: raise it")
             self._resident[name] = model
             self._fit(keep=name)
-        self._ids = {p.model_id: n for n, p in self.profiles.items()}
-        self._ids.update({str(p.model_id).rsplit("/", 1)[-1]: n for n, p in self.profiles.items()})
+        # What a record's ``model`` may name a model by, besides its name in the set: its id
+        # (``<name>@<hash>``), and, where only one model of the set answers to it, the name in its id
+        # and the path or name it is configured with (what its id was before ids carried a hash).
+        named: dict[str, set[str]] = {}
+        for n, p in self.profiles.items():
+            title = str(p.model_id).split("@", 1)[0]
+            for alias in (specs[n].path, title, title.rsplit("/", 1)[-1]):
+                if alias:
+                    named.setdefault(alias, set()).add(n)
+        self._ids = {alias: next(iter(ns)) for alias, ns in named.items() if len(ns) == 1}
+        self._ids.update({p.model_id: n for n, p in self.profiles.items()})
         self.handles = {name: LazyModel(self, name) for name in specs}
         for p in self.profiles.values():
             metrics.MODEL_INFO.labels(p.model_id, p.precision, p.device).set(1)
