@@ -47,6 +47,8 @@ soak: setup
 # make test: about an hour here.
 mutate: setup
 	$(BIN)/python -m tools.switch_offs
+	$(BIN)/mutmut run --max-children 2
+	$(BIN)/mutmut results
 
 bench-gpu: setup
 	$(BIN)/embedstream bench --device cuda --quick --docs 4000 --broker $(BROKER) --output bench-gpu
