@@ -28,10 +28,10 @@ REGISTRY_PREFIX = "EMBEDSTREAM_SCHEMA_REGISTRY__"
 
 #: librdkafka properties the worker's guarantees rest on: refused through the passthrough unless set
 #: to the worker's own value (None: refused whatever the value), with the guarantee they hold.
+_COMMIT_AFTER_DURABLE = "offsets are committed only once a batch is in Milvus and on the output topic"
 GUARDED_KAFKA: dict[str, tuple[str | None, str]] = {
-    "enable.auto.commit": ("false", "offsets are committed only once a batch is in Milvus and on the output topic"),
-    "enable.auto.offset.store": ("false", "offsets are committed only once a batch is in Milvus and on the "
-                                          "output topic"),
+    "enable.auto.commit": ("false", _COMMIT_AFTER_DURABLE),
+    "enable.auto.offset.store": ("false", _COMMIT_AFTER_DURABLE),
     "enable.idempotence": ("true", "a retried produce never duplicates or reorders an output record"),
 }
 #: Under exactly-once, also: the transaction's identity and the reads it commits.
