@@ -28,6 +28,7 @@ Run: ``python -m tools.registry --port 8081 --data registry.json``.
 from __future__ import annotations
 
 import argparse
+import base64
 import io
 import json
 import re
@@ -212,8 +213,13 @@ class RegistryServer(ThreadingHTTPServer):
     requests: Counter[str]
 
 
-def make_server(port: int, data: Path | None, host: str = "127.0.0.1") -> RegistryServer:
+def make_server(port: int, data: Path | None, host: str = "127.0.0.1",
+                basic_auth: str | None = None) -> RegistryServer:
+    """The registry on ``port`` (0: any free port; ``server.server_port`` says which). ``basic_auth``
+    (``user:password``): every request must carry those credentials, else 401, as a registry with
+    HTTP basic authentication answers."""
     store = Store(data)
+    wanted = "Basic " + base64.b64encode(basic_auth.encode()).decode() if basic_auth else None
     requests: Counter[str] = Counter()
 
     class Handler(BaseHTTPRequestHandler):
@@ -230,6 +236,8 @@ def make_server(port: int, data: Path | None, host: str = "127.0.0.1") -> Regist
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+                if wanted and self.headers.get("Authorization") != wanted:
+                    raise RegistryError(401, 40101, "Unauthorized")
                 status, out = 200, _route(store, method, path, body)
             except RegistryError as exc:
                 status, out = exc.status, {"error_code": exc.code, "message": exc.message}
@@ -264,8 +272,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--data", type=Path, default=None, help="JSON file that keeps the schemas across restarts")
+    ap.add_argument("--basic-auth", default=None, metavar="USER:PASSWORD",
+                    help="answer 401 to any request without these HTTP basic credentials")
     args = ap.parse_args(argv)
-    server = make_server(args.port, args.data, args.host)
+    server = make_server(args.port, args.data, args.host, args.basic_auth)
     print(f"development schema registry on http://{args.host}:{args.port}", flush=True)
     server.serve_forever()
 

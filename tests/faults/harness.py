@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from tests.helpers import (
     settings_env,
 )
 from tools.corpus import stdlib_docstrings
+from tools.group_log import owned, owns_partitions, rebalance_events  # noqa: F401 (the scenarios' import)
 from worker.commands.produce import document_record, produce_records
 from worker.settings import Settings
 
@@ -223,7 +223,6 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
 
-
 def metric_samples(port: int, timeout: float = 5):
     """Every sample of a running worker's /metrics (``prometheus_client``'s ``Sample``s)."""
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout).read().decode()
@@ -314,33 +313,6 @@ def transaction_markers(s: Settings, topic: str) -> int:
     finally:
         c.close()
     return sum(high - low - records[p] for p, (low, high) in marks.items())
-
-
-_REBALANCE = re.compile(r" (assigned|revoked|lost) \[([0-9, ]*)\]")
-
-
-def rebalance_events(log: str) -> list[tuple[str, set[int]]]:
-    """Each "assigned", "revoked" and "lost" line of a worker's log: (what, partitions), in order.
-    Under the cooperative protocols an "assigned" line adds partitions, a revoke takes some away."""
-    events = []
-    for line in log.splitlines():
-        m = _REBALANCE.search(line)
-        if m:
-            events.append((m[1], {int(p) for p in m[2].split(",") if p.strip()}))
-    return events
-
-
-def owned(log: str) -> set[int]:
-    """The partitions a worker owns after the last rebalance its log shows."""
-    now: set[int] = set()
-    for what, partitions in rebalance_events(log):
-        now = now | partitions if what == "assigned" else now - partitions
-    return now
-
-
-def owns_partitions(log: str) -> bool:
-    """The worker owns at least one partition now (an ``assigned []`` line is not enough)."""
-    return bool(owned(log))
 
 
 def two_join_then_leave(s: Settings, tmp_path: Path, **env: str) -> None:

@@ -13,6 +13,7 @@ freeze missed one, the worker runs on and is frozen again a moment later.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import uuid
@@ -40,6 +41,8 @@ from tests.faults.harness import (
 from tests.helpers import read_topic, run_cli, settings_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
+
+DONE = re.compile(r"done: (\d+) embedded")
 
 #: A transaction kept open through a Milvus outage is aborted after half its timeout: 5 s here.
 EXACTLY_ONCE = {"EMBEDSTREAM_DELIVERY": "exactly-once", "EMBEDSTREAM_REDIS_URL": "",
@@ -280,6 +283,30 @@ def test_size_limits_on_the_real_broker(fault_stack, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     keys = Counter(m.key().decode() for m in read_topic(s, s.output_topic, expect=4))
     assert keys["fat"] == 1 and keys["fine"] == 1 and keys["gate"] == 1
+
+
+def test_two_exactly_once_workers_with_one_instance_id_end_the_older_with_exit_4(fs, model, tmp_path):
+    """Exit 4 through `embedstream run`: a second exactly-once worker started with the first one's
+    instance id (so its transactional.id) fences the first, which stops with exit code 4 and its
+    line, writing nothing more. The newer one finishes the stream: a read_committed reader sees each
+    input's output once."""
+    expected = Expected()
+    produce_docs(fs, short_docs(3000, "fenced", unseen=True), expected)
+    same = {**EXACTLY_ONCE, "EMBEDSTREAM_GROUP_INSTANCE_ID": "one-pod"}
+    a = WorkerProcess(fs, tmp_path, "a", **same)
+    wait_until(lambda: committed_total(fs, PARTITIONS) > 0, 180, what="the first worker's first transaction")
+    b = WorkerProcess(fs, tmp_path, "b", ("--stop-when-idle", "5"), **same)
+    assert a.wait(120) == 4, a.log()[-3000:]
+    at_exit = committed_total(fs, PARTITIONS)
+    assert at_exit < expected.records, "the first worker finished the stream before the second started"
+    last = [line for line in a.log().splitlines() if line.strip()][-1]
+    assert "fence" in last and "EMBEDSTREAM_GROUP_INSTANCE_ID" in last, last
+    assert b.wait(300) == 0, b.log()[-3000:]
+    assert DONE.search(b.log()) and int(DONE.search(b.log())[1]) > 0, "the second worker did the rest"
+    report = check_nothing_lost(fs, model, expected, PARTITIONS)
+    assert report.duplicates == 0, report
+    assert max(_outputs(fs, "read_committed").values()) == 1
+    record_row("kafka: exit 4", "a second worker with the same instance id", report, None)
 
 
 def test_kip_848_kill_and_one_three_one(fs, model, tmp_path):

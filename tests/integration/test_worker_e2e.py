@@ -46,6 +46,7 @@ def test_end_to_end(stack, model):
         "bad-utf8": (b'{"id": "bad-utf8", "text": "\xff\xfe"}', "invalid_utf8"),
         "bad-model": (encode_document(Document("bad-model", "hello", model="no-such-model")), "unknown_model"),
         "bad-long": (encode_document(Document("bad-long", "word " * 10_000)), "text_too_long"),
+        "i" * 600: (encode_document(Document("i" * 600, "an id over the 512 bytes a Milvus key takes")), "id_too_long"),
     }
     for key, (value, _) in bad.items():
         producer.produce(s.input_topic, key=key, value=value)

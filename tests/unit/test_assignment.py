@@ -43,6 +43,14 @@ def test_a_fatal_consumer_error_is_raised_and_others_are_only_logged():
     fatal.error = lambda: KafkaError(KafkaError._FATAL, fatal=True)
     with pytest.raises(KafkaException):
         a.records([fatal])
+    # As librdkafka hands it out (Apache Kafka 4.2, a static member fenced by another with its
+    # group.instance.id): the code says fatal, the flag does not. Only logged, it left the worker
+    # running with a dead consumer.
+    fenced = FakeMessage(None, None)
+    fenced.error = lambda: KafkaError(KafkaError._FATAL, "Fatal error: Broker: Static consumer fenced by other "
+                                      "consumer with same group.instance.id")
+    with pytest.raises(KafkaException):
+        a.records([fenced])
 
 
 def test_idle_only_when_quiet_drained_and_no_recent_cluster_error_for_the_whole_time():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from tools.bench.rebalance import STALL_S
 from tools.bench.run import CPU_US_PER_DOC_GOAL, GOALS
 
 
@@ -187,6 +188,34 @@ def processes_table(out: dict) -> Table:
         busy = "—" if r["gpu_busy_mean"] is None else f"{r['gpu_busy_mean']:.0f} / {r['gpu_busy_max']:.0f}"
         t.add_row(r["set"], str(r["processes"]), "on" if r["cache"] else "off", _fmt(r["docs_per_s"], 0),
                   _fmt(r["r1"]) + (" [green]✓[/]" if ok else " [red]✗[/]"), _fmt(r["tokens_per_s"], 0), busy)
+    return t
+
+
+def brokers_table(out: dict) -> Table:
+    """``run_brokers``' figures, a column a broker: the four ratios against their goals, then each
+    rebalance's worst latency and the partitions it stalled, by group protocol."""
+    names = list(out["brokers"])
+    t = Table("", *names, "goal", title=f"[bold]embedstream bench --brokers[/] — {out['model']} {out['precision']} "
+              f"on {out['device']}, {out['docs']:,} documents a workload", title_justify="left",
+              caption="rebalance: a second worker joins (1 → 2), then leaves by SIGTERM (2 → 1), while 4 documents a "
+              "second go to each of 6 partitions; the largest produce-to-output latency of the records produced from "
+              "its start (or SIGTERM) until the group settled, and how many partitions had a record wait "
+              f"{STALL_S} s or more past the steady p99", caption_justify="left")
+    for name in ("R1", "Rio", "Reos", "Rdup90"):
+        values = [out["brokers"][b]["ratios"][name] for b in names]
+        t.add_row(name, *(_fmt(v) + (" [green]✓[/]" if v >= GOALS[name] else " [red]✗[/]") for v in values),
+                  f"≥ {GOALS[name]:.2f}")
+    t.add_row("docs a transaction", *(_fmt(out["brokers"][b]["docs_per_transaction"], 0) for b in names), "",
+              style="dim")
+    protocols = [p for b in names for p in out["brokers"][b]["rebalance"]]
+    for protocol in dict.fromkeys(protocols):
+        runs = [out["brokers"][b]["rebalance"].get(protocol) for b in names]
+        t.add_row(f"steady p99, {protocol}", *(_fmt(r["steady"]["p99_s"]) + " s" if r else "not served" for r in runs),
+                  "", style="dim")
+        for event in ("join", "leave"):
+            t.add_row(f"{event}, {protocol}", *(
+                f"{_fmt(r[event]['max_s'])} s, {r[event]['stalled']} of {r['partitions']} stalled"
+                + (f", {r['missing']} missing" if r["missing"] else "") if r else "not served" for r in runs), "")
     return t
 
 

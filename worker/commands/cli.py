@@ -76,6 +76,21 @@ def refused_property(exc: Exception) -> Exception:
     return exc
 
 
+def consumer_died(exc: Exception) -> typer.Exit | None:
+    """The consumer stopped for good (librdkafka's fatal error): exit 4 with what to do when another
+    member took this one's static id, exit 1 with librdkafka's line otherwise; None for other errors."""
+    from confluent_kafka import KafkaError
+
+    error = exc.args[0] if exc.args else None
+    if not isinstance(error, KafkaError) or not (error.fatal() or error.code() == KafkaError._FATAL):
+        return None
+    if "fenced" in error.str().lower():
+        return fail(f"{error.str()}. Another worker joined the group with this one's EMBEDSTREAM_GROUP_INSTANCE_ID: "
+                    "no offsets were committed here after that (the member that took over reads those records); "
+                    "run each instance id once", 4)
+    return fail(f"the Kafka consumer stopped for good: {error.str()}", 1)
+
+
 def fail(message: str, code: int = 1) -> typer.Exit:
     err.print(f"[red]error:[/] {message}", soft_wrap=True)  # one line, whatever the terminal's width
     return typer.Exit(code)
@@ -294,8 +309,9 @@ def run(
     any schema registry client property (credentials, TLS) as EMBEDSTREAM_SCHEMA_REGISTRY__<NAME>
     (e.g. EMBEDSTREAM_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO=user:secret).
 
-    Exit codes: 0 stopped or idle; 2 a setting to fix; 3 the DLQ breaker tripped; 4 exactly-once's
-    producer was fenced; 5 the broker refused a record for good (the line says which and what to set).
+    Exit codes: 0 stopped or idle; 2 a setting to fix; 3 the DLQ breaker tripped; 4 fenced by another
+    worker with this one's identity (its static member id, or exactly-once's transactional.id); 5 the
+    broker refused a record for good (the line says which and what to set).
     """
     from confluent_kafka import KafkaException
 
@@ -322,8 +338,8 @@ def run(
     worker.install_signal_handlers()
     try:
         stats = worker.run(stop_when_idle=stop_when_idle)
-    except KafkaException as exc:  # a client made after start-up (the output producer) refused its properties
-        raise refused_property(exc) from None
+    except KafkaException as exc:  # the consumer died, or a client made after start-up refused its properties
+        raise consumer_died(exc) or refused_property(exc) from None
     except DlqLimitExceeded as exc:
         raise fail(str(exc), 3) from None
     except RecordRefused as exc:
@@ -536,6 +552,10 @@ def bench(
         "`embedstream run --processes K` end to end for each K (cold cache; the best K of S2 once more without "
         "Redis), with tokens/s and the GPU's utilisation (--docs: documents a run, default 20,000). Writes "
         "processes.json")] = None,
+    brokers: Annotated[str | None, typer.Option(
+        "--brokers", help="Only the broker rows, on each of these local brokers in turn, e.g. tansu,kafka: R1, Rio, "
+        "Reos and Rdup90, and how long partitions stand still while a second worker joins and leaves, under each "
+        "group protocol the broker serves (--docs: documents a workload, default 1,000). Writes brokers.json")] = None,
     overrides: dict[str, object] | None = None,
 ) -> None:
     """Measure the workloads of the README's Benchmark section on a local stack of its own and print the ratio table.
@@ -550,8 +570,9 @@ def bench(
     if s is not None and s.models is not None:
         raise fail("bench measures one model (EMBEDSTREAM_MODEL); unset EMBEDSTREAM_MODELS")
     counts = _process_counts(processes) if processes is not None else None
-    if counts and cpu:
-        raise fail("--cpu and --processes are two separate runs: give one of them")
+    broker_list = _broker_list(brokers) if brokers is not None else None
+    if sum(map(bool, (counts, cpu, broker_list))) > 1:
+        raise fail("--cpu, --processes and --brokers are separate runs: give one of them")
     with console.status("benchmarking…") as status:
         def say(message: str) -> None:
             status.update(message)
@@ -559,6 +580,9 @@ def bench(
 
         if s is None:
             out = bench_run.run_cpu(docs=docs or 20_000, state_dir=state_dir, say=say, broker=broker)
+        elif broker_list:
+            out = tool("bench.brokers").run_brokers(brokers=broker_list, docs=docs, device=s.device,
+                                                    precision=s.precision, state_dir=state_dir, say=say, model=s.model)
         elif counts:
             out = bench_run.run_processes(counts=counts, docs=docs or 20_000, device=s.device, precision=s.precision,
                                           state_dir=state_dir, say=say, model=s.model, broker=broker)
@@ -572,6 +596,11 @@ def bench(
         console.print(report.cpu_table(out))
         err.print(f"wrote {output / 'cpu.json'}")
         return
+    if broker_list:
+        report.write_json(out, output / "brokers.json")
+        console.print(report.brokers_table(out))
+        err.print(f"wrote {output / 'brokers.json'}")
+        return
     if counts:
         report.write_json(out, output / "processes.json")
         console.print(report.processes_table(out))
@@ -581,6 +610,15 @@ def bench(
     report.write_chart(out, output / "bench.png")
     console.print(report.ratio_table(out))
     err.print(f"wrote {output / 'bench.json'} and {output / 'bench.png'}")
+
+
+def _broker_list(value: str) -> list[str]:
+    """``--brokers tansu,kafka`` → ``["tansu", "kafka"]``; an unknown name stops with the known ones."""
+    names = [part.strip() for part in value.split(",") if part.strip()]
+    unknown = [n for n in names if n not in ("tansu", "kafka", "mock")]
+    if not names or unknown:
+        raise fail(f"--brokers takes local brokers separated by commas (tansu, kafka, mock), not {value!r}")
+    return names
 
 
 def _process_counts(value: str) -> list[int]:

@@ -114,7 +114,9 @@ class Assignment:
             elif err.code() == KafkaError._PARTITION_EOF:
                 self._at_end[(m.topic(), m.partition())] = True
                 self._ends[(m.topic(), m.partition())] = m.offset()
-            elif err.fatal():
+            elif err.fatal() or err.code() == KafkaError._FATAL:
+                # librdkafka's _FATAL event (a static member fenced by another with its id) does not
+                # carry the fatal flag: the consumer is dead either way.
                 raise KafkaException(err)
             else:
                 log.warning("consumer: %s", err)

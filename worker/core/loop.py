@@ -219,7 +219,10 @@ class Worker:
             chain.committer.commit(sync=True, attempts=5)
             raise
         except BaseException:
-            chain.pipeline.abort()
+            # The stage threads end before the process may exit: one still inside the model's native
+            # code at exit aborted the process ("terminate called without an active exception", exit
+            # -6 or -11 instead of 4, seen after exactly-once's producer was fenced).
+            chain.pipeline.abort(wait=ABORT_WAIT_S)
             raise
         finally:
             chain.fence.stop()
