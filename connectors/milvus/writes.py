@@ -3,8 +3,19 @@
 
 from __future__ import annotations
 
+import logging
+
+from prometheus_client import Counter
+
 from connectors.milvus.connection import MilvusConnection, transient
-from connectors.milvus.schema import VERSION_FIELDS, ChunkRows, chunk_id, upsert_request
+from connectors.milvus.schema import VERSION_FIELDS, ChunkRows, chunk_id, row_dicts, upsert_request
+
+log = logging.getLogger(__name__)
+
+#: Upserts written through pymilvus' public ``upsert`` because its private columnar call failed
+#: (:meth:`MilvusStore.upsert_chunks`); 0 with the pymilvus versions pyproject.toml names.
+COLUMNAR_FALLBACKS = Counter("embedstream_milvus_columnar_fallbacks_total",
+                             "Chunk upserts written through pymilvus' public upsert: its private columnar call failed")
 
 #: A version as the collection holds it: ``(source, source_offset)`` (either None on an odd row).
 Version = tuple[str | None, int | None]
@@ -27,13 +38,33 @@ class MilvusStore(MilvusConnection):
         need; a column of vectors goes into the request in one copy."""
         if not len(rows):
             return
-        request = upsert_request(self.collection, rows, model, updated_at)
+        if self._columnar():
+            request = upsert_request(self.collection, rows, model, updated_at)
+            try:
+                # A prepared request skips pymilvus' packing; ``schema`` only saves it a describe call.
+                self._client._get_connection().upsert(self.collection, [], upsert_param=request,
+                                                      schema={"fields": []}, timeout=self.timeout)
+                return
+            except (AttributeError, TypeError) as exc:  # pymilvus moved or changed its private call
+                self._lose_columnar(exc)
+            except Exception as exc:
+                raise transient(exc) from None
+        COLUMNAR_FALLBACKS.inc()
         try:
-            # A prepared request skips pymilvus' packing; ``schema`` only saves it a describe call.
-            self._client._get_connection().upsert(self.collection, [], upsert_param=request,
-                                                  schema={"fields": []}, timeout=self.timeout)
+            self._client.upsert(self.collection, row_dicts(rows, model, updated_at), timeout=self.timeout)
         except Exception as exc:
             raise transient(exc) from None
+
+    def _columnar(self) -> bool:
+        return not getattr(self, "_columnar_lost", False)
+
+    def _lose_columnar(self, exc: Exception) -> None:
+        """The private columnar call failed as a moved API fails: every later upsert of this store
+        goes through ``MilvusClient.upsert`` (the same rows, packed by pymilvus; slower). Said once."""
+        self._columnar_lost = True
+        log.warning("pymilvus' private columnar upsert failed (%s: %s): upserting through MilvusClient.upsert "
+                    "from now on (slower; embedstream_milvus_columnar_fallbacks_total counts them). Pin pymilvus "
+                    "to the versions pyproject.toml names", type(exc).__name__, exc)
 
     def versions(self, doc_ids: list[str]) -> tuple[dict[str, Version], dict[str, int]]:
         """For the documents among ``doc_ids`` that Milvus knows, read at Strong consistency: the

@@ -284,3 +284,65 @@ def test_a_worker_starting_beside_another_never_mistakes_its_alias_for_a_collect
         other_starts(client)
     assert adopted is (legacy_exists and not renamed_by_other)
     assert client.collections == {"old__m_1"} and client.aliases == {"old": "old__m_1"}
+
+
+def test_the_public_upsert_takes_over_when_the_private_call_moves(kind, stack_env, caplog):
+    """pymilvus without the private call the columnar upsert uses (or with another signature): the
+    rows go through ``MilvusClient.upsert`` instead, read back the same (sparse vectors too), with
+    one warning and a count of each upsert."""
+    from prometheus_client import REGISTRY
+
+    def fallbacks() -> float:
+        return REGISTRY.get_sample_value("embedstream_milvus_columnar_fallbacks_total") or 0.0
+
+    vecs = np.eye(4, dtype=np.float32)
+    stores = {"off": _store(kind, stack_env), "learned": _store(kind, stack_env, sparse="learned")}
+    stores["off"].upsert_chunks(_rows([("a", 0, 1), ("b", 0, 2)], vecs[:2]), "m", 1000)  # columnar, as usual
+
+    class Moved:
+        """The client's connection handler with the private call's signature changed (the public
+        ``upsert`` goes through the same handler, by another of its calls)."""
+
+        def __init__(self, handler) -> None:
+            self._handler = handler
+
+        def __getattr__(self, name):
+            return getattr(self._handler, name)
+
+        def upsert(self, *args, **kwargs):
+            raise TypeError("upsert() got an unexpected keyword argument 'upsert_param'")
+
+    for store in stores.values():
+        store._client._get_connection = lambda real=store._client._get_connection: Moved(real())
+    before = fallbacks()
+    with caplog.at_level(logging.WARNING, logger="connectors.milvus.writes"):
+        stores["off"].upsert_chunks(_rows([("c", 0, 3)], vecs[2:3]), "m", 2000)
+        stores["off"].upsert_chunks(_rows([("a", 0, 5)], vecs[3:4]), "m", 3000)
+    assert fallbacks() - before == 2
+    assert sum("private columnar upsert failed" in r.getMessage() for r in caplog.records) == 1
+    off = stores["off"]
+    assert off.versions(["a", "b", "c"]) == ({"a": ("T:0", 5), "b": ("T:0", 2), "c": ("T:0", 3)},
+                                             {"a": 1, "b": 1, "c": 1})
+    rows = _rows([("s", 0, 1), ("e", 0, 2)], vecs[:2])
+    rows.sparse = [(np.array([7, 3]), np.array([0.5, 1.0], np.float32)),
+                   (np.array([], np.int32), np.array([], np.float32))]
+    stores["learned"].upsert_chunks(rows, "m", 1000)
+    if kind == "fake":
+        assert off._client.calls[-1][1][0]["vector"] == pytest.approx(vecs[3].tolist())
+        assert stores["learned"]._client.calls[-1][1][0]["sparse"] == {7: 0.5, 3: 1.0}
+        return
+    fields = ("id", "doc_id", "chunk_index", "chunk_count", "span_start", "span_end", "excerpt", "vector",
+              "content_hash", "metadata", "updated_at", "model", "source", "source_offset")
+    got = {r["id"]: r for r in MilvusReader.sharing(off).query_ids(fields)}
+    c, b = got["c#0"], got["b#0"]  # c through the public upsert, b through the columnar request
+    assert {k: type(v) for k, v in c.items()} == {k: type(v) for k, v in b.items()}
+    assert (c["doc_id"], c["chunk_index"], c["chunk_count"], c["span_start"], c["span_end"], c["excerpt"]) == \
+        ("c", 0, 1, 0, 9, "c 0")
+    assert (c["content_hash"], c["metadata"], c["updated_at"], c["model"], c["source"], c["source_offset"]) == \
+        ("h-c0", {"d": "c"}, 2000, "m", "T:0", 3)
+    assert np.allclose(c["vector"], vecs[2]) and np.allclose(got["a#0"]["vector"], vecs[3])
+    sparse = {r["id"]: r["sparse"] for r in MilvusReader.sharing(stores["learned"]).query_ids(("id", "sparse"))}
+    assert sparse["s#0"] == pytest.approx({3: 1.0, 7: 0.5})
+    for store in stores.values():
+        MilvusAdmin.sharing(store).drop()
+        store.close()

@@ -285,6 +285,19 @@ def test_size_limits_on_the_real_broker(fault_stack, tmp_path):
     assert keys["fat"] == 1 and keys["fine"] == 1 and keys["gate"] == 1
 
 
+def test_a_topic_that_takes_less_than_16_kb_stops_the_start_naming_it(fault_stack):
+    """A DLQ topic whose ``max.message.bytes`` is 8 KB (a dead letter's own headers need up to ~6 KB):
+    `embedstream run` refuses to start, exit 2, one line naming the topic and the minimum."""
+    from tests.helpers import fresh_settings
+
+    _, env = fault_stack
+    s = fresh_settings(env, partitions=1, topic_config={"dlq": {"max.message.bytes": "8192"}})
+    res = run_cli(["run", "--stop-when-idle", "1"], settings_env(s), timeout=180)
+    assert res.returncode == 2, res.stderr[-3000:]
+    last = [line for line in res.stderr.splitlines() if line.strip()][-1]
+    assert s.dlq_topic in last and "8,192" in last and "16,384" in last, last
+
+
 def test_two_exactly_once_workers_with_one_instance_id_end_the_older_with_exit_4(fs, model, tmp_path):
     """Exit 4 through `embedstream run`: a second exactly-once worker started with the first one's
     instance id (so its transactional.id) fences the first, which stops with exit code 4 and its

@@ -80,3 +80,16 @@ def test_a_given_model_takes_the_sparse_setting_unless_it_needs_a_model_it_was_n
     assert with_sparse(learned, "off") is learned and with_sparse(learned, "org/splade") is learned
     with pytest.raises(ConfigError, match="loaded without that sparse model"):
         with_sparse(model, "org/splade")
+
+
+def test_a_dead_consumer_ends_the_run_with_what_to_do():
+    from confluent_kafka import KafkaError, KafkaException
+
+    from worker.commands.cli import consumer_died
+
+    fenced = KafkaException(KafkaError(KafkaError._FATAL, "Fatal error: Broker: Static consumer fenced by other "
+                                       "consumer with same group.instance.id"))
+    assert consumer_died(fenced).exit_code == 4
+    assert consumer_died(KafkaException(KafkaError(KafkaError._FATAL, "something else"))).exit_code == 1
+    assert consumer_died(KafkaException(KafkaError(KafkaError._TRANSPORT, "down"))) is None
+    assert consumer_died(RuntimeError("not Kafka's")) is None

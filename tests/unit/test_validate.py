@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from schemas.codec import Document, encode_document
-from worker.core.records import DeadLetter, Delete, Item
+from worker.core.records import DeadLetter, Delete, Item, Source, content_hash
 from worker.steps.polling.validate import Validator
 
 from .fakes import FakeMessage
@@ -32,3 +32,79 @@ def test_validator_good_record_and_tombstone():
     it = v.validate(FakeMessage(b"a", encode_document(Document("a", "  Cafe\u0301  ", "m")), 3, 41))
     assert isinstance(it, Item) and it.text == "Caf\u00e9" and it.source.offset == 41 and it.source.partition == 3
     assert isinstance(v.validate(FakeMessage(b"gone", None)), Delete)
+
+
+class _NoTimestamp(FakeMessage):
+    def timestamp(self):
+        return (0, -1)  # TIMESTAMP_NOT_AVAILABLE
+
+
+def _validator(**kw) -> Validator:
+    return Validator(1000, lambda m: "served-m" if m in (None, "m") else None, **kw)
+
+
+def test_the_size_limit_and_the_id_limit_take_a_record_at_exactly_the_limit():
+    limit_doc = encode_document(Document("a", "x" * 50))
+    v = Validator(len(limit_doc), lambda m: "served-m")
+    assert isinstance(v.validate(FakeMessage(b"a", limit_doc)), Item)
+    v = Validator(len(limit_doc) - 1, lambda m: "served-m")
+    assert v.validate(FakeMessage(b"a", limit_doc)).reason == "text_too_long"
+    at_limit, over = "i" * 512, "i" * 513
+    assert isinstance(_validator().validate(FakeMessage(at_limit.encode(), encode_document(Document(at_limit, "hi")))),
+                      Item)
+    assert _validator().validate(FakeMessage(over.encode(), encode_document(Document(over, "hi")))).reason == \
+        "id_too_long"
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    (b"a", b"x" * 2000, "EMBEDSTREAM_MAX_TEXT_BYTES"),
+    (b"a", b"\x02\x04", ""),
+    (b"a" * 600, encode_document(Document("a" * 600, "hi")), "512 bytes"),
+    (b"a", encode_document(Document("a", "hi", model="other-model")), "'other-model'"),
+    (b"a", encode_document(Document("a", "   ")), "empty"),
+])
+def test_every_entry_carries_its_source_and_a_dead_letter_says_why(key, value, says):
+    dead = _validator().validate(FakeMessage(key, value, 4, 77, topic="in", headers=[("h", b"1")], ts=1234))
+    assert isinstance(dead, DeadLetter)
+    assert dead.source == Source("in", 4, 77, 1234)
+    assert (dead.key, dead.value, dead.headers) == (key, value, [("h", b"1")])
+    assert isinstance(dead.message, str) and dead.message and says in dead.message
+
+
+def test_a_tombstone_and_an_item_carry_their_source_id_and_fields():
+    gone = _validator().validate(FakeMessage(b"gone", None, 2, 9, topic="in", ts=55))
+    assert isinstance(gone, Delete) and gone.id == "gone" and gone.source == Source("in", 2, 9, 55)
+    it = _validator().validate(FakeMessage(b"a", encode_document(Document("a", " hello ", "m", {"k": "v"})), 1, 5,
+                                           topic="in", ts=99))
+    assert isinstance(it, Item)
+    assert (it.source, it.id, it.text, it.hash, it.tokens, it.metadata, it.model) == \
+        (Source("in", 1, 5, 99), "a", "hello", content_hash("hello"), 0, {"k": "v"}, "served-m")
+    assert it.original is None
+
+
+def test_a_message_without_a_timestamp_has_none():
+    it = _validator().validate(_NoTimestamp(b"a", encode_document(Document("a", "hi"))))
+    assert it.source.timestamp_ms is None
+    zero = _validator().validate(FakeMessage(b"a", encode_document(Document("a", "hi")), ts=0))
+    assert zero.source.timestamp_ms is None
+    one = _validator().validate(FakeMessage(b"a", encode_document(Document("a", "hi")), ts=1))
+    assert one.source.timestamp_ms == 1
+
+
+def test_a_structured_key_names_the_document_by_its_key_field():
+    v = _validator(key_field="id")
+    it = v.validate(FakeMessage(b'{"id": 7}', b'{"text": "hello"}'))
+    assert isinstance(it, Item) and it.id == "7"
+    gone = v.validate(FakeMessage(b'{"id": 7}', None))
+    assert isinstance(gone, Delete) and gone.id == "7"
+
+
+def test_the_original_record_is_kept_only_where_it_may_be_dead_lettered_later():
+    value = encode_document(Document("a", "a text of some length"))
+    msg = FakeMessage(b"a", value, headers=[("h", b"1")])
+    assert _validator().validate(msg).original is None
+    assert _validator(keep_original=lambda chars: chars > 10).validate(msg).original == (b"a", value, [("h", b"1")])
+    assert _validator(keep_original=lambda chars: chars > 100).validate(msg).original is None
+    size = len(value) + 1  # value and key
+    assert _validator(keep_large=size).validate(msg).original is None
+    assert _validator(keep_large=size - 1).validate(msg).original == (b"a", value, [("h", b"1")])

@@ -259,10 +259,11 @@ def topic_limits(s: Settings) -> TopicLimits:
                           "number of bytes") from None
     told = topic_max_bytes(s.kafka_common(), [s.output_topic, s.dlq_topic])
     limits = TopicLimits.of(producer_max, told.get(s.output_topic), told.get(s.dlq_topic))
-    if min(limits.output, limits.dlq) < MIN_RECORD_LIMIT:
-        raise ConfigError(f"the output or DLQ topic takes records of at most {min(limits.output, limits.dlq):,} bytes "
-                          f"(max.message.bytes / EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES): a dead letter's own headers "
-                          f"need more; allow at least {MIN_RECORD_LIMIT:,}")
+    for topic, limit in ((s.output_topic, limits.output), (s.dlq_topic, limits.dlq)):
+        if limit < MIN_RECORD_LIMIT:
+            raise ConfigError(f"topic {topic} takes records of at most {limit:,} bytes (its max.message.bytes, or "
+                              f"EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES): a dead letter's own headers need more; allow "
+                              f"at least {MIN_RECORD_LIMIT:,}")
     log.info("largest records: %d bytes to %s, %d to %s", limits.output, s.output_topic, limits.dlq, s.dlq_topic)
     return limits
 
