@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from connectors.transactions import Transactions, TransactionsFailed, transactional_id
 from schemas.errors import TransientError
@@ -301,3 +301,77 @@ def test_a_generation_moved_on_without_a_callback_is_learnt_at_the_next_tick():
 
     _aborted_for_a_rebalance_then_redone(producer, sink, join)
     assert txn.group_metadata == producer.offsets_metadata[-1] == b"generation 2"
+
+
+def test_a_record_the_transaction_could_not_deliver_aborts_it_and_the_retry_redoes_the_group():
+    """A delivery failure inside the transaction (not Milvus): aborted at once, never kept open, the
+    error counted as Kafka's (the retries metric's label), and the redo seen once."""
+    producer = TransactionalProducer()
+    producer.fail = KafkaError(KafkaError._MSG_TIMED_OUT, "message timed out")
+    sink, txn = _sink(producer)
+    group = _group()
+    with pytest.raises(TransientError) as failed:
+        sink.process(group)
+    assert failed.value.system == "kafka"
+    assert producer.calls[-1] == "abort_transaction" and not txn.open and producer.visible == []
+    producer.fail = None
+    sink.process(group)  # a new transaction: every record produced again, seen once
+    assert producer.calls.count("begin_transaction") == 2 and len(producer.visible) == 4
+
+
+class _RefusingProducer(TransactionalProducer):
+    """Its first produce is refused by the transaction's state (librdkafka raises at once)."""
+
+    refuse = 1
+
+    def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
+        if self.refuse:
+            self.refuse -= 1
+            raise KafkaException(KafkaError(KafkaError._STATE, "operation not valid in state Ready"))
+        super().produce(topic, value, key, headers, on_delivery)
+
+
+def test_a_produce_the_transaction_refuses_is_kafkas_retriable_error_and_aborts():
+    producer = _RefusingProducer()
+    sink, txn = _sink(producer)
+    group = _group()
+    with pytest.raises(TransientError, match="the transaction was aborted, its batches are redone") as failed:
+        sink.process(group)
+    assert failed.value.system == "kafka" and producer.calls[-1] == "abort_transaction" and not txn.open
+    sink.process(group)
+    assert len(producer.visible) == 4
+
+
+def test_a_milvus_outage_is_counted_as_milvus_and_the_carried_group_is_only_that_group():
+    producer, client = TransactionalProducer(), RecordingMilvusClient(fail_upserts=1)
+    sink, txn = _sink(producer, client=client)
+    group = _group()
+    with pytest.raises(TransientError) as failed:
+        sink.process(group)
+    assert failed.value.system == "milvus" and txn.open
+    other = [Batch()]
+    other[0].add(_item("z", 2, 0.4, partition=2))
+    # another group reaching the sink meanwhile is not the open transaction's: its records are produced
+    # in a transaction of their own (the open one aborted first), never committed as the carried group's
+    sink.process(other)
+    assert producer.calls.count("abort_transaction") == 1
+    assert [k for _, k, _, _ in producer.visible] == [b"z"]
+    sink.process(group)
+    assert len(producer.visible) == 5 and sorted(client.rows) == ["a#0", "b#0", "c#0", "z#0"]
+
+
+def test_each_transaction_times_its_milvus_and_output_sides():
+    from prometheus_client import REGISTRY
+
+    def observed(side: str) -> tuple[float, float]:
+        get = REGISTRY.get_sample_value
+        return (get("embedstream_sink_seconds_count", {"sink": side}) or 0.0,
+                get("embedstream_sink_seconds_sum", {"sink": side}) or 0.0)
+
+    before = {side: observed(side) for side in ("milvus", "output")}
+    sink, _ = _sink(TransactionalProducer())
+    sink.process(_group())
+    for side in ("milvus", "output"):
+        count, total = observed(side)
+        assert count == before[side][0] + 1, side
+        assert 0 <= total - before[side][1] < 60, side  # seconds of this transaction, not a clock reading
