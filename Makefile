@@ -43,12 +43,13 @@ soak: setup
 	EMBEDSTREAM_TEST_BROKER=$(BROKER) $(BIN)/python -m pytest -q -s -m soak tests/faults/test_soak.py
 
 # Is each guarantee checked? Switched off one at a time in a scratch copy, the suite must fail
-# (tools/switch_offs.py); then mutmut over the protocol modules (pyproject's [tool.mutmut]), outside
+# (tools/switch_offs.py); then mutmut over the protocol modules (pyproject's [tool.mutmut]), and each
+# survivor judged again against its module's tests (tools/mutants.py: mutants/survivors.md), outside
 # make test: about an hour here.
 mutate: setup
 	$(BIN)/python -m tools.switch_offs
 	$(BIN)/mutmut run --max-children 2
-	$(BIN)/mutmut results
+	$(BIN)/python -m tools.mutants --jobs 2
 
 bench-gpu: setup
 	$(BIN)/embedstream bench --device cuda --quick --docs 4000 --broker $(BROKER) --output bench-gpu

@@ -90,3 +90,65 @@ def test_every_dead_letter_reason_trips_with_a_hint(reason):
     with pytest.raises(DlqLimitExceeded) as tripped:
         breaker.record(reason, "why")
     assert HINTS[reason] in str(tripped.value) and len(HINTS[reason]) > 20
+
+
+def test_the_halting_line_names_the_most_frequent_reason_with_its_own_last_message():
+    d = DlqLimit(max_consecutive=5, max_ratio=1.0, window=100)
+    d.record("decode_error", "not Avro at all")
+    for name in ("a", "b", "c"):
+        d.record("unknown_model", f"record asks for model {name!r}")
+    with pytest.raises(DlqLimitExceeded) as tripped:
+        d.record("decode_error", "truncated Avro")
+    line = str(tripped.value)
+    assert "5 records in a row" in line
+    assert "most often unknown_model: record asks for model 'c'" in line and HINTS["unknown_model"] in line
+    assert "truncated" not in line and "None" not in line
+
+
+def test_a_reason_without_a_hint_still_says_what_to_do():
+    d = DlqLimit(max_consecutive=2, max_ratio=1.0, window=100)
+    d.record("some_new_reason", "why")
+    with pytest.raises(DlqLimitExceeded) as tripped:
+        d.record("some_new_reason", "why")
+    line = str(tripped.value)
+    assert "most often some_new_reason: why). " in line and "None" not in line and "fix the cause" in line
+
+
+def test_bad_records_leaving_the_window_are_counted_out():
+    d = DlqLimit(max_consecutive=100, max_ratio=0.5, window=4)
+    for reason in ("empty_text", "empty_text", None, None, None, None):  # the two bad ones slide out
+        d.record(reason)
+    d.record("empty_text")
+    d.record("empty_text")  # 2 of the last 4: allowed
+    with pytest.raises(DlqLimitExceeded, match="3 of the last 4"):
+        d.record("empty_text")
+
+
+def test_late_dead_letters_exactly_at_the_ratio_are_allowed_and_one_more_trips():
+    d = DlqLimit(max_consecutive=100, max_ratio=0.5, window=4)
+    d.record_processed(4)
+    d.record_late("too_many_chunks", "a log file as one document")
+    d.record_late("too_many_chunks", "a log file as one document")
+    d.count_late()  # 2 of 4: allowed
+    d.record_late("output_too_large", "metadata of 2 MB")
+    with pytest.raises(DlqLimitExceeded, match="3 of the last 4"):
+        d.count_late()
+
+
+def test_a_late_dead_letter_turns_even_the_oldest_processed_record_of_the_window():
+    d = DlqLimit(max_consecutive=100, max_ratio=0.9, window=3)
+    d.record(None)  # the only processed record, the oldest of the window
+    d.record("empty_text")
+    d.record("empty_text")
+    d.record_late("too_many_chunks", "x")
+    with pytest.raises(DlqLimitExceeded, match="3 of the last 3"):
+        d.count_late()
+
+
+def test_a_late_dead_letter_with_no_processed_record_left_in_the_window_is_only_counted():
+    d = DlqLimit(max_consecutive=100, max_ratio=1.0, window=2)
+    d.record("empty_text")
+    d.record("empty_text")
+    d.record_late("too_many_chunks", "x")
+    d.count_late()  # nothing left to turn bad: no error
+    assert d._reasons["too_many_chunks"] == 1

@@ -108,3 +108,34 @@ def test_the_original_record_is_kept_only_where_it_may_be_dead_lettered_later():
     size = len(value) + 1  # value and key
     assert _validator(keep_large=size).validate(msg).original is None
     assert _validator(keep_large=size - 1).validate(msg).original == (b"a", value, [("h", b"1")])
+
+
+def test_framed_records_are_read_through_the_registry_which_is_asked_for_their_ids_only(tmp_path):
+    import threading
+
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    from connectors.registry import SchemaRegistry, client_conf
+    from schemas.codec import DOCUMENT_SCHEMA_TEXT
+    from tests.helpers import registry_serializer
+    from tools.registry import make_server
+
+    server = make_server(0, None)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        framed = registry_serializer(SchemaRegistryClient({"url": url}), DOCUMENT_SCHEMA_TEXT, "docs")(
+            {"id": "f", "text": "framed by the registry", "model": None, "metadata": {}, "event_time": None})
+        registry = SchemaRegistry(client_conf(url, {}), DOCUMENT_SCHEMA_TEXT)
+        v = _validator(registry=registry)
+        msgs = [FakeMessage(b"f", framed), FakeMessage(b"p", encode_document(Document("p", "plain Avro")))]
+        server.requests.clear()
+        v.resolve_schemas(msgs)
+        assert sum(n for k, n in server.requests.items() if k.startswith("GET /schemas/ids")) == 1
+        framed_item, plain = (v.validate(m) for m in msgs)
+        assert isinstance(framed_item, Item) and (framed_item.id, framed_item.text) == ("f", "framed by the registry")
+        assert isinstance(plain, Item) and plain.id == "p"
+        # without the registry the frame is not a document
+        assert _validator().validate(msgs[0]).reason == "decode_error"
+    finally:
+        server.shutdown()

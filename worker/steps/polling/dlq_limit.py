@@ -52,7 +52,8 @@ class DlqLimit:
         self._recent: deque[bool] = deque(maxlen=window)
         self._bad_in_window = 0
         self._reasons: Counter[str] = Counter()
-        self._last_message = ""
+        #: The last message of each reason in the run: the halting line quotes the most frequent's.
+        self._messages: dict[str, str] = {}
         self._late: list[tuple[str, str]] = []
         self._late_lock = threading.Lock()
 
@@ -66,10 +67,11 @@ class DlqLimit:
         if reason is None:
             self._run = 0
             self._reasons.clear()
+            self._messages.clear()
             return
         self._run += 1
         self._reasons[reason] += 1
-        self._last_message = message
+        self._messages[reason] = message
         if self._run >= self.max_consecutive:
             self._trip(f"{self._run} records in a row were dead-lettered")
         if len(self._recent) == self.window and self._bad_in_window > self.max_ratio * self.window:
@@ -87,6 +89,7 @@ class DlqLimit:
         self._recent.extend(repeat(False, n))
         self._run = 0
         self._reasons.clear()
+        self._messages.clear()
 
     def record_late(self, reason: str, message: str = "") -> None:
         """A record counted as processed at intake was dead-lettered after all (embed or sink
@@ -108,14 +111,14 @@ class DlqLimit:
                 self._recent[newest_good] = True
                 self._bad_in_window += 1
             self._reasons[reason] += 1
-            self._last_message = message
+            self._messages[reason] = message
         if len(self._recent) == self.window and self._bad_in_window > self.max_ratio * self.window:
             self._trip(f"{self._bad_in_window} of the last {self.window} records were dead-lettered")
 
     def _trip(self, what: str) -> None:
-        reason, count = (self._reasons.most_common(1) or [("?", 0)])[0]
+        reason = self._reasons.most_common(1)[0][0] if self._reasons else "?"
         raise DlqLimitExceeded(
-            f"halting: {what} (most often {reason}: {self._last_message}). {HINTS.get(reason, '')} "
+            f"halting: {what} (most often {reason}: {self._messages.get(reason, '')}). {HINTS.get(reason, '')} "
             "Nothing after the first unprocessed record was committed: fix the cause and restart. "
             "(Limits: EMBEDSTREAM_DLQ_MAX_CONSECUTIVE, EMBEDSTREAM_DLQ_MAX_RATIO.)"
         )
