@@ -38,6 +38,16 @@ def fs(fault_stack):
 
 
 @pytest.fixture(autouse=True)
+def empty_cache(fault_stack):
+    """Every scenario starts with the fault stack's Redis empty: what it finds in the cache never
+    depends on which scenarios ran before it, or on their order."""
+    import redis
+
+    _, env = fault_stack
+    redis.Redis.from_url(env["EMBEDSTREAM_REDIS_URL"], socket_timeout=5).flushdb()
+
+
+@pytest.fixture(autouse=True)
 def no_worker_left_behind():
     yield
     from tests.faults.harness import WorkerProcess

@@ -47,8 +47,9 @@ from worker.settings import Settings
 
 def short_docs(n: int, prefix: str, unseen: bool = False) -> list[Document]:
     """``n`` documents with short, distinct texts (first sentences of stdlib docstrings). The texts
-    are the same for every ``prefix``, so a test run after another finds them in the shared Redis;
-    ``unseen`` ends each with the prefix in brackets, a text no other test embeds."""
+    are the same for every ``prefix``, so within one scenario a second stream of another prefix finds
+    them in the cache (each scenario starts with it empty: the fault suite's ``empty_cache``);
+    ``unseen`` ends each with the prefix in brackets, a text of its own."""
     seen: set[str] = set()
     out: list[Document] = []
     for name, doc in stdlib_docstrings():

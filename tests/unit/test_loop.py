@@ -119,7 +119,10 @@ def test_lost_partitions_are_neither_written_nor_committed():
 
     def embed(group):
         consumer.lose_next([1])
-        time.sleep(0.2)  # the loop serves the loss meanwhile
+        deadline = time.monotonic() + 5
+        while ("docs", 1) in fence.owned_now():  # the loop serves the loss meanwhile
+            assert time.monotonic() < deadline, "the loss was never served"
+            time.sleep(0.005)
 
     def sink(group):  # writes what the fence lets through, as the real sink does
         owned = fence.owned_now()

@@ -77,14 +77,19 @@ def test_a_bug_is_raised_on_the_polling_thread():
 
 
 def test_abort_stops_retrying_and_completes_nothing():
+    retried = threading.Event()
+    calls = []
+
     def down(group):
+        calls.append(1)
+        if len(calls) >= 2:
+            retried.set()
         raise TransientError("kafka", "down")
 
     p = Pipeline([Stage("a", _noop), Stage("down", down)], backoff_max=0.05)
     p.submit(_batch(0))
-    time.sleep(0.2)
-    p.abort()
-    time.sleep(0.2)
+    assert retried.wait(5), "the stage never retried"
+    assert p.abort(wait=5), "the stage threads did not end: the retries went on"
     assert p.completed() == [] and p.inflight == 1 and p.aborted
 
 
@@ -92,14 +97,17 @@ def test_batches_waiting_for_a_busy_stage_are_taken_as_one_group_and_leave_in_or
     release = threading.Event()
     groups: list[list[int]] = []
 
+    busy = threading.Event()
+
     def slow(group):
         groups.append([_n(b) for b in group])
+        busy.set()
         release.wait(5)
 
     slow_stage = Stage("slow", slow)
     p = Pipeline([slow_stage, Stage("sink", _noop)])
     p.submit(_batch(0))
-    time.sleep(0.2)  # the stage is now blocked on batch 0
+    assert busy.wait(5)  # the stage is now blocked on batch 0
     for i in range(1, 5):
         p.submit(_batch(i))
     assert slow_stage.backlog == 5
