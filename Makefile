@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # torch pinned: PyPI's 2.13.0 (its CUDA build, ~2.6 GB with the nvidia-* wheels) runs on CPUs too.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-fast test-gpu soak mutate demo bench bench-quick bench-cpu bench-gpu bench-gpu-processes bench-peer-env dev-up dev-down lint clean
+.PHONY: setup docs test test-fast test-gpu soak mutate demo bench bench-quick bench-cpu bench-gpu bench-gpu-processes bench-peer-env dev-up dev-down lint clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml
 	@# environment's path, so that `embedstream dev|bench|demo` and the tests find them.
 	$(BIN)/python -c "import site, sys; open(site.getsitepackages()[0] + '/embedstream-checkout.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)"
 	touch $(STAMP)
+
+# docs/configuration.md from the settings' declarations (tests/unit/test_config_docs.py checks it).
+docs: setup
+	$(BIN)/python -m tools.config_docs
 
 # The whole suite: lint and types first, then every test (unit, connectors on fakes and on the real
 # stack, integration, the fault suite).
