@@ -93,3 +93,40 @@ def test_a_dead_consumer_ends_the_run_with_what_to_do():
     assert consumer_died(KafkaException(KafkaError(KafkaError._FATAL, "something else"))).exit_code == 1
     assert consumer_died(KafkaException(KafkaError(KafkaError._TRANSPORT, "down"))) is None
     assert consumer_died(RuntimeError("not Kafka's")) is None
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"embedstream {version('embedstream')}"
+
+
+def test_config_shows_each_setting_masked_with_where_it_came_from(monkeypatch):
+    import json
+    import os
+
+    for key in [k for k in os.environ if k.startswith("EMBEDSTREAM_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("EMBEDSTREAM_MAX_BATCH_SIZE", "5")
+    monkeypatch.setenv("EMBEDSTREAM_KAFKA__SASL_PASSWORD", "hunter2")
+    monkeypatch.setenv("EMBEDSTREAM_KAFKA__SASL_MECHANISM", "PLAIN")
+    monkeypatch.setenv("EMBEDSTREAM_REDIS_URL", "redis://user:secret@cache:6379/0")
+    result = CliRunner().invoke(app, ["config", "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["EMBEDSTREAM_MAX_BATCH_SIZE"] == {"value": 5, "from": "environment"}
+    assert shown["EMBEDSTREAM_INPUT_TOPIC"] == {"value": "documents", "from": "default"}
+    assert shown["EMBEDSTREAM_KAFKA__<PROPERTY>"] == {"value": {"sasl.password": "***", "sasl.mechanism": "PLAIN"},
+                                                     "from": "environment"}
+    assert shown["EMBEDSTREAM_REDIS_URL"]["value"] == "***" and "hunter2" not in result.output
+    plain = [n for n in Settings.model_fields if n not in ("kafka", "schema_registry")]
+    assert set(shown) >= {f"EMBEDSTREAM_{n.upper()}" for n in plain}
+    table = CliRunner().invoke(app, ["config"])
+    assert table.exit_code == 0 and "EMBEDSTREAM_MAX_BATCH_SIZE" in table.output and "secret" not in table.output
+
+
+def test_config_with_a_bad_setting_exits_2_as_run_would(monkeypatch):
+    monkeypatch.setenv("EMBEDSTREAM_MAX_BATCH_SIZ", "5")
+    result = CliRunner().invoke(app, ["config"])
+    assert result.exit_code == 2 and "EMBEDSTREAM_MAX_BATCH_SIZE" in result.output

@@ -36,6 +36,25 @@ console = Console()
 err = Console(stderr=True)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            console.print(f"embedstream {version('embedstream')}")
+        except PackageNotFoundError:  # a checkout run without `pip install`
+            console.print("embedstream (not installed: its version is in pyproject.toml)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="Print the version and exit")] = False,
+) -> None:
+    """Kafka-driven streaming embedding worker: documents in, vectors out (Milvus + an output topic)."""
+
+
 def settings_or_exit(overrides: Mapping[str, object] | None = None, **more: object) -> Settings:
     """Settings from the environment, then the flags ``overrides`` and ``more`` (None: not given); a
     bad value exits 2 with what to fix."""
@@ -349,6 +368,25 @@ def run(
                    "that committed. A newer worker with the same transactional.id (the same "
                    "EMBEDSTREAM_GROUP_INSTANCE_ID) fences this one: run each instance id once.", 4) from None
     err.print(_done_line(stats))
+
+
+@app.command("config")
+def config(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object: each variable's value and source")] = False,
+) -> None:
+    """Print the settings in effect, secrets masked, and where each came from: its EMBEDSTREAM_*
+    variable (environment) or the default. A bad setting exits 2 with what to fix, as `run` would."""
+    from worker.commands.config_view import effective
+
+    rows = effective(settings_or_exit(), os.environ)
+    if as_json:
+        console.print_json(data={v: {"value": value, "from": source} for v, value, source in rows})
+        return
+    table = Table("variable", "value", "from", title="embedstream config", title_justify="left")
+    for variable, value, source in rows:
+        table.add_row(variable, "" if value is None else str(value), source,
+                      style="" if source == "default" else "bold")
+    console.print(table)
 
 
 def _done_line(stats) -> str:
