@@ -212,3 +212,14 @@ def test_a_sparse_model_shares_the_leading_modules_of_the_same_kind_configuratio
     val = np.array([[0.5, 0.25, 0.0], [0.0, 0.0, 0.0]], np.float32)
     rows = rows_of(idx, val)  # non-zero weights only, dimensions ascending
     assert rows[0][0].tolist() == [2, 9] and rows[0][1].tolist() == [0.25, 0.5] and len(rows[1][0]) == 0
+
+
+def test_a_hub_name_not_in_the_cache_while_offline_says_what_to_do(monkeypatch):
+    from schemas.errors import ConfigError
+    from worker.embedding.base import resolve_model_path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=r"not in the local cache.*HF_HUB_OFFLINE=1.*hf download acme/m"):
+        resolve_model_path("acme/m")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # online: the name goes to the loader as it is
+    assert resolve_model_path("acme/m") == ("acme/m", "acme/m")

@@ -310,6 +310,13 @@ def resolve_model_path(model: str | None) -> tuple[str, str]:
             )
         return model_identity(model_name(path.resolve()), path.resolve()), str(path.resolve())
     cached = _hub_snapshot(model)
+    if cached is None and os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise ConfigError(
+            f"EMBEDSTREAM_MODEL={model!r}: a Hugging Face hub name that is not in the local cache, and models "
+            "load offline (HF_HUB_OFFLINE=1, the worker's default: nothing is fetched at run time). Fetch it once "
+            f"into the cache (`hf download {model}`, huggingface_hub's command), set HF_HUB_OFFLINE=0 to let the "
+            "worker fetch it, or point EMBEDSTREAM_MODEL at a model directory."
+        )
     return (model_identity(model_name(cached), cached) if cached else model), model
 
 
