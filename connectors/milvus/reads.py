@@ -93,7 +93,7 @@ class MilvusReader(MilvusConnection):
         ``kind``: the collection's sparse side, when known."""
         from pymilvus import AnnSearchRequest, RRFRanker, WeightedRanker
 
-        fields = [*CHUNK_FIELDS, "excerpt", "metadata", "model"]
+        fields = [*CHUNK_FIELDS, "excerpt", "metadata", "model", "content_hash"]
         kind = kind or (self.sparse_kind() if mode != "dense" else "off")
         side = limit if mode != "hybrid" else (window or limit)
         requests = []

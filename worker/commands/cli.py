@@ -454,7 +454,9 @@ def hits_table(query: str, hits: list[dict]) -> Table:
         chunks, (start, end) = h.get("chunks", 1), h.get("span", (0, -1))
         where = f"chunk {h.get('chunk', 0) + 1}/{chunks}, chars {start}–{end}" if chunks > 1 else "whole text"
         excerpt = " ".join((h.get("excerpt") or "").split())
-        table.add_row(str(rank), f"{h['score']:.3f}", h["id"], where, excerpt[:70] + ("…" if len(excerpt) > 70 else ""),
+        also = h.get("also") or []
+        ids = h["id"] + (f" (same text: {', '.join(also[:3])}{', …' if len(also) > 3 else ''})" if also else "")
+        table.add_row(str(rank), f"{h['score']:.3f}", ids, where, excerpt[:70] + ("…" if len(excerpt) > 70 else ""),
                       meta[:60])
     return table
 
