@@ -318,6 +318,10 @@ def run(
     stop_when_idle: Annotated[float | None, typer.Option(
         "--stop-when-idle", help="Exit 0 once every assigned partition has been at its end for this many "
         "seconds (backfill / batch mode)", min=0)] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Only reach each dependency (brokers and topics, Milvus and the collection, Redis, the "
+        "schema registry) and load the model, print a table, and exit 0, or 2 with what is wrong; joins no group "
+        "and creates or writes nothing")] = False,
     overrides: dict[str, object] | None = None,
 ) -> None:
     """The worker: consume documents, batch, cache, embed, upsert into Milvus, publish, commit.
@@ -340,6 +344,8 @@ def run(
 
     s = settings_or_exit(overrides)
     setup_logging(s)
+    if check:
+        raise typer.Exit(_check(s))
     if s.processes > 1:
         from worker.process.processes import Processes
 
@@ -387,6 +393,23 @@ def config(
         table.add_row(variable, "" if value is None else str(value), source,
                       style="" if source == "default" else "bold")
     console.print(table)
+
+
+def _check(s: Settings) -> int:
+    """``run --check``: the table of :func:`worker.commands.check.run_checks`; 0, or 2 on a failure."""
+    from worker.commands.check import run_checks
+
+    checks = run_checks(s)
+    table = Table("part", "", "detail", title="embedstream run --check", title_justify="left")
+    for c in checks:
+        mark = "[green]ok[/]" if c.ok else "[red]fail[/]" if c.ok is False else "[yellow]warn[/]"
+        table.add_row(c.part, mark, c.detail)
+    console.print(table)
+    failed = [c.part for c in checks if c.ok is False]
+    if failed:
+        err.print(f"[red]error:[/] {', '.join(failed)}: fix what the table says, then run again", soft_wrap=True)
+        return 2
+    return 0
 
 
 def _done_line(stats) -> str:
