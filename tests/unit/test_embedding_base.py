@@ -215,11 +215,13 @@ def test_a_sparse_model_shares_the_leading_modules_of_the_same_kind_configuratio
 
 
 def test_a_hub_name_not_in_the_cache_while_offline_says_what_to_do(monkeypatch):
+    from huggingface_hub import constants
+
     from schemas.errors import ConfigError
     from worker.embedding.base import resolve_model_path
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ConfigError, match=r"not in the local cache.*HF_HUB_OFFLINE=1.*hf download acme/m"):
         resolve_model_path("acme/m")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # online: the name goes to the loader as it is
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # online: the name goes to the loader as it is
     assert resolve_model_path("acme/m") == ("acme/m", "acme/m")

@@ -310,7 +310,7 @@ def resolve_model_path(model: str | None) -> tuple[str, str]:
             )
         return model_identity(model_name(path.resolve()), path.resolve()), str(path.resolve())
     cached = _hub_snapshot(model)
-    if cached is None and os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+    if cached is None and _hub_offline():
         raise ConfigError(
             f"EMBEDSTREAM_MODEL={model!r}: a Hugging Face hub name that is not in the local cache, and models "
             "load offline (HF_HUB_OFFLINE=1, the worker's default: nothing is fetched at run time). Fetch it once "
@@ -318,6 +318,15 @@ def resolve_model_path(model: str | None) -> tuple[str, str]:
             "worker fetch it, or point EMBEDSTREAM_MODEL at a model directory."
         )
     return (model_identity(model_name(cached), cached) if cached else model), model
+
+
+def _hub_offline() -> bool:
+    """Whether huggingface_hub loads offline (``HF_HUB_OFFLINE``, which ``embedstream`` sets unless given)."""
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return False
+    return bool(constants.HF_HUB_OFFLINE)
 
 
 def _hub_snapshot(name: str) -> Path | None:
