@@ -130,3 +130,18 @@ def test_config_with_a_bad_setting_exits_2_as_run_would(monkeypatch):
     monkeypatch.setenv("EMBEDSTREAM_MAX_BATCH_SIZ", "5")
     result = CliRunner().invoke(app, ["config"])
     assert result.exit_code == 2 and "EMBEDSTREAM_MAX_BATCH_SIZE" in result.output
+
+
+def test_json_logs_carry_an_iso_8601_timestamp_with_its_zone():
+    import datetime
+    import json
+    import logging
+
+    from worker.assembly.runner import JsonFormatter
+
+    record = logging.LogRecord("worker.core.loop", logging.INFO, __file__, 1, "assigned %s", ([0, 1],), None)
+    line = json.loads(JsonFormatter().format(record))
+    ts = datetime.datetime.fromisoformat(line["ts"])
+    assert ts.tzinfo is not None and ts.utcoffset() == datetime.timedelta(0)
+    assert abs(ts.timestamp() - record.created) < 0.001
+    assert (line["level"], line["logger"], line["message"]) == ("INFO", "worker.core.loop", "assigned [0, 1]")

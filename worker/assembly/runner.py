@@ -8,6 +8,7 @@ of another dim. Redis is optional: an unreachable one is a warning, and the work
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import logging
 import os
@@ -53,9 +54,12 @@ log = logging.getLogger(__name__)
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ``ts`` in ISO 8601 with its zone (UTC, milliseconds), level, logger,
+    message, and ``exc`` where an exception is logged."""
+
     def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": self.formatTime(record), "level": record.levelname, "logger": record.name,
-               "message": record.getMessage()}
+        ts = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(timespec="milliseconds")
+        out = {"ts": ts, "level": record.levelname, "logger": record.name, "message": record.getMessage()}
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out)
