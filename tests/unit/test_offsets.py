@@ -130,3 +130,56 @@ def test_a_rebalance_before_any_offset_was_stored_sets_the_line():
     assert committer.membership_holds()
     c.committed_offsets[0] = 60
     assert committer.membership_holds() is False
+
+
+class _ModeConsumer(FakeConsumer):
+    """Records whether each commit was synchronous."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.modes: list[str] = []
+
+    def commit(self, offsets=None, asynchronous=True):
+        self.modes.append("async" if asynchronous else "sync")
+        super().commit(offsets, asynchronous)
+
+
+def test_interval_0_commits_synchronously_after_every_batch_and_an_interval_asynchronously():
+    c = _ModeConsumer()
+    every_batch = OffsetCommitter(c, 0, at_least_once(c))
+    every_batch.store({("docs", 0): 3}, owned={("docs", 0)})
+    every_batch.tick()
+    assert c.modes == ["sync"] and c.committed_offsets == {0: 3}
+    c2, clock = _ModeConsumer(), Clock()
+    timed = OffsetCommitter(c2, 1.0, at_least_once(c2), clock=clock)
+    timed.store({("docs", 0): 4}, owned={("docs", 0)})
+    clock.now = 1.0  # exactly the interval: due
+    timed.tick()
+    assert c2.modes == ["async"]
+    timed.store({("docs", 0): 5}, owned={("docs", 0)})
+    assert timed.commit(sync=True) and c2.modes == ["async", "sync"]  # the shutdown's commit waits for its answer
+
+
+def test_the_interval_counts_from_the_last_commit_forced_or_not():
+    c, clock = FakeConsumer({}), Clock()
+    committer = OffsetCommitter(c, 1.0, at_least_once(c), clock=clock)
+    clock.now = 5.0
+    committer.store({("docs", 0): 1}, owned={("docs", 0)})
+    committer.commit(sync=True)  # forced at 5.0
+    committer.store({("docs", 0): 2}, owned={("docs", 0)})
+    clock.now = 5.5
+    committer.tick()
+    assert c.committed_offsets == {0: 1}, "committed again before the interval since the forced commit"
+    clock.now = 6.0
+    committer.tick()
+    assert c.committed_offsets == {0: 2}
+
+
+def test_a_partition_committed_elsewhere_is_known_up_to_the_highest_offset():
+    c = FakeConsumer({})
+    committer = OffsetCommitter(c, 0, at_least_once(c))
+    committer.store({("docs", 0): 7}, owned={("docs", 0)})
+    committer._committed_elsewhere({("docs", 0): 5, ("docs", 1): 4})
+    # at what it knows: not behind; a partition it knows nothing of is behind even at offset 0
+    assert committer.behind({("docs", 0): 7, ("docs", 1): 4, ("docs", 2): 0}) == {("docs", 2): 0}
+    assert committer.behind({("docs", 0): 8, ("docs", 1): 5}) == {("docs", 0): 8, ("docs", 1): 5}
