@@ -32,13 +32,16 @@ class MilvusStore(MilvusConnection):
     """Writes of one collection of chunk rows (COSINE metric) and its companion of deletes, so that a
     delete has a version to compare with too. Every failure raises TransientError."""
 
+    #: Set once pymilvus' private columnar call has failed as a moved API fails (:meth:`_lose_columnar`).
+    _columnar_lost = False
+
     def upsert_chunks(self, rows: ChunkRows, model: str, updated_at: int) -> None:
         """Upsert chunk rows (their ids unique), built as one columnar protobuf request: pymilvus
         packs dict rows in Python field by field, holding the GIL that the worker's other threads
         need; a column of vectors goes into the request in one copy."""
         if not len(rows):
             return
-        if self._columnar():
+        if not self._columnar_lost:
             request = upsert_request(self.collection, rows, model, updated_at)
             try:
                 # A prepared request skips pymilvus' packing; ``schema`` only saves it a describe call.
@@ -54,9 +57,6 @@ class MilvusStore(MilvusConnection):
             self._client.upsert(self.collection, row_dicts(rows, model, updated_at), timeout=self.timeout)
         except Exception as exc:
             raise transient(exc) from None
-
-    def _columnar(self) -> bool:
-        return not getattr(self, "_columnar_lost", False)
 
     def _lose_columnar(self, exc: Exception) -> None:
         """The private columnar call failed as a moved API fails: every later upsert of this store

@@ -31,24 +31,25 @@ def best_chunk_per_document(rows: list[dict], top_k: int) -> list[dict]:
     first), as ``{id: the document id, score, chunk, chunks, span, excerpt, metadata, model, also}``.
     Documents whose best chunk has the same content (its ``content_hash``: the same text under other
     ids) fold into the first one's row, their ids in ``also``: the ``top_k`` are different texts."""
-    seen: dict[str, dict] = {}
+    hits: list[dict] = []
+    seen: set[str] = set()
     by_content: dict[str, dict] = {}
     for r in rows:
         doc = r.get("doc_id") or r["id"]
         if doc in seen:
             continue
+        seen.add(doc)
         same = by_content.get(r.get("content_hash") or "")
         if same is not None:
-            seen[doc] = same
             same["also"].append(doc)
             continue
-        seen[doc] = hit = {"id": doc, "score": r["score"], "chunk": r.get("chunk_index", 0),
-                           "chunks": r.get("chunk_count", 1), "span": [r.get("span_start", 0), r.get("span_end", -1)],
-                           "excerpt": r.get("excerpt", ""), "metadata": r.get("metadata") or {},
-                           "model": r.get("model"), "also": []}
+        hit = {"id": doc, "score": r["score"], "chunk": r.get("chunk_index", 0), "chunks": r.get("chunk_count", 1),
+               "span": [r.get("span_start", 0), r.get("span_end", -1)], "excerpt": r.get("excerpt", ""),
+               "metadata": r.get("metadata") or {}, "model": r.get("model"), "also": []}
+        hits.append(hit)
         if r.get("content_hash"):
             by_content[r["content_hash"]] = hit
-    return list({id(h): h for h in seen.values()}.values())[:top_k]
+    return hits[:top_k]
 
 
 def best_documents(store, query, mode: str, top_k: int, weights: tuple[float, float] | None = None,
