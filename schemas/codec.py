@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import fastavro
 import numpy as np
+from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from schemas.document_reader import read_document
 from schemas.errors import DecodeError
@@ -49,6 +50,30 @@ DOCUMENT_SCHEMA = fastavro.parse_schema(_DOCUMENT_JSON)
 EMBEDDING_SCHEMA = fastavro.parse_schema(_EMBEDDING_JSON)
 _DOCUMENT_READER = fastavro.parse_schema(_without_logical_types(_DOCUMENT_JSON))
 _EMBEDDING_READER = fastavro.parse_schema(_without_logical_types(_EMBEDDING_JSON))
+
+#: How many of ``embedding.avsc``'s fields each release wrote, oldest first. Fields are only ever
+#: appended, with defaults, so every earlier writer schema is a prefix of the file's.
+EMBEDDING_FIELD_HISTORY = (11, 15, 17, 18)
+#: The header of a schemaless (``avro``) output record that names the schema that wrote it: the
+#: CRC-64-AVRO fingerprint of its Parsing Canonical Form, as 16 hex digits (``fastavro.schema.fingerprint``;
+#: the fingerprint Avro's single-object encoding carries). A reader picks the writer schema by it.
+SCHEMA_HEADER = "embedstream.schema"
+
+
+def _fingerprint(schema_json: dict) -> str:
+    return fingerprint(to_parsing_canonical_form(schema_json), "CRC-64-AVRO")
+
+
+def _prefix(n: int) -> dict:
+    return {**_EMBEDDING_JSON, "fields": _EMBEDDING_JSON["fields"][:n]}
+
+
+#: The fingerprint of the schema this release writes (the ``embedstream.schema`` header's value).
+EMBEDDING_FINGERPRINT = _fingerprint(_EMBEDDING_JSON)
+#: Every schema a release wrote, by fingerprint, newest first, parsed for reading.
+_EMBEDDING_WRITERS = {_fingerprint(_prefix(n)): _EMBEDDING_READER if n == len(_EMBEDDING_JSON["fields"])
+                      else fastavro.parse_schema(_without_logical_types(_prefix(n)))
+                      for n in reversed(EMBEDDING_FIELD_HISTORY)}
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -264,11 +289,13 @@ def document_from_json(value: bytes, key: str | None) -> Document:
     return _with_identity(_json_document(value), key)
 
 
-def _read_avro(value: bytes, schema, what: str) -> dict[str, Any]:
-    """One schemaless record of ``schema`` that must span all of ``value``; DecodeError otherwise."""
+def _read_avro(value: bytes, schema, what: str, reader=None) -> dict[str, Any]:
+    """One schemaless record of ``schema`` that must span all of ``value``, resolved to ``reader``
+    (None: read as written); DecodeError otherwise."""
     buf = io.BytesIO(value)
     try:
-        rec = fastavro.schemaless_reader(buf, schema)
+        rec = (fastavro.schemaless_reader(buf, schema) if reader is None or reader is schema
+               else fastavro.schemaless_reader(buf, schema, reader))
     except UnicodeDecodeError as exc:
         raise DecodeError("invalid_utf8", f"Avro string is not valid UTF-8: {exc}") from None
     except (EOFError, StopIteration):
@@ -385,7 +412,8 @@ def encode_embedding(record: dict[str, Any]) -> bytes:
     the sink writes a document's records from their parts."""
     writer = EmbeddingWriter(record["model"], record["dim"])
     doc = writer.document(record["id"], record["source_topic"], record["source_partition"], record["source_offset"],
-                          record["metadata"] or {}, _ms(record["embedded_at"]) or 0, record.get("chunk_count", 1))
+                          record["metadata"] or {}, _ms(record["embedded_at"]) or 0, record.get("chunk_count", 1),
+                          _ms(record.get("event_time")))
     return writer.chunk(doc, np.ascontiguousarray(record["vector"], dtype=_F4), record["content_hash"],
                         record["cached"], record.get("chunk_index", 0), record.get("span_start", 0),
                         record.get("span_end", -1), _sparse_of(record))
@@ -426,9 +454,10 @@ class EmbeddingWriter:
         self._time: tuple[int | None, bytes] = (None, b"")
 
     def document(self, doc_id: str, topic: str, partition: int, offset: int, metadata: dict[str, str],
-                 embedded_at: int, chunk_count: int) -> tuple[bytes, bytes, bytes]:
+                 embedded_at: int, chunk_count: int,
+                 event_time: int | None = None) -> tuple[bytes, bytes, bytes, bytes]:
         """The parts of a document's records before the vector, between the chunk's hash and index,
-        and between its index and span."""
+        between its index and span, and after its sparse vector (the event time: epoch ms or None)."""
         topic_bytes = self._topics.get(topic)
         if topic_bytes is None:
             topic_bytes = self._topics[topic] = _string(topic)
@@ -436,10 +465,10 @@ class EmbeddingWriter:
             self._time = (embedded_at, _long(embedded_at))
         return (_string(doc_id) + self._model_dim,
                 b"".join((topic_bytes, _long(partition), _long(offset), _map(metadata), self._time[1])),
-                _long(chunk_count))
+                _long(chunk_count), b"\x00" if event_time is None else b"\x02" + _long(event_time))
 
     @staticmethod
-    def chunk(doc: tuple[bytes, bytes, bytes], vector: np.ndarray, content_hash: str, cached: bool, index: int,
+    def chunk(doc: tuple[bytes, bytes, bytes, bytes], vector: np.ndarray, content_hash: str, cached: bool, index: int,
               span_start: int, span_end: int, sparse: tuple[np.ndarray, np.ndarray] | None = None) -> bytes:
         """One record: ``doc`` (from :meth:`document`) around the chunk's vector, hash and place, and its
         learned sparse vector (``(indices, values)``; None: the two null fields)."""
@@ -447,10 +476,10 @@ class EmbeddingWriter:
             vector = np.ascontiguousarray(vector, dtype=_F4)
         n = vector.shape[0]
         vec = (_long(n), vector, b"\x00") if n else (b"\x00",)
-        head, middle, count = doc
+        head, middle, count, tail = doc
         # bytes.join takes the array's buffer as it is: the floats are copied once, into the record
         return b"".join((head, *vec, _string(content_hash), b"\x01" if cached else b"\x00", middle, _long(index),
-                         count, _long(span_start), _long(span_end), _sparse(sparse)))
+                         count, _long(span_start), _long(span_end), _sparse(sparse), tail))
 
 
 def _sparse(sparse: tuple[np.ndarray, np.ndarray] | None) -> bytes:
@@ -473,7 +502,7 @@ def embedding_json(record: dict[str, Any]) -> bytes:
     milliseconds, the vector as a list of numbers: the float32 values, exactly)."""
     vec = np.asarray(record["vector"], dtype=np.float32)
     out = {**record, "vector": vec.tolist(), "embedded_at": _ms(record["embedded_at"]) or 0,
-           "metadata": record["metadata"] or {}}
+           "metadata": record["metadata"] or {}, "event_time": _ms(record.get("event_time"))}
     out.setdefault("chunk_index", 0)
     out.setdefault("chunk_count", 1)
     out.setdefault("span_start", 0)
@@ -486,8 +515,28 @@ def embedding_json(record: dict[str, Any]) -> bytes:
     return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def decode_embedding(value: bytes) -> dict[str, Any]:
-    """Decode an output record; ``embedded_at`` comes back as epoch milliseconds.
+def decode_embedding(value: bytes, headers: list | None = None) -> dict[str, Any]:
+    """Decode an output record (schemaless Avro); ``embedded_at`` and ``event_time`` come back as
+    epoch milliseconds. Every field of this release's schema is there: a record an older release
+    wrote has the defaults of the fields it did not have.
 
-    Raises :class:`DecodeError` on bytes that are not an ``embedding.avsc`` record."""
-    return _read_avro(value, _EMBEDDING_READER, "embedding.avsc")
+    ``headers`` (the record's): its ``embedstream.schema`` names the writer schema. Without it (a
+    record from before that header, or no headers given), the schemas releases wrote are tried,
+    newest first, for one that spans the value exactly.
+
+    Raises :class:`DecodeError` on bytes that are not such a record, or a fingerprint no release wrote."""
+    named = next((v for k, v in headers or () if k == SCHEMA_HEADER), None)
+    if named is not None:
+        writer = _EMBEDDING_WRITERS.get(named.decode("ascii", "replace"))
+        if writer is None:
+            name = named.decode("ascii", "replace")
+            raise DecodeError("decode_error", f"written by schema {name}, which this release does not know "
+                                              "(a newer embedstream wrote it: upgrade the reader)")
+        return _read_avro(value, writer, "embedding.avsc", _EMBEDDING_READER)
+    first: DecodeError | None = None
+    for writer in _EMBEDDING_WRITERS.values():
+        try:
+            return _read_avro(value, writer, "embedding.avsc", _EMBEDDING_READER)
+        except DecodeError as exc:
+            first = first or exc
+    raise first  # type: ignore[misc]

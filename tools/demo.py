@@ -148,7 +148,7 @@ def _summary(s: Settings, stats: RunStats) -> dict:
     store.close()
     out = sum(1 for _ in tail_records(s, from_beginning=True, timeout=1.5))
     dlq = sum(1 for _ in tail_records(s, topic=s.dlq_topic, from_beginning=True, timeout=1.5,
-                                      decode=lambda v: {}))
+                                      decode=lambda value, headers: {}))
     return {"documents": stats.embedded, "deleted": stats.deleted,
             "long documents (chunks)": f"{stats.chunked} ({stats.long_chunks})",
             "vectors in Milvus (a row per chunk)": vectors,

@@ -146,6 +146,15 @@ class RecordSettings(BaseModel):
         None, "Field of a structured record key (JSON or registry Avro) that holds the document id", flag=True)
     max_text_bytes: int = setting(1_000_000, "hard limit on a record's value; larger records are dead-lettered",
                                   ge=16)
+    forward_headers: str = setting(
+        "traceparent,tracestate,baggage", "Input headers copied to each output record, comma-separated, matched "
+        "without regard to case (default: the W3C trace context; \"\" = none). The dead-letter topic keeps every "
+        "header whatever this says", flag=True)
+
+    @property
+    def forwarded_headers(self) -> list[str]:
+        """``forward_headers`` as a list of names."""
+        return [name.strip() for name in self.forward_headers.split(",") if name.strip()]
 
 
 class ModelSettings(BaseModel):

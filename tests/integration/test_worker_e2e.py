@@ -12,7 +12,7 @@ from pydantic import SecretStr
 
 from connectors.kafka import make_producer
 from connectors.milvus import MilvusReader
-from schemas.codec import Document, decode_embedding, encode_document
+from schemas.codec import EMBEDDING_FINGERPRINT, Document, decode_embedding, encode_document
 from tests.helpers import (
     CountingModel,
     cosine_floor,
@@ -33,9 +33,16 @@ def test_end_to_end(stack, model):
     s = fresh_settings(stack, max_text_bytes=20_000)
     docs = sample_documents(800, repeat_fraction=0.15, prefix="e2e")  # was 2000: ~80 s less, the same paths
     docs = [d for d in docs if len(encode_document(d)) < 20_000]
+    # a trace context (forwarded by default) beside a header that is not; an event time of the
+    # document's own, and one that only the record's timestamp (CreateTime) gives
+    trace = ("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+    docs += [Document("traced", "a document that came with a trace", event_time=1_600_000_000_000),
+             Document("stamped", "a document whose producer stamped its record")]
     producer = make_producer(s.kafka_common())
     for d in docs:
-        producer.produce(s.input_topic, key=d.id, value=encode_document(d))
+        producer.produce(s.input_topic, key=d.id, value=encode_document(d),
+                         headers=[trace, ("x-internal", b"not for consumers")] if d.id == "traced" else None,
+                         timestamp=1_650_000_000_000 if d.id == "stamped" else 0)
     tomb_existing = [d.id for d in docs[:25]]
     for doc_id in [*tomb_existing, "never-existed-1", "never-existed-2"]:
         producer.produce(s.input_topic, key=doc_id, value=None)
@@ -78,6 +85,14 @@ def test_end_to_end(stack, model):
     assert sample["dim"] == 384 and len(sample["vector"]) == 384 and sample["source_topic"] == s.input_topic
     hdrs = dict(next(m for m in out if m.value() is not None).headers())
     assert hdrs["embedstream.model"] == resolve_model_path(None)[0].encode()  # name @ a hash of its files
+    # headers and time carried: the trace context, not the other header; the writer schema named
+    by_id = {m.key().decode(): m for m in out if m.value() is not None}
+    traced, stamped = by_id["traced"], by_id["stamped"]
+    assert [h for h in traced.headers() if h[0] not in ("embedstream.model", "embedstream.cached")] == [
+        ("embedstream.schema", EMBEDDING_FINGERPRINT.encode()), trace]
+    assert decode_embedding(traced.value(), traced.headers())["event_time"] == 1_600_000_000_000
+    assert decode_embedding(stamped.value(), stamped.headers())["event_time"] == 1_650_000_000_000
+    assert "traceparent" not in dict(stamped.headers())
 
     # DLQ: every bad record, with its reason and original bytes
     dlq = read_topic(s, s.dlq_topic, expect=len(bad))

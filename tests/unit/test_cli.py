@@ -18,7 +18,7 @@ ENV_SETTINGS = ["kafka_bootstrap_servers", "input_topic", "output_topic", "dlq_t
                 "document_prompt", "query_prompt", "truncate_dim", "sparse", "models", "model_memory_mb", "delivery",
                 "processes",
                 "chunking", "chunk_tokens", "chunk_overlap", "max_chunks", "max_inflight_batches", "log_format",
-                "log_level"]
+                "log_level", "forward_headers"]
 
 
 def test_run_help_in_80_columns_shows_every_variable_whole_with_its_default():

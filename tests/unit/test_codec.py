@@ -64,6 +64,7 @@ embeddings = st.fixed_dictionaries({
     "chunk_count": st.integers(1, 512),
     "span_start": st.integers(0, 2**31 - 1),
     "span_end": st.integers(-1, 2**31 - 1),
+    "event_time": st.one_of(st.none(), millis),
 })
 
 
@@ -117,7 +118,7 @@ def test_the_sinks_writer_writes_the_bytes_of_encode_embedding(rec, chunks, dtyp
 
     writer = EmbeddingWriter(rec["model"], rec["dim"])
     doc = writer.document(rec["id"], rec["source_topic"], rec["source_partition"], rec["source_offset"],
-                          rec["metadata"], rec["embedded_at"], rec["chunk_count"])
+                          rec["metadata"], rec["embedded_at"], rec["chunk_count"], rec["event_time"])
     vectors = np.array([rec["vector"]] * chunks, dtype=np.float32).astype(dtype)
     if chunks > 1:
         vectors = np.asfortranarray(vectors)  # rows that are not contiguous
@@ -137,7 +138,7 @@ def test_a_record_from_before_chunking_reads_as_one_whole_chunk():
     from schemas.codec import EMBEDDING_SCHEMA
 
     old_json = json.loads((SCHEMA_DIR / "embedding.avsc").read_text())
-    old_json["fields"] = [f for f in old_json["fields"] if not f["name"].startswith(("chunk_", "span_", "sparse_"))]
+    old_json["fields"] = old_json["fields"][:11]  # the fields before chunking
     old = fastavro.parse_schema(old_json)
     rec = {"id": "a", "model": "m", "dim": 2, "vector": [0.6, 0.8], "content_hash": "h", "cached": False,
            "source_topic": "t", "source_partition": 0, "source_offset": 5, "metadata": {}, "embedded_at": 1000}
@@ -158,7 +159,7 @@ def test_sparse_fields_evolve_compatibly_both_ways():
     from schemas.codec import EMBEDDING_SCHEMA
 
     before_json = json.loads((SCHEMA_DIR / "embedding.avsc").read_text())
-    before_json["fields"] = [f for f in before_json["fields"] if not f["name"].startswith("sparse_")]
+    before_json["fields"] = before_json["fields"][:15]  # the fields before the sparse ones
     before = fastavro.parse_schema(before_json)
     rec = {"id": "a", "model": "m", "dim": 2, "vector": [0.6, 0.8], "content_hash": "h", "cached": False,
            "source_topic": "t", "source_partition": 0, "source_offset": 5, "metadata": {}, "embedded_at": 1000,
@@ -172,6 +173,41 @@ def test_sparse_fields_evolve_compatibly_both_ways():
     old_view = fastavro.schemaless_reader(io.BytesIO(new), EMBEDDING_SCHEMA, before)
     assert "sparse_indices" not in old_view and old_view["span_end"] == 9
     assert old_view["vector"] == pytest.approx([0.6, 0.8])
+
+
+def test_event_time_evolves_compatibly_and_the_schema_header_names_the_writer():
+    """``event_time`` was appended with a null default. A record an older release wrote (no
+    ``embedstream.schema`` header) reads with it null, whichever of the older schemas wrote it; the
+    header names the schema that wrote a record; a fingerprint no release wrote is a decode error."""
+    import fastavro
+
+    from schemas.codec import EMBEDDING_FIELD_HISTORY, EMBEDDING_FINGERPRINT, SCHEMA_HEADER
+
+    full = json.loads((SCHEMA_DIR / "embedding.avsc").read_text())
+    assert len(full["fields"]) == EMBEDDING_FIELD_HISTORY[-1] and full["fields"][-1]["name"] == "event_time"
+    rec = {"id": "a", "model": "m", "dim": 2, "vector": [0.5, 0.25], "content_hash": "h", "cached": True,
+           "source_topic": "t", "source_partition": 1, "source_offset": 5, "metadata": {"k": "v"},
+           "embedded_at": 1000, "chunk_index": 1, "chunk_count": 2, "span_start": 3, "span_end": 9,
+           "sparse_indices": None, "sparse_values": None}
+    defaults = {"chunk_index": 0, "chunk_count": 1, "span_start": 0, "span_end": -1}
+    for n in EMBEDDING_FIELD_HISTORY[:-1]:
+        older = {**full, "fields": full["fields"][:n]}
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, fastavro.parse_schema(older), rec)
+        got = decode_embedding(buf.getvalue())
+        kept = {f["name"] for f in older["fields"]}
+        want = {**{k: v if k in kept else defaults.get(k) for k, v in rec.items()}, "event_time": None}
+        assert got == want, n
+        named = fastavro.schema.fingerprint(fastavro.schema.to_parsing_canonical_form(older), "CRC-64-AVRO")
+        assert decode_embedding(buf.getvalue(), [(SCHEMA_HEADER, named.encode())]) == want
+    new = encode_embedding({**rec, "event_time": 1_795_000_000_123})
+    assert decode_embedding(new, [(SCHEMA_HEADER, EMBEDDING_FINGERPRINT.encode())])["event_time"] == 1_795_000_000_123
+    # the hand-written bytes are fastavro's, the event time included
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(full), {**rec, "event_time": 1_795_000_000_123})
+    assert new == buf.getvalue()
+    with pytest.raises(DecodeError, match="upgrade the reader"):
+        decode_embedding(new, [(SCHEMA_HEADER, b"0123456789abcdef")])
 
 
 def test_tombstone():

@@ -198,7 +198,7 @@ def test_json_output_carries_the_schema_fields_and_exact_float32_vectors():
     out = embedding_decoder("json", None)(embedding_json(rec))  # type: ignore[arg-type]
     assert np.array_equal(np.asarray(out.pop("vector"), dtype=np.float32), vec)
     assert out == {**{k: v for k, v in rec.items() if k != "vector"}, "chunk_index": 0, "chunk_count": 1,
-                   "span_start": 0, "span_end": -1, "sparse_indices": None, "sparse_values": None}
+                   "span_start": 0, "span_end": -1, "sparse_indices": None, "sparse_values": None, "event_time": None}
 
 
 # -- the loop holds records while the registry is out --------------------------------------------------

@@ -403,3 +403,34 @@ def test_a_record_that_looks_superseded_is_judged_again_under_a_new_topic_id(cap
     assert not update.entries[0].superseded
     assert (client.rows["x#0"]["source"], client.rows["x#0"]["source_offset"]) == ("T2:0", 0)
     assert producer.records[-1][1] == b"x"
+
+
+def test_output_records_carry_the_models_headers_the_schema_and_the_forwarded_ones():
+    from schemas.codec import EMBEDDING_FINGERPRINT, decode_embedding
+
+    trace = [("traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")]
+    batch = Batch()
+    traced = _item("a", 0, 0.1)
+    traced.headers, traced.event_time = trace, 1_600_000_000_000
+    for e in (traced, _item("b", 1, 0.2), Delete(Source("docs", 0, 2), "c", headers=trace)):
+        batch.add(e)
+    producer = RecordingProducer()
+    _sink(RecordingMilvusClient(), producer).process([batch])
+    (_, _, a, ha), (_, _, b, hb), (_, _, gone, hc) = producer.records
+    model = [("embedstream.model", b"m"), ("embedstream.cached", b"false")]
+    assert ha == [*model, ("embedstream.schema", EMBEDDING_FINGERPRINT.encode()), *trace]
+    assert hb == [*model, ("embedstream.schema", EMBEDDING_FINGERPRINT.encode())]
+    assert gone is None and hc == [("embedstream.model", b"m"), *trace]
+    assert decode_embedding(a, ha)["event_time"] == 1_600_000_000_000 and decode_embedding(b, hb)["event_time"] is None
+
+
+def test_a_forwarded_header_that_would_make_the_output_too_large_dead_letters_the_document():
+    item = _item("big", 0, 0.5)
+    item.headers = [("baggage", b"k=" + b"v" * 40_000)]
+    item.original = (b"big", b"original value", item.headers)
+    batch = Batch()
+    batch.add(item)
+    producer = RecordingProducer()
+    _sink(RecordingMilvusClient(), producer, limits=TopicLimits(output=32_768)).process([batch])
+    [(topic, key, _, headers)] = producer.records
+    assert (topic, key) == ("documents.dlq", b"big") and dict(headers)["embedstream.error.reason"] == b"output_too_large"

@@ -139,3 +139,44 @@ def test_framed_records_are_read_through_the_registry_which_is_asked_for_their_i
         assert _validator().validate(msgs[0]).reason == "decode_error"
     finally:
         server.shutdown()
+
+
+class _LogAppendTime(FakeMessage):
+    def timestamp(self):
+        return (2, 1_700_000_009_999)  # TIMESTAMP_LOG_APPEND_TIME: the broker's clock
+
+
+TRACE = [("TraceParent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), ("other", b"x"),
+         ("baggage", None), ("tracestate", b"vendor=1")]
+
+
+def test_forwarded_headers_are_the_named_ones_in_their_order_whatever_their_case():
+    v = _validator(forward=["traceparent", "TRACESTATE", "baggage"])
+    it = v.validate(FakeMessage(b"a", encode_document(Document("a", "hi")), headers=TRACE))
+    assert isinstance(it, Item) and it.headers == [TRACE[0], TRACE[3]]  # a header without a value is not copied
+    gone = v.validate(FakeMessage(b"a", None, headers=TRACE))
+    assert isinstance(gone, Delete) and gone.headers == [TRACE[0], TRACE[3]]
+    assert v.validate(FakeMessage(b"a", encode_document(Document("a", "hi")), headers=[("other", b"x")])).headers is None
+    assert _validator().validate(FakeMessage(b"a", encode_document(Document("a", "hi")), headers=TRACE)).headers is None
+    # a dead letter keeps every header, whatever is forwarded
+    assert v.validate(FakeMessage(b"a", b"\x02\x04", headers=TRACE)).headers == TRACE
+
+
+def test_event_time_is_the_documents_else_the_producers_timestamp_never_the_brokers():
+    v = _validator()
+    own = v.validate(FakeMessage(b"a", encode_document(Document("a", "hi", event_time=1_600_000_000_000))))
+    assert own.event_time == 1_600_000_000_000
+    assert v.validate(FakeMessage(b"a", encode_document(Document("a", "hi")), ts=1_700_000_000_123)).event_time == \
+        1_700_000_000_123  # CreateTime
+    assert v.validate(_LogAppendTime(b"a", encode_document(Document("a", "hi")))).event_time is None
+    assert v.validate(_NoTimestamp(b"a", encode_document(Document("a", "hi")))).event_time is None
+
+
+def test_forwarded_headers_count_toward_keeping_the_original_of_a_record_that_might_not_fit():
+    """A small record with a large forwarded header may make an output record over the output topic's
+    limit: the item keeps its original record, so the sink can dead-letter it whole."""
+    value = encode_document(Document("a", "hi"))
+    big = [("baggage", b"k=" + b"v" * 5000)]
+    v = _validator(forward=["baggage"], keep_large=1000)
+    assert v.validate(FakeMessage(b"a", value, headers=big)).original == (b"a", value, big)
+    assert v.validate(FakeMessage(b"a", value, headers=[("baggage", b"k=v")])).original is None

@@ -127,7 +127,8 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
         Validator(records.max_text_bytes, models.resolve,                            # 1 Item | Delete | DeadLetter
                   lambda chars: chars > safe_chars,                                  #   (key = identity,
                   registry=registry, key_field=records.key_field,                    #   model by name)
-                  keep_large=min(sink.output_rooms.values())),
+                  keep_large=min(sink.output_rooms.values()),
+                  forward=records.forwarded_headers),
         lambda texts, model: handles[model].estimate_tokens(                         # 2 token estimate
             texts, chunked=chunking.chunking == "tokens"),
         breaker,                                                                     # 3 halt a bad deploy

@@ -19,7 +19,8 @@ from worker.settings import Settings
 
 def tail_records(settings: Settings, *, topic: str | None = None, from_beginning: bool = False,
                  max_records: int | None = None, timeout: float | None = None,
-                 decode: Callable[[bytes], dict] = decode_embedding, read_committed: bool = True) -> Iterator[dict]:
+                 decode: Callable[[bytes, list | None], dict] = decode_embedding,
+                 read_committed: bool = True) -> Iterator[dict]:
     """Yield the records of ``topic`` (default: the output topic) as dicts.
 
     ``read_committed``: a transactional producer's records only once their transaction committed
@@ -68,13 +69,13 @@ def tail_records(settings: Settings, *, topic: str | None = None, from_beginning
         consumer.close()
 
 
-def _render(msg, decode: Callable[[bytes], dict]) -> dict:
+def _render(msg, decode: Callable[[bytes, list | None], dict]) -> dict:
     key = msg.key().decode("utf-8", "replace") if msg.key() is not None else None
     meta = {"partition": msg.partition(), "offset": msg.offset(), "timestamp": msg.timestamp()[1]}
     if msg.value() is None:
         return {"id": key, "tombstone": True, **meta}
     try:
-        return {**decode(msg.value()), **meta}
+        return {**decode(msg.value(), msg.headers()), **meta}
     except DecodeError as exc:
         return {"id": key, "error": exc.reason, "message": exc.message, **meta}
 

@@ -64,13 +64,17 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def embedding_decoder(fmt: str, settings: Settings) -> Callable[[bytes], dict]:
+#: Reads an output value, given the record's headers (schemaless Avro names its writer schema there).
+Decoder = Callable[[bytes, list | None], dict]
+
+
+def embedding_decoder(fmt: str, settings: Settings) -> Decoder:
     """How ``tail`` reads an output value in format ``fmt``; raises :class:`DecodeError` on a value
     that is not one."""
     if fmt == "avro":
         return decode_embedding
     if fmt == "json":
-        def from_json(value: bytes) -> dict:
+        def from_json(value: bytes, headers: list | None = None) -> dict:
             try:
                 obj = json.loads(value)
             except ValueError as exc:
@@ -84,7 +88,7 @@ def embedding_decoder(fmt: str, settings: Settings) -> Callable[[bytes], dict]:
 
         deserialize = AvroDeserializer(_registry(settings).client)
 
-        def from_registry(value: bytes) -> dict:
+        def from_registry(value: bytes, headers: list | None = None) -> dict:
             try:
                 return _plain(deserialize(value, None))
             except Exception as exc:  # the serde's SerializationError, fastavro's errors, a 404

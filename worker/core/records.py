@@ -11,11 +11,21 @@ from __future__ import annotations
 import hashlib
 import time
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 TopicPartitionKey = tuple[str, int]
+Headers = Sequence[tuple[str, bytes | None]]
+
+#: Bytes a Kafka record header costs beyond its name and value (two varints of up to 5 bytes each).
+HEADER_OVERHEAD = 10
+
+
+def headers_size(headers: Headers | None) -> int:
+    """The bytes ``headers`` take in a record, over-estimated by a little (never under)."""
+    return sum(len(name.encode()) + len(value or b"") + HEADER_OVERHEAD for name, value in headers or ())
 
 
 def normalise_text(text: str) -> str:
@@ -78,6 +88,10 @@ class Item:
     original: tuple[bytes | None, bytes | None, list | None] | None = None
     #: The name of the model that embeds it (``worker.embedding.models``; "" when the worker runs one).
     model: str = ""
+    #: When the document happened upstream (epoch ms): its ``event_time``, else the record's CreateTime.
+    event_time: int | None = None
+    #: The input headers its output records carry (``EMBEDSTREAM_FORWARD_HEADERS``); None: none.
+    headers: list[tuple[str, bytes]] | None = None
 
 
 @dataclass(slots=True)
@@ -88,6 +102,8 @@ class Delete:
     id: str
     #: Written nowhere: Milvus already held a newer version of this id (``worker.steps.writing.versions``).
     superseded: bool = False
+    #: The input headers its output tombstone carries (``EMBEDSTREAM_FORWARD_HEADERS``); None: none.
+    headers: list[tuple[str, bytes]] | None = None
 
 
 @dataclass(slots=True)

@@ -6,11 +6,13 @@ bytes before anything is decoded or tokenised, so a 50 MB value costs one ``len`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+
+from confluent_kafka import TIMESTAMP_CREATE_TIME
 
 from connectors.registry import SchemaRegistry, schema_id
 from schemas.codec import DecodeError, Tombstone, decode_document
-from worker.core.records import DeadLetter, Delete, Entry, Item, Source, content_hash, normalise_text
+from worker.core.records import DeadLetter, Delete, Entry, Item, Source, content_hash, headers_size, normalise_text
 
 #: Milvus VARCHAR primary key limit (bytes) of the collection this worker creates.
 MAX_ID_BYTES = 512
@@ -27,7 +29,7 @@ class Validator:
     def __init__(self, max_bytes: int, resolve_model: Callable[[str | None], str | None],
                  keep_original: Callable[[int], bool] = lambda chars: False, *,
                  registry: SchemaRegistry | None = None, key_field: str | None = None,
-                 keep_large: int | None = None) -> None:
+                 keep_large: int | None = None, forward: Iterable[str] = ()) -> None:
         self.max_bytes = max_bytes
         self.resolve_model = resolve_model
         #: Reads registry-framed keys and values; None: no registry configured.
@@ -39,6 +41,9 @@ class Validator:
         #: Bytes of key and value past which a record's output might be over the output topic's
         #: limit (``worker.steps.writing.fit.output_room``): its item then keeps the original record too.
         self.keep_large = keep_large
+        #: Names of the input headers copied to the output records (``EMBEDSTREAM_FORWARD_HEADERS``),
+        #: matched without regard to case (HTTP's, whence the trace context comes, are case-insensitive).
+        self.forward = frozenset(name.lower() for name in forward)
 
     def resolve_schemas(self, msgs: list) -> None:
         """Look up the writer schemas of the framed records in ``msgs`` that the registry has not
@@ -62,8 +67,9 @@ class Validator:
             return _dead(source, msg, exc.reason, exc.message)
         if len(doc.id.encode("utf-8")) > MAX_ID_BYTES:
             return _dead(source, msg, "id_too_long", f"document id is over {MAX_ID_BYTES} bytes")
+        headers = self._forwarded(msg) if self.forward else None
         if isinstance(doc, Tombstone):
-            return Delete(source, doc.id)
+            return Delete(source, doc.id, headers=headers)
         model = self.resolve_model(doc.model)
         if model is None:
             return _dead(source, msg, "unknown_model",
@@ -71,11 +77,21 @@ class Validator:
         text = normalise_text(doc.text)
         if not text:
             return _dead(source, msg, "empty_text", "text is empty (or only whitespace)")
-        item = Item(source, doc.id, text, content_hash(text), 0, doc.metadata, model=model)
-        if self.keep_original(len(text)) or (self.keep_large is not None
-                                             and len(value) + len(key or b"") > self.keep_large):
+        event_time = doc.event_time
+        if event_time is None and ts_type == TIMESTAMP_CREATE_TIME:  # the producer's clock, not the broker's
+            event_time = source.timestamp_ms
+        item = Item(source, doc.id, text, content_hash(text), 0, doc.metadata, model=model, event_time=event_time,
+                    headers=headers)
+        # forwarded headers count: a large one may make the output record too large for its topic
+        carried = len(value) + len(key or b"") + (headers_size(headers) if headers else 0)
+        if self.keep_original(len(text)) or (self.keep_large is not None and carried > self.keep_large):
             item.original = (key, value, msg.headers())
         return item
+
+    def _forwarded(self, msg) -> list[tuple[str, bytes]] | None:
+        """The headers of ``msg`` that its output records carry (in their order; None: none)."""
+        kept = [(k, v) for k, v in msg.headers() or () if k.lower() in self.forward and v is not None]
+        return kept or None
 
 
 def _dead(source: Source, msg, reason: str, message: str) -> DeadLetter:

@@ -24,10 +24,9 @@ default 1,000,000): librdkafka refuses a larger record at ``produce``, the broke
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from worker.core.records import DeadLetter
+from worker.core.records import HEADER_OVERHEAD, DeadLetter, Headers, headers_size
 
 #: librdkafka's own default of ``message.max.bytes``.
 DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
@@ -35,17 +34,8 @@ DEFAULT_MESSAGE_MAX_BYTES = 1_000_000
 #: Bytes a record costs beyond its key, value and headers: the record batch's header (61 bytes) and
 #: the record's varints, with room to spare for librdkafka's own worst-case estimate.
 RECORD_OVERHEAD = 512
-#: Bytes a header costs beyond its name and value (two varints of up to 5 bytes each).
-HEADER_OVERHEAD = 10
 #: The dead letter's message header holds at most this many bytes.
 MESSAGE_HEADER_BYTES = 4096
-
-Headers = Sequence[tuple[str, bytes | None]]
-
-
-def headers_size(headers: Headers | None) -> int:
-    return sum(len(name.encode()) + len(value or b"") + HEADER_OVERHEAD for name, value in headers or ())
-
 
 def record_size(key: bytes | None, value: bytes | None, headers: Headers | None = None) -> int:
     """The bytes a record takes on the wire, over-estimated by a little (never under)."""

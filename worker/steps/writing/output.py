@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from connectors.registry import SchemaRegistry, frame
-from schemas.codec import EMBEDDING_SCHEMA_TEXT, EmbeddingWriter, embedding_json
+from schemas.codec import EMBEDDING_FINGERPRINT, EMBEDDING_SCHEMA_TEXT, SCHEMA_HEADER, EmbeddingWriter, embedding_json
 from schemas.errors import TransientError
 from worker.core.records import Item
 
@@ -32,13 +32,17 @@ def records(item: Item, model_id: str, dim: int, embedded_at: int) -> list[dict[
              "source_offset": src.offset, "metadata": item.metadata, "embedded_at": embedded_at,
              "chunk_index": ch.index, "chunk_count": count, "span_start": ch.start, "span_end": ch.end,
              "sparse_indices": None if ch.sparse is None else ch.sparse[0],
-             "sparse_values": None if ch.sparse is None else ch.sparse[1]}
+             "sparse_values": None if ch.sparse is None else ch.sparse[1], "event_time": item.event_time}
             for ch in item.chunks]
 
 
 class OutputFormat:
     """``values(item, ...)`` → the value bytes of its chunks' records; ``ready()`` before the first
-    record of a group (it may raise ``TransientError``)."""
+    record of a group (it may raise ``TransientError``); ``headers``: what each valued record carries
+    besides the model's headers."""
+
+    #: Schemaless Avro names its writer schema in a header (a reader cannot tell it from the bytes).
+    headers: list[tuple[str, bytes]] = [(SCHEMA_HEADER, EMBEDDING_FINGERPRINT.encode())]
 
     def __init__(self) -> None:
         self._writers: dict[tuple[str, int], EmbeddingWriter] = {}
@@ -53,18 +57,22 @@ class OutputFormat:
             writer = self._writers[model_id, dim] = EmbeddingWriter(model_id, dim)
         src = item.source
         doc = writer.document(item.id, src.topic, src.partition, src.offset, item.metadata, embedded_at,
-                              len(item.chunks))
+                              len(item.chunks), item.event_time)
         return [writer.chunk(doc, ch.vector, ch.hash, ch.cached, ch.index, ch.start, ch.end,  # type: ignore[arg-type]
                              ch.sparse)
                 for ch in item.chunks]
 
 
 class JsonOutput(OutputFormat):
+    headers: list[tuple[str, bytes]] = []  # JSON names its fields
+
     def values(self, item: Item, model_id: str, dim: int, embedded_at: int) -> list[bytes]:
         return [embedding_json(rec) for rec in records(item, model_id, dim, embedded_at)]
 
 
 class RegistryOutput(OutputFormat):
+    headers: list[tuple[str, bytes]] = []  # the frame's schema id names the writer schema
+
     def __init__(self, registry: SchemaRegistry, topic: str) -> None:
         super().__init__()
         self.registry = registry

@@ -30,7 +30,7 @@ from connectors.redis_cache import RedisCache
 from schemas.errors import TransientError
 from worker.core.delivery import Delivery, Planned
 from worker.core.fence import Fence
-from worker.core.records import Batch, Chunk, DeadLetter, Delete, Entry, Item, Source
+from worker.core.records import Batch, Chunk, DeadLetter, Delete, Entry, Item, Source, headers_size
 from worker.embedding.sparse import MAX_ACTIVE_DIMS
 from worker.process import metrics
 from worker.steps.writing.fit import TopicLimits, dead_letter_record, output_room, record_size
@@ -138,6 +138,10 @@ class SinkStep:
         self.output_rooms = {name: output_room(t.dim, self.limits.output,
                                                MAX_ACTIVE_DIMS if t.sparse == "learned" else 0)
                              for name, t in targets.items()}
+        #: Per model, the headers of an output record by whether it came from a cache: the model's and
+        #: the format's (a document's forwarded input headers follow them).
+        self._headers = {name: {cached: [*hs, *self.output.headers] for cached, hs in t.headers.items()}
+                         for name, t in targets.items()}
         self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
 
     def close(self) -> None:
@@ -202,12 +206,14 @@ class SinkStep:
         for e in planned.entries:
             self.fence.check()
             if isinstance(e, Item):
-                key, target = e.id.encode(), self.targets[e.model]
+                key, target, by_cached = e.id.encode(), self.targets[e.model], self._headers[e.model]
                 values = self.output.values(e, target.model_id, target.dim, now)
                 for ch, encoded in zip(e.chunks, values):
-                    delivery.produce(self.output_topic, key, encoded, target.headers[ch.cached])
+                    hs = by_cached[ch.cached]
+                    delivery.produce(self.output_topic, key, encoded, [*hs, *e.headers] if e.headers else hs)
             elif isinstance(e, Delete):
-                delivery.produce(self.output_topic, e.id.encode(), None, [("embedstream.model", self._delete_header)])
+                delivery.produce(self.output_topic, e.id.encode(), None,
+                                 [("embedstream.model", self._delete_header), *(e.headers or ())])
             elif self.dead_letters:
                 dlq_key, value, headers = dead_letter_record(e, self.limits.dlq)
                 delivery.produce(self.dlq_topic, dlq_key, value, headers, what=f"the dead letter ({e.reason}) of "
@@ -225,18 +231,19 @@ class SinkStep:
                 if not isinstance(e, Item) or e.original is None:
                     continue
                 target = self.targets[e.model]
-                size = len(e.id.encode()) + sum(len(k.encode()) + len(v.encode()) for k, v in e.metadata.items())
+                size = (len(e.id.encode()) + sum(len(k.encode()) + len(v.encode()) for k, v in e.metadata.items())
+                        + headers_size(e.headers))
                 if size <= self.output_rooms[e.model]:
                     continue
                 self.output.ready()
-                key = e.id.encode()
-                largest = max(record_size(key, v, target.headers[False])
+                key, headers = e.id.encode(), [*self._headers[e.model][False], *(e.headers or ())]
+                largest = max(record_size(key, v, headers)
                               for v in self.output.values(e, target.model_id, target.dim, now))
                 if largest > self.limits.output:
                     dead = batch.entries[i] = DeadLetter(
                         e.source, *e.original, "output_too_large",
-                        f"its output record would be {largest:,} bytes (metadata of {size:,} bytes), over the "
-                        f"output topic's limit of {self.limits.output:,}")
+                        f"its output record would be {largest:,} bytes (id, metadata and forwarded headers of "
+                        f"{size:,} bytes), over the output topic's limit of {self.limits.output:,}")
                     self.dead_lettered(dead.reason, dead.message)
 
     def _fill_caches(self, group: list[Batch]) -> None:
