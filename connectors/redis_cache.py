@@ -12,6 +12,11 @@ Both commands are packed here and sent on a connection of the client's pool, not
 ``execute_command``: every value of a group has the same length, so the values of a write are laid
 out by numpy in one buffer (redis-py packed each one and ran its per-command hooks: 4.4 µs of the
 sink's CPU a document on the instant-model run, py-spy's GIL samples).
+
+A Redis Cluster (ElastiCache, Memorystore, Azure in cluster mode) refuses those two multi-key
+commands across slots: the cache asks the server ``INFO cluster`` when it starts (again on a
+CROSSSLOT or MOVED answer) and, on a cluster, sends single-key commands per node instead
+(``connectors.redis_cluster``). No setting is needed.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import time
 from collections.abc import Iterable
 
 import numpy as np
+
+from connectors.redis_cluster import ClusterRoute
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +135,46 @@ class RedisCache:
         self._last_log = 0.0
         #: ``_SET_MANY`` runs by its digest (EVALSHA); loaded again when the server answers NOSCRIPT.
         self._script_sha = hashlib.sha1(_SET_MANY.encode()).hexdigest().encode()
+        #: On a Redis Cluster, how commands reach the nodes; None: one server (or not known yet).
+        self.cluster: ClusterRoute | None = None
+        #: When the server was last asked whether it is a cluster (None: it answered).
+        self._asked: float | None = 0.0
+        self._detect()
 
-    def _failed(self, what: str, exc: Exception) -> None:
-        self.errors += 1
+    def _detect(self) -> None:
+        """Ask the server whether it is a cluster node (``INFO cluster``), at most every 10 s until it
+        answers. A server that cannot say (INFO refused by an ACL, a stand-in client) is one server."""
+        import redis
+
+        self._asked = time.monotonic()
+        try:
+            info = self._redis.info("cluster")
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            self._failed("start", exc)  # asked again before a command, 10 s on
+            return
+        except Exception:
+            info = {}
+        self._asked = None
+        if isinstance(info, dict) and int(info.get("cluster_enabled", 0) or 0):
+            self._become_cluster()
+
+    def _become_cluster(self) -> None:
+        route = ClusterRoute(self._redis)
+        route.refresh()
+        self.cluster = route
+        log.info("cache: a Redis Cluster of %d masters (%s): each node's keys in one pipeline", len(route.masters),
+                 ", ".join(f"{h}:{p}" for h, p in route.masters))
+
+    def _ready(self) -> None:
+        """Before a command: ask again whether the server is a cluster if it has not answered yet."""
+        if self._asked is not None and time.monotonic() - self._asked > 10:
+            self._detect()
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """Count a failed call (not the question whether the server is a cluster) and log it, at
+        most every 10 s."""
+        if what != "start":
+            self.errors += 1
         now = time.monotonic()
         if now - self._last_log > 10:
             self._last_log = now
@@ -163,8 +207,13 @@ class RedisCache:
         if not hashes:
             return []
         try:
-            raws = self._call(b"*%d\r\n$4\r\nMGET\r\n" % (len(hashes) + 1), self._keys(hashes))
+            self._ready()
+            if self.cluster is not None:
+                raws = self._cluster_get(hashes)
+            else:
+                raws = self._call(b"*%d\r\n$4\r\nMGET\r\n" % (len(hashes) + 1), self._keys(hashes))
         except Exception as exc:  # any Redis or socket error is a miss, by contract
+            self._crossed(exc)
             self._failed("read", exc)
             return [None] * len(hashes)
         unpack = unpack_with_sparse if self.sparse else unpack_vector
@@ -177,6 +226,9 @@ class RedisCache:
         import redis
 
         try:
+            self._ready()
+            if self.cluster is not None:
+                return self._cluster_set(entries)
             n = len(entries)
             command = (b"*%d\r\n" % (2 * n + 4) + bulk_strings((b"EVALSHA", self._script_sha, b"%d" % n)),
                        self._keys(entries) + bulk_strings((b"%d" % self.ttl,)),
@@ -189,10 +241,45 @@ class RedisCache:
                 self._call(*command)
             return True
         except Exception as exc:
+            self._crossed(exc)
             self._failed("write", exc)
             return False
 
+    def _crossed(self, exc: Exception) -> None:
+        """A server that refuses keys of several slots is a cluster after all (INFO was not answered,
+        or the server became one): commands go per node from the next group on."""
+        import redis
+
+        if self.cluster is None and isinstance(exc, (redis.exceptions.ClusterCrossSlotError,
+                                                     redis.exceptions.MovedError)):
+            try:
+                self._become_cluster()
+            except Exception as refused:
+                self._failed("start", refused)
+
+    def _cluster_get(self, hashes: list[str]) -> list:
+        keys = [(self._prefix + h).encode() for h in hashes]
+        replies = self.cluster.run(keys, [b"*2\r\n$3\r\nGET\r\n$%d\r\n%b\r\n" % (len(k), k)  # type: ignore[union-attr]
+                                          for k in keys])
+        failed = next((r for r in replies if isinstance(r, BaseException)), None)
+        if failed is not None:
+            self._failed("read", failed)  # the other nodes' keys are still hits
+        return [None if isinstance(r, BaseException) else r for r in replies]
+
+    def _cluster_set(self, entries: dict) -> bool:
+        keys = [(self._prefix + h).encode() for h in entries]
+        pack = pack_with_sparse if self.sparse else pack_vector
+        ttl = bulk_strings((b"EX", b"%d" % self.ttl))
+        commands = [b"*5\r\n$3\r\nSET\r\n" + bulk_strings((k, pack(v))) + ttl for k, v in zip(keys, entries.values())]
+        failed = next((r for r in self.cluster.run(keys, commands) if isinstance(r, BaseException)), None)  # type: ignore[union-attr]
+        if failed is not None:
+            self._failed("write", failed)
+            return False
+        return True
+
     def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.close()
         try:
             self._redis.close()
         except Exception:

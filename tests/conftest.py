@@ -49,6 +49,15 @@ def stack(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """A Redis Cluster of three masters on free ports (``tools.redis_cluster``), for the session."""
+    from tools.redis_cluster import RedisCluster
+
+    with RedisCluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
 def model():
     """The real model (packaged all-MiniLM-L6-v2) at the worker's default precision, loaded once."""
     from worker.embedding.sentence import SentenceTransformerEmbedder

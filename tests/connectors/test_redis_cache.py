@@ -208,3 +208,70 @@ def test_a_learned_sparse_side_is_cached_with_its_vector_and_never_read_as_a_den
     raw = pack_with_sparse(value)
     assert unpack_vector(raw, 4) is None and unpack_with_sparse(pack_vector(vec), 4) is None  # kinds apart
     assert unpack_with_sparse(raw, 5) is None and unpack_with_sparse(raw[:-3], 4) is None
+
+
+# -- Redis Cluster ---------------------------------------------------------------------------------
+@pytest.mark.integration
+def test_on_a_cluster_every_key_goes_to_its_node_and_comes_back(redis_cluster):
+    """Three masters: the cache finds out it is on a cluster by itself (no setting), writes each key
+    on the master of its slot with the TTL, and reads every one back: no CROSSSLOT, no miss."""
+    import redis
+
+    model = f"m-{uuid.uuid4().hex[:6]}"
+    before = redis_cluster.keys_by_node()
+    cache = RedisCache(redis_cluster.url, model, 4, 60, timeout_ms=500)
+    assert cache.cluster is not None and len(cache.cluster.masters) == 3
+    vecs = {f"h{i}": np.full(4, i, np.float32) for i in range(600)}
+    assert cache.set_many(vecs)
+    got = cache.get_many([*vecs, "absent"])
+    assert [float(v[0]) for v in got[:-1]] == [float(i) for i in range(600)] and got[-1] is None
+    assert cache.errors == 0
+    added = {p: n - before[p] for p, n in redis_cluster.keys_by_node().items()}
+    assert sum(added.values()) == 600 and min(added.values()) > 100  # spread over the three masters
+    key = cache_key(model, "h7").encode()
+    node = redis.Redis(host="127.0.0.1", port=[p for p in redis_cluster.ports
+                                               if redis.Redis(port=p).cluster("keyslot", key) in
+                                               _slots_of(redis_cluster, p)][0])
+    assert 0 < node.ttl(key) <= 60
+
+
+def _slots_of(cluster, port: int) -> set[int]:
+    import redis
+
+    out: set[int] = set()
+    for start, end, master, *_ in redis.Redis(port=port).execute_command("CLUSTER SLOTS"):
+        if int(master[1]) == port:
+            out.update(range(int(start), int(end) + 1))
+    return out
+
+
+@pytest.mark.integration
+def test_a_cluster_taken_for_one_server_switches_on_its_first_crossslot_answer(redis_cluster):
+    """A cache that could not ask at start-up (INFO refused, the server not yet a cluster) sends the
+    one-server commands; the first CROSSSLOT answer is a miss, and from then on it goes per node."""
+    cache = RedisCache(redis_cluster.url, f"m-{uuid.uuid4().hex[:6]}", 4, 60, timeout_ms=500)
+    cache.cluster = None
+    vecs = {f"h{i}": np.full(4, i, np.float32) for i in range(50)}
+    assert cache.set_many(vecs) is False and cache.cluster is not None and cache.errors == 1
+    assert cache.set_many(vecs) and all(v is not None for v in cache.get_many(list(vecs)))
+
+
+@pytest.mark.integration
+def test_a_frozen_cluster_node_costs_only_its_own_keys(redis_cluster):
+    """One master stopped (SIGSTOP): its keys are misses within the timeout, counted once a call;
+    the other masters' keys are still hits; nothing raises. Woken, every key is a hit again."""
+    import os
+    import signal
+
+    cache = RedisCache(redis_cluster.url, f"m-{uuid.uuid4().hex[:6]}", 4, 60, timeout_ms=300)
+    vecs = {f"h{i}": np.full(4, i, np.float32) for i in range(300)}
+    assert cache.set_many(vecs)
+    frozen = redis_cluster.procs[1]
+    os.kill(frozen.pid, signal.SIGSTOP)
+    try:
+        got = cache.get_many(list(vecs))
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+    hits = sum(v is not None for v in got)
+    assert 100 < hits < 300 and cache.errors == 1  # two masters of three answered
+    assert all(v is not None for v in cache.get_many(list(vecs)))

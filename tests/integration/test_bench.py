@@ -37,6 +37,9 @@ def test_bench_quick_writes_json_and_chart(tmp_path, tmp_path_factory):
     assert r["R1_S2_chunks"] == pytest.approx(w["S2"]["docs_per_s"] / d["raw_S2_chunks"]["docs_per_s"])
     assert r["R1_S1"] == pytest.approx(w["S1"]["docs_per_s"] / d["raw_S1"]["docs_per_s"])
     assert r["Rdup90"] == pytest.approx(w["S4_90"]["docs_per_s"] / w["S4_0"]["docs_per_s"])
+    # the same on a Redis Cluster of three masters: the repeats hit there too
+    assert r["Rdup90_cluster"] == pytest.approx(w["S4_90_cluster"]["docs_per_s"] / w["S4_0_cluster"]["docs_per_s"])
+    assert w["S4_0_cluster"]["cached"] == 0 and w["S4_90_cluster"]["cached"] > 0
     assert r["Rio"] == pytest.approx(w["io"]["docs_per_s"] / d["milvus_upsert_rows_per_s"])
     assert 0 < w["io"]["cpu_us_per_doc"] < 1e6  # some CPU per document, less than a second of it
     # (the row counts the busy time; the whole run adds the start-up and the group join)

@@ -161,6 +161,28 @@ def test_cache_second_stream_is_all_hits_and_survives_redis_down(stack, model, t
         assert cos > floor
 
 
+def test_on_a_redis_cluster_a_second_stream_is_all_hits(stack, model, redis_cluster):
+    """The cache on a Redis Cluster of three masters (no setting: the worker finds out): the same
+    texts under new ids come from the cache, every one, and the model is never called; the vectors
+    are spread over the masters."""
+    from worker.assembly.runner import build_worker
+
+    s = fresh_settings(stack).model_copy(update={"redis_url": SecretStr(redis_cluster.url)})
+    texts = [d.text for d in sample_documents(200, prefix="rc")]
+    before = redis_cluster.keys_by_node()
+    producer = make_producer(s.kafka_common())
+    for round_ in ("first", "second"):
+        for i, t in enumerate(texts):
+            producer.produce(s.input_topic, key=f"{round_}-{i}", value=encode_document(Document(f"{round_}-{i}", t)))
+        assert producer.flush(30) == 0
+        counting = CountingModel(model)
+        stats = build_worker(s, embedder=counting).run(stop_when_idle=2)
+        assert stats.embedded == 200
+    assert stats.cached == 200 and counting.texts == 0
+    added = [n - before[p] for p, n in redis_cluster.keys_by_node().items()]
+    assert min(added) > 0 and sum(added) >= 200
+
+
 def test_startup_errors_are_clear(stack, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 

@@ -433,4 +433,5 @@ def test_a_forwarded_header_that_would_make_the_output_too_large_dead_letters_th
     producer = RecordingProducer()
     _sink(RecordingMilvusClient(), producer, limits=TopicLimits(output=32_768)).process([batch])
     [(topic, key, _, headers)] = producer.records
-    assert (topic, key) == ("documents.dlq", b"big") and dict(headers)["embedstream.error.reason"] == b"output_too_large"
+    assert (topic, key) == ("documents.dlq", b"big")
+    assert dict(headers)["embedstream.error.reason"] == b"output_too_large"

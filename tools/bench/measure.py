@@ -222,7 +222,11 @@ def flush_cache(s: Settings) -> None:
     if s.redis_url is not None:
         import redis
 
-        redis.Redis.from_url(s.redis_url.get_secret_value(), socket_timeout=5).flushdb()
+        server = redis.Redis.from_url(s.redis_url.get_secret_value(), socket_timeout=5)
+        if int(server.info("cluster").get("cluster_enabled", 0)):  # every master's share
+            redis.RedisCluster.from_url(s.redis_url.get_secret_value()).flushdb(target_nodes=redis.RedisCluster.PRIMARIES)
+        else:
+            server.flushdb()
 
 
 def drop_collection(s: Settings) -> None:

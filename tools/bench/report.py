@@ -50,6 +50,9 @@ def ratio_table(out: dict) -> Table:
         "peer not run (--peer-python)", met("Rpeer"))
     row("Rdup90", r["Rdup90"], "≥ 6", f"{_fmt(w['S4_90']['docs_per_s'], 1)} ÷ {_fmt(w['S4_0']['docs_per_s'], 1)} "
         "docs/s (90% vs 0% repeats)", met("Rdup90"))
+    if r.get("Rdup90_cluster"):
+        row("Rdup90 (Redis Cluster)", r["Rdup90_cluster"], "≈ Rdup90", f"{_fmt(w['S4_90_cluster']['docs_per_s'], 1)} ÷ "
+            f"{_fmt(w['S4_0_cluster']['docs_per_s'], 1)} docs/s, the cache on 3 masters", None)
     row("Rio", r["Rio"], "≥ 0.7", f"instant model {_fmt(w['io']['docs_per_s'], 0)} docs/s ÷ MilvusClient.upsert "
         f"{_fmt(d['milvus_upsert_rows_per_s'], 0)} rows/s", met("Rio"))
     if r.get("Rio_columnar"):

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 import os
 import platform
+import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from pydantic import SecretStr
 
 from tools.bench import hybrid, measure, workloads
 from tools.dev import LocalStack, quick_join_session
@@ -301,6 +304,24 @@ def _repeats(out: dict, base: Settings, emb, sizes: dict, say: Callable[[str], N
         res = measure.worker_stream(base, emb, s4_texts, f"s4-{int(frac * 100)}-{int(time.time())}")
         out["workloads"][f"S4_{int(frac * 100)}"] = {"docs": res.docs, "docs_per_s": res.docs_per_s,
                                                      "cached": res.cached, "tokens_real": res.tokens_real}
+    _repeats_on_a_cluster(out, base, emb, sizes, seed, say)
+
+
+def _repeats_on_a_cluster(out: dict, base: Settings, emb, sizes: dict, seed: int, say: Callable[[str], None]) -> None:
+    """S4 at 0 and 90 % repeats again with the cache on a Redis Cluster of three masters (the cache
+    sends each node its keys' commands as one pipeline): Rdup90 there, beside the single server's."""
+    from tools.redis_cluster import RedisCluster
+
+    state = Path(tempfile.mkdtemp(prefix="bench-redis-cluster-"))
+    with RedisCluster(state) as cluster:
+        on_cluster = base.model_copy(update={"redis_url": SecretStr(cluster.url)})
+        for frac in (0.0, 0.9):
+            say(f"S4: {frac:.0%} repeats, the cache on a Redis Cluster of 3 masters")
+            res = measure.worker_stream(on_cluster, emb, workloads.with_repeats(sizes["S4"], frac, seed=seed),
+                                        f"s4c-{int(frac * 100)}-{int(time.time())}")
+            out["workloads"][f"S4_{int(frac * 100)}_cluster"] = {"docs": res.docs, "docs_per_s": res.docs_per_s,
+                                                                 "cached": res.cached}
+    shutil.rmtree(state, ignore_errors=True)
 
 
 def _long(out: dict, base: Settings, emb, sizes: dict, say: Callable[[str], None]) -> None:
@@ -450,6 +471,8 @@ def ratios(out: dict) -> dict:
         "R1_S1": w["S1"]["docs_per_s"] / d["raw_S1"]["docs_per_s"],
         "Rpeer": (s2["docs_per_s"] / d["peer_docs_per_s"]) if d.get("peer_docs_per_s") else None,
         "Rdup90": w["S4_90"]["docs_per_s"] / w["S4_0"]["docs_per_s"],
+        "Rdup90_cluster": (w["S4_90_cluster"]["docs_per_s"] / w["S4_0_cluster"]["docs_per_s"]
+                           if "S4_90_cluster" in w else None),
         "Rio": w["io"]["docs_per_s"] / d["milvus_upsert_rows_per_s"],
         "Rio_columnar": (w["io"]["docs_per_s"] / d["milvus_upsert_columnar_rows_per_s"]
                          if d.get("milvus_upsert_columnar_rows_per_s") else None),
