@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 from connectors.kafka import make_producer
 from connectors.milvus import MilvusReader
 from schemas.codec import Document, encode_document
-from tests.faults.harness import WorkerProcess, short_docs
+from tests.faults.harness import WorkerProcess, metric_samples, short_docs, wait_until
 from tests.helpers import fresh_settings, run_cli, settings_env
 from tools.dev import free_port
 
@@ -113,8 +113,40 @@ def test_three_workers_split_six_partitions(stack, model, tmp_path):
     for d in docs:
         p.produce(s.input_topic, key=d.id, value=encode_document(d))
     assert p.flush(30) == 0
-    workers = [WorkerProcess(s, tmp_path, f"w{i}", ("--stop-when-idle", "6")) for i in range(3)]
+    # One worker alone first, until its lag gauge has a backlog on all six partitions; then two more
+    # join (a rebalance takes four of its partitions). Once everything is consumed, the members' lag
+    # series together are the group's lag: each partition reported by its one owner, none left
+    # behind by the member that lost it (their values would count the lag twice on a dashboard).
+    ports = [free_port() for _ in range(3)]
+
+    def lag_series() -> list[tuple[int, float]]:
+        out = []
+        for port in ports:
+            try:
+                out += [(int(x.labels["partition"]), x.value) for x in metric_samples(port)
+                        if x.name == "embedstream_consumer_lag" and x.labels.get("topic") == s.input_topic]
+            except OSError:
+                pass  # not serving yet
+        return out
+
+    workers = [WorkerProcess(s, tmp_path, "w0", ("--stop-when-idle", "15"), EMBEDSTREAM_METRICS_PORT=str(ports[0]))]
     try:
+        wait_until(lambda: len(lag_series()) == 6 and sum(v for _, v in lag_series()) > 0, 90,
+                   what="the first worker's lag on all six partitions")
+        workers += [WorkerProcess(s, tmp_path, f"w{i}", ("--stop-when-idle", "15"),
+                                  EMBEDSTREAM_METRICS_PORT=str(ports[i])) for i in (1, 2)]
+        c = Consumer({**s.kafka_common(), "group.id": s.group_id})
+
+        def group_lag() -> int:
+            tps = c.committed([TopicPartition(s.input_topic, i) for i in range(6)], timeout=10)
+            return sum(c.get_watermark_offsets(tp, timeout=10)[1] - max(tp.offset, 0) for tp in tps)
+
+        def members_agree() -> bool:
+            series = lag_series()
+            return sorted(p for p, _ in series) == list(range(6)) and sum(v for _, v in series) == group_lag() == 0
+
+        wait_until(members_agree, 120, what="the members' lag series to be the group's, once each")
+        c.close()
         for w in workers:
             assert w.wait(400) == 0, w.log()[-3000:]
     finally:
