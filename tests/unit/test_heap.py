@@ -69,3 +69,17 @@ def test_keep_pages_has_megabyte_buffers_reuse_the_heap_instead_of_faulting_page
         pytest.skip("this C library has no mallopt")
     default, kept = map(int, out)
     assert default > 40 * 500 and kept < 200, (default, kept)
+
+
+def test_the_heap_is_trimmed_once_a_quiet_spell_lasts_and_again_only_after_work():
+    from worker.process.heap import IdleTrim
+
+    now = [0.0]
+    trims: list[float] = []
+    idle = IdleTrim(after=5.0, trim=lambda: trims.append(now[0]), clock=lambda: now[0])
+    for t, quiet in [(0, True), (4.9, True), (5.0, True), (9, True), (10, False), (11, True), (15.9, True),
+                     (16, True), (30, True)]:
+        now[0] = t
+        idle.tick(quiet)
+    assert trims == [5.0, 16]  # a busy tick (10 s) starts the count again
+

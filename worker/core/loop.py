@@ -27,6 +27,7 @@ from worker.core.offsets import OffsetCommitter
 from worker.core.pipeline import Pipeline
 from worker.core.records import TopicPartitionKey
 from worker.core.stats import RunStats
+from worker.process.heap import IdleTrim
 from worker.process.metrics import Health, forget_lag
 from worker.process.signals import GracefulStop
 
@@ -126,6 +127,8 @@ class Worker:
         self.stats = stats if stats is not None else RunStats()
         self.stop = GracefulStop()
         self.held = Held(backoff_max)
+        #: Hands the heap's free pages back once the input has been quiet a while (``worker.process.heap``).
+        self.idle_trim = IdleTrim()
 
     def install_signal_handlers(self) -> None:
         self.stop.install()
@@ -201,6 +204,7 @@ class Worker:
                 quiet = not len(chain.intake) and not chain.pipeline.inflight and not self.held
                 if quiet:
                     self._step_past_markers()
+                self.idle_trim.tick(quiet)
                 chain.committer.tick()
                 if stop_when_idle is not None and self.assignment.idle_for(
                         stop_when_idle, quiet, self.health.last_kafka_error):

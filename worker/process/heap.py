@@ -16,6 +16,11 @@ them off the heap's top when freed), so every group faulted its pages in anew, z
 ``keep_pages`` has them served from the heap and kept there (instant model, S2 without the cache,
 three alternating runs: the Milvus writer thread 5.0-5.1 → 3.3-3.7 µs a document, the process
 29.0-31.1 → 27.0-28.7).
+
+What a burst of large records leaves on the heap (fetched 1 MB keys, dead letters on their way out)
+is then kept too, up to ``TRIM_THRESHOLD``: after a flood of hostile records the idle worker sat
+~125 MB above a clean run. So once the input has been quiet a while, ``trim`` hands the free pages
+back (``malloc_trim``): the pages are kept while records stream, returned when they stop.
 """
 
 from __future__ import annotations
@@ -58,10 +63,51 @@ def keep_pages() -> bool:
     ``TRIM_THRESHOLD`` of freed heap (a process setting: it replaces glibc's ``MALLOC_MMAP_THRESHOLD_``
     and ``MALLOC_TRIM_THRESHOLD_``). False where the C library has no ``mallopt`` (musl, macOS):
     nothing changes there."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"))
+    except (OSError, TypeError):
+        return None
+
+
+def trim() -> bool:
+    """Return the free pages of every malloc arena to the system (glibc's ``malloc_trim(0)``; a few
+    ms). False where the C library has none (musl, macOS) or nothing was returned."""
+    libc = _libc()
+    trim_ = getattr(libc, "malloc_trim", None)
+    if trim_ is None:
+        return False
+    trim_.argtypes, trim_.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim_(0))
+
+
+class IdleTrim:
+    """``tick(quiet)`` from the loop: once the worker has been quiet (nothing batching or in flight)
+    for ``after`` seconds, ``trim`` once; again only after the next busy spell."""
+
+    def __init__(self, after: float = 5.0, trim=trim, clock=None) -> None:
+        import time
+
+        self.after = after
+        self._trim = trim
+        self._clock = clock or time.monotonic
+        self._quiet_since: float | None = None
+        self._done = False
+
+    def tick(self, quiet: bool) -> None:
+        if not quiet:
+            self._quiet_since, self._done = None, False
+            return
+        now = self._clock()
+        if self._quiet_since is None:
+            self._quiet_since = now
+        elif not self._done and now - self._quiet_since >= self.after:
+            self._done = True
+            self._trim()
