@@ -237,7 +237,9 @@ class MilvusSettings(BaseModel):
 class OperationsSettings(BaseModel):
     """The process: metrics, processes, shutdown, health, retries, logs."""
 
-    metrics_port: int = setting(9400, "Port of /metrics, /healthz, /readyz; 0 = off", flag=True, ge=0, le=65535)
+    metrics_port: int | Literal["auto"] = setting(
+        9400, "Port of /metrics, /healthz, /readyz; 0 = off; auto = a free port the system picks (the worker logs "
+              "it: \"metrics on port N\")", flag=True)
     processes: int = setting(
         1, "Worker processes of the group to start here, e.g. several on one GPU; process i serves its metrics "
            "on the metrics port + i and, with a static member id, joins as <id>-<i>", flag=True, ge=1, le=64)
@@ -284,6 +286,16 @@ class Settings(BaseSettings, OperationsSettings, MilvusSettings, CacheSettings, 
                 name = KAFKA_PREFIX + prop.replace(".", "_").upper()
                 raise ValueError(f"{name}={value} is refused: {why}. Remove it (the worker sets {prop} itself)")
         return self
+
+    @field_validator("metrics_port", mode="before")
+    @classmethod
+    def _a_port(cls, v):
+        text = str(v).strip().lower()
+        if text == "auto":
+            return "auto"
+        if not text.isdigit() or not 0 <= int(text) <= 65535:
+            raise ValueError(f"{v!r} is not a port: give a port (1-65535), 0 (off) or auto (a free port, logged)")
+        return int(text)
 
     @field_validator("kafka_bootstrap_servers", "redis_url", "milvus_uri", "model", "schema_registry_url",
                      "key_field", "models", "milvus_alias", mode="before")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -173,7 +174,8 @@ class WorkerProcess:
     The process is taken ready-imported from the warm pool when one is there (``_WarmPool``:
     the 5 s of imports of each start, ~60 starts a suite, done while the scenario before runs).
     ``cold=True`` starts ``embedstream run`` from nothing, imports included, as a pod does: for a
-    measure of how long a restart takes (the soak)."""
+    measure of how long a restart takes (the soak). ``instant=True`` runs it with an instant model
+    (``tests.faults.instant_worker``)."""
 
     live: list[WorkerProcess] = []
 
@@ -186,11 +188,13 @@ class WorkerProcess:
         cls.live.clear()
 
     def __init__(self, s: Settings, log_dir: Path, name: str, args: tuple[str, ...] = (), *, cold: bool = False,
-                 **env: str) -> None:
+                 instant: bool = False, **env: str) -> None:
         self.log_path = log_dir / f"{name}.log"
         # made here, so that ``log()`` reads it before a warm process has opened it (it appends)
         self.log_path.touch()
         argv, full_env = [*CLI, "run", *args], worker_env(s, **env)
+        if instant:  # an instant model in place of the real one (tests.faults.instant_worker), started cold
+            argv, cold = [sys.executable, "-m", "tests.faults.instant_worker", "run", *args], True
         warm = None if cold else _POOL.start(argv, full_env, self.log_path)  # it opens the log itself
         if warm is None:
             with self.log_path.open("ab") as log:  # the child keeps its own descriptor
@@ -222,6 +226,20 @@ class WorkerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def metrics_port(self, timeout: float = 120) -> int:
+        """The port the worker serves /metrics on, as it logged it (started with
+        ``EMBEDSTREAM_METRICS_PORT=auto``: the system picks a free one, no race for it)."""
+        found: list[int] = []
+
+        def logged() -> bool:
+            m = re.search(r"metrics on port (\d+)", self.log())
+            if m:
+                found.append(int(m.group(1)))
+            return bool(m)
+
+        wait_until(logged, timeout, what=f"{self.log_path.stem} to serve its metrics")
+        return found[0]
 
 
 def metric_samples(port: int, timeout: float = 5):

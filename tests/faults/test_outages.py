@@ -20,7 +20,6 @@ from tests.faults.harness import (
     wait_until,
 )
 from tests.helpers import document_schema_with, read_topic, registry_serializer
-from tools.dev import free_port
 from worker.commands.produce import produce_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -49,11 +48,11 @@ def test_broker_frozen(fs, model, parts, tmp_path):
 def test_milvus_frozen_pauses_and_commits_nothing(fs, model, parts, tmp_path):
     expected = Expected()
     produce_docs(fs, short_docs(2500, "mil"), expected)
-    port = free_port()
     # Two batches in flight (512 documents) instead of 8 (2,048): with the texts hot in the cache the
     # 80 % left at the freeze once fitted in the default pipeline, and nothing needed pausing.
-    w = WorkerProcess(fs, tmp_path, "w", ("--stop-when-idle", "4"), EMBEDSTREAM_METRICS_PORT=str(port),
+    w = WorkerProcess(fs, tmp_path, "w", ("--stop-when-idle", "4"), EMBEDSTREAM_METRICS_PORT="auto",
                       EMBEDSTREAM_MAX_INFLIGHT_BATCHES="2")
+    port = w.metrics_port()
     wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.2 * expected.records, 180, what="20% committed")
     retries_before = scrape(port, "embedstream_retries_total", system="milvus")
     with frozen(parts["milvus"]):
@@ -81,8 +80,8 @@ def test_redis_frozen_then_back(fs, model, parts, tmp_path):
     expected = Expected()
     docs = short_docs(2400, "red")
     produce_docs(fs, docs[:1200], expected)
-    port = free_port()
-    w = WorkerProcess(fs, tmp_path, "w", EMBEDSTREAM_METRICS_PORT=str(port))
+    w = WorkerProcess(fs, tmp_path, "w", EMBEDSTREAM_METRICS_PORT="auto")
+    port = w.metrics_port()
     wait_until(lambda: committed_total(fs, PARTITIONS) >= 300, 180, what="300 committed")
     with frozen(parts["redis"]):
         produce_docs(fs, docs[1200:], expected)

@@ -1,4 +1,4 @@
-"""The soak (issue 35; ``make soak``, outside ``make test``): a long run under steady load and faults.
+"""The soak (``make soak``, outside ``make test``): a long run under steady load and faults.
 
 Two workers serve one group on the fault stack. The group's capacity is measured first (a backlog
 of new documents, drained by both), then documents arrive at half of it for ``EMBEDSTREAM_SOAK_MINUTES``

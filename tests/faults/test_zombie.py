@@ -28,7 +28,6 @@ from tests.faults.harness import (
 )
 from tests.helpers import fresh_settings, read_topic
 from tools.corpus import stdlib_docstrings
-from tools.dev import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -132,8 +131,8 @@ def test_a_frozen_member_writes_nothing_old_when_it_wakes(fault_stack, model, tm
     expected = Expected()
     n = 200  # freezes 30, 100 and 160 documents in (was 400: ~50 s a run more to drain and check)
     v1, v2 = _two_versions(n, f"z{int(freeze_at * 100)}")
-    port = free_port()
-    a = WorkerProcess(s, tmp_path, "a", EMBEDSTREAM_METRICS_PORT=str(port))
+    a = WorkerProcess(s, tmp_path, "a", EMBEDSTREAM_METRICS_PORT="auto")
+    port = a.metrics_port()
     wait_until(lambda: "assigned [0]" in a.log(), 120, what="a to own the partition")
     b = WorkerProcess(s, tmp_path, "b")
     wait_until(lambda: "assigned [" in b.log(), 120, what="b to join (with nothing to do)")
@@ -155,8 +154,8 @@ def test_a_member_frozen_during_a_rebalance_of_three_writes_nothing_old(fault_st
     expected = Expected()
     n = 300  # was 600: still a backlog in flight at two members when the third one joins
     v1, v2 = _two_versions(n, "z3")
-    port = free_port()
-    a = WorkerProcess(s, tmp_path, "a", EMBEDSTREAM_METRICS_PORT=str(port))
+    a = WorkerProcess(s, tmp_path, "a", EMBEDSTREAM_METRICS_PORT="auto")
+    port = a.metrics_port()
     wait_until(lambda: "assigned [0, 1, 2]" in a.log(), 120, what="a to own every partition")
     b = WorkerProcess(s, tmp_path, "b")
     wait_until(lambda: "assigned [" in b.log(), 120, what="b to join")

@@ -16,7 +16,6 @@ from connectors.milvus import MilvusReader
 from schemas.codec import Document, encode_document
 from tests.faults.harness import WorkerProcess, metric_samples, short_docs, wait_until
 from tests.helpers import fresh_settings, run_cli, settings_env
-from tools.dev import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -36,8 +35,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
 def test_metrics_move_by_the_right_amounts_and_health_answers(stack, model):
     from worker.assembly.runner import build_worker
 
-    port = free_port()
-    s = fresh_settings(stack, metrics_port=port, max_batch_size=50)
+    s = fresh_settings(stack, metrics_port="auto", max_batch_size=50)
     # hits are counted exactly below: start from an empty cache, whatever earlier tests stored
     from tools.bench.measure import flush_cache
 
@@ -61,6 +59,8 @@ def test_metrics_move_by_the_right_amounts_and_health_answers(stack, model):
     assert p.flush(10) == 0
 
     worker = build_worker(s, embedder=model)
+    port = worker.metrics_port
+    assert port  # the system picked it, the worker served on it
     code, body = _get(port, "/readyz")
     assert code == 503 and "not ready" in body  # model loaded, no partitions yet
     assert _get(port, "/healthz")[0] == 200
@@ -117,24 +117,19 @@ def test_three_workers_split_six_partitions(stack, model, tmp_path):
     # join (a rebalance takes four of its partitions). Once everything is consumed, the members' lag
     # series together are the group's lag: each partition reported by its one owner, none left
     # behind by the member that lost it (their values would count the lag twice on a dashboard).
-    ports = [free_port() for _ in range(3)]
-
     def lag_series() -> list[tuple[int, float]]:
         out = []
-        for port in ports:
-            try:
-                out += [(int(x.labels["partition"]), x.value) for x in metric_samples(port)
-                        if x.name == "embedstream_consumer_lag" and x.labels.get("topic") == s.input_topic]
-            except OSError:
-                pass  # not serving yet
+        for w in workers:
+            out += [(int(x.labels["partition"]), x.value) for x in metric_samples(w.metrics_port())
+                    if x.name == "embedstream_consumer_lag" and x.labels.get("topic") == s.input_topic]
         return out
 
-    workers = [WorkerProcess(s, tmp_path, "w0", ("--stop-when-idle", "15"), EMBEDSTREAM_METRICS_PORT=str(ports[0]))]
+    workers = [WorkerProcess(s, tmp_path, "w0", ("--stop-when-idle", "15"), EMBEDSTREAM_METRICS_PORT="auto")]
     try:
         wait_until(lambda: len(lag_series()) == 6 and sum(v for _, v in lag_series()) > 0, 90,
                    what="the first worker's lag on all six partitions")
-        workers += [WorkerProcess(s, tmp_path, f"w{i}", ("--stop-when-idle", "15"),
-                                  EMBEDSTREAM_METRICS_PORT=str(ports[i])) for i in (1, 2)]
+        workers += [WorkerProcess(s, tmp_path, f"w{i}", ("--stop-when-idle", "15"), EMBEDSTREAM_METRICS_PORT="auto")
+                    for i in (1, 2)]
         c = Consumer({**s.kafka_common(), "group.id": s.group_id})
 
         def group_lag() -> int:

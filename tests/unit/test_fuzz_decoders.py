@@ -1,4 +1,4 @@
-"""Fuzzing the decoders (issue 35): whatever the bytes, each decoder returns a value or a dead letter.
+"""Fuzzing the decoders: whatever the bytes, each decoder returns a value or a dead letter.
 
 The contract under test: ``decode_document`` and ``key_id`` raise :class:`DecodeError` (a reason
 from the contract, and a message) and nothing else; :meth:`Validator.validate` never raises and

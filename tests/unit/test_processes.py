@@ -35,6 +35,7 @@ def test_each_child_gets_the_parents_settings_for_one_process_and_its_own_port_a
 def test_metrics_off_stays_off_and_no_member_id_is_made_up():
     env = child_environment(_settings(metrics_port=0), 3, {})
     assert env["EMBEDSTREAM_METRICS_PORT"] == "0" and "EMBEDSTREAM_GROUP_INSTANCE_ID" not in env
+    assert child_environment(_settings(metrics_port="auto"), 3, {})["EMBEDSTREAM_METRICS_PORT"] == "auto"
 
 
 def test_a_failing_child_stops_the_others_and_its_code_is_the_parents(monkeypatch):

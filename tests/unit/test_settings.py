@@ -113,6 +113,8 @@ def _run(monkeypatch, env: dict[str, str]):
     ({"EMBEDSTREAM_KAFKA__ENABLE_AUTO_COMMIT": "true"}, "EMBEDSTREAM_KAFKA__ENABLE_AUTO_COMMIT=true is refused: "
                                                         "offsets are committed only once"),
     ({"EMBEDSTREAM_KAFKA__ENABLE_IDEMPOTENCE": "false"}, "a retried produce never duplicates"),
+    ({"EMBEDSTREAM_METRICS_PORT": "70000"}, "EMBEDSTREAM_METRICS_PORT: '70000' is not a port: give a port (1-65535)"),
+    ({"EMBEDSTREAM_METRICS_PORT": "any"}, "EMBEDSTREAM_METRICS_PORT: 'any' is not a port"),
     ({"EMBEDSTREAM_DELIVERY": "exactly-once", "EMBEDSTREAM_KAFKA__TRANSACTIONAL_ID": "mine"},
      "EMBEDSTREAM_KAFKA__TRANSACTIONAL_ID=mine is refused: exactly-once derives it"),
 ])
@@ -147,3 +149,13 @@ def test_a_property_librdkafka_refuses_is_one_line_and_exit_2(monkeypatch):
     result = _run(monkeypatch, {"EMBEDSTREAM_KAFKA__SASL_MECHANIZM": "PLAIN"})
     assert result.exit_code == 2, result.output
     assert "sasl.mechanizm" in result.output and "EMBEDSTREAM_KAFKA__" in result.output
+
+
+def test_the_metrics_port_is_a_number_off_or_auto(monkeypatch):
+    from worker.settings import Settings
+
+    assert Settings(metrics_port="auto").metrics_port == "auto"
+    monkeypatch.setenv("EMBEDSTREAM_METRICS_PORT", "9500")
+    assert Settings().metrics_port == 9500
+    monkeypatch.setenv("EMBEDSTREAM_METRICS_PORT", "auto")
+    assert Settings().metrics_port == "auto"

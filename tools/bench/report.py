@@ -171,7 +171,7 @@ def cpu_table(out: dict) -> Table:
     return t
 
 
-#: R1 a GPU worker should reach at its best process count (issue 32).
+#: R1 a GPU worker should reach at its best process count.
 R1_GPU_GOAL = 0.9
 
 

@@ -507,7 +507,7 @@ def ratios(out: dict) -> dict:
 
 def run_processes(*, counts: list[int], docs: int, device: str, precision: str, state_dir: Path,
                   say: Callable[[str], None], model: str | None = None, broker: str = "tansu") -> dict:
-    """R1 at several processes a machine (issue 32: one Python process does not keep a GPU busy): for
+    """R1 at several processes a machine (one Python process does not keep a GPU busy): for
     S1 and S2, the raw encode of the texts (the denominator, in this process), then ``embedstream run
     --processes K`` for each K of ``counts`` on the same texts end to end on the local stack (cold
     cache; ``measure.processes_stream``: timed from the first document produced to the last

@@ -180,14 +180,19 @@ def open_registry(settings: Settings) -> SchemaRegistry | None:
     return registry
 
 
-def serve_metrics(settings: Settings, health: metrics.Health) -> None:
+def serve_metrics(settings: Settings, health: metrics.Health) -> int | None:
+    """Serve /metrics, /healthz and /readyz on the metrics port (``auto``: one the system picks);
+    returns the port, None when off."""
     if not settings.metrics_port:
-        return
+        return None
     try:
-        metrics.serve(settings.metrics_port, health)
+        server = metrics.serve(0 if settings.metrics_port == "auto" else settings.metrics_port, health)
     except OSError as exc:
         raise ConfigError(f"cannot serve metrics on port {settings.metrics_port} ({exc}): set "
-                          "EMBEDSTREAM_METRICS_PORT to a free port, or 0 to turn it off") from None
+                          "EMBEDSTREAM_METRICS_PORT to a free port, auto, or 0 to turn it off") from None
+    port = server.server_address[1]
+    log.info("metrics on port %d (/metrics, /healthz, /readyz)", port)
+    return port
 
 
 def open_delivery(s: Settings, consumer: Consumer, delivery_timeout_s: float) -> Delivery:
@@ -304,7 +309,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     heap.keep_pages()  # a group's megabyte buffers reuse the heap's pages (worker.process.heap)
     health = metrics.Health(s.healthz_max_tick_age_seconds)
     health.model_loaded = True
-    serve_metrics(s, health)
+    metrics_port = serve_metrics(s, health)
     if any(m.device == "cuda" for m in models.handles.values()):
         register_gpu_metrics("cuda")
     session_s, heartbeat_s = group_session(s)
@@ -324,6 +329,8 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     assignment = Assignment(pause_after=min(5.0, max_poll_s / 3), join_grace=max(10.0, 2 * session_s))
     max_inflight = inflight_limit(s, models)
     log.info("up to %d batches in flight (%d a model served)", max_inflight, s.max_inflight_batches)
-    return Worker(consumer, s.input_topic, chain, assignment, max_inflight=max_inflight,
-                  shutdown_grace=s.shutdown_grace_seconds, health=health, backoff_max=s.retry_backoff_max_seconds,
-                  on_progress=on_progress, stats=stats)
+    worker = Worker(consumer, s.input_topic, chain, assignment, max_inflight=max_inflight,
+                    shutdown_grace=s.shutdown_grace_seconds, health=health, backoff_max=s.retry_backoff_max_seconds,
+                    on_progress=on_progress, stats=stats)
+    worker.metrics_port = metrics_port
+    return worker

@@ -29,6 +29,8 @@ def _option_type(annotation: Any) -> type:
     if typing.get_origin(annotation) is Literal:
         return str
     args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    if any(typing.get_origin(a) is Literal for a in args):  # a number or a word (a port or "auto")
+        return str
     return args[0] if args[0] in (int, float) else str
 
 

@@ -129,6 +129,8 @@ class Worker:
         self.held = Held(backoff_max)
         #: Hands the heap's free pages back once the input has been quiet a while (``worker.process.heap``).
         self.idle_trim = IdleTrim()
+        #: Where /metrics, /healthz and /readyz are served (None: not served).
+        self.metrics_port: int | None = None
 
     def install_signal_handlers(self) -> None:
         self.stop.install()

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 #: Bump when the export or the quantization changes: older cached files are then not reused.
 EXPORT_VERSION = 1
-#: The gate of issue 14 (cosine to float32).
+#: The quality gate of int8 (cosine to float32).
 MIN_MEAN_COSINE = 0.99
 MIN_COSINE = 0.97
 

@@ -39,7 +39,8 @@ def child_environment(s: Settings, index: int, base: Mapping[str, str]) -> dict[
     env = {k: v for k, v in base.items() if not k.startswith("EMBEDSTREAM_")}
     env.update(s.environment())
     env["EMBEDSTREAM_PROCESSES"] = "1"
-    env["EMBEDSTREAM_METRICS_PORT"] = str(s.metrics_port + index) if s.metrics_port else "0"
+    port = s.metrics_port
+    env["EMBEDSTREAM_METRICS_PORT"] = "auto" if port == "auto" else str(port + index) if port else "0"
     if s.group_instance_id:
         env["EMBEDSTREAM_GROUP_INSTANCE_ID"] = f"{s.group_instance_id}-{index}"
     return env
