@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -240,6 +241,19 @@ class WorkerProcess:
 
         wait_until(logged, timeout, what=f"{self.log_path.stem} to serve its metrics")
         return found[0]
+
+
+def run_worker(s: Settings, *args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    """``embedstream run *args`` with the settings of ``s`` to its end, taken from the warm pool (a
+    cold start costs the test the imports): its exit status, and its log (stdout and stderr
+    together) as ``stderr``."""
+    w = WorkerProcess(s, Path(tempfile.mkdtemp(prefix="embedstream-run-")), "run", args, **env)
+    try:
+        code = w.wait(timeout)
+    except subprocess.TimeoutExpired:
+        w.proc.kill()
+        raise
+    return subprocess.CompletedProcess(w.proc.args, code, "", w.log())
 
 
 def metric_samples(port: int, timeout: float = 5):

@@ -35,10 +35,11 @@ from tests.faults.harness import (
     rebalance_events,
     record_row,
     records_in_open_transactions,
+    run_worker,
     short_docs,
     wait_until,
 )
-from tests.helpers import read_topic, run_cli, settings_env
+from tests.helpers import read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -253,8 +254,7 @@ def test_size_limits_on_the_real_broker(fault_stack, tmp_path):
     producer.produce(s.input_topic, key="too-long", value=big)
     producer.produce(s.input_topic, key="fine", value=encode_document(Document("fine", "a short text")))
     assert producer.flush(30) == 0
-    env_run = settings_env(s)
-    first = run_cli(["run", "--stop-when-idle", "3"], env_run, timeout=300)
+    first = run_worker(s, "--stop-when-idle", "3", timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     dlq = read_topic(s, s.dlq_topic, expect=1)
     assert len(dlq) == 1 and len(dlq[0].value() or b"") < limit
@@ -279,7 +279,7 @@ def test_size_limits_on_the_real_broker(fault_stack, tmp_path):
     assert "fat" not in {m.key().decode() for m in read_topic(s, s.output_topic, idle=1.0)}
 
     _alter_topic(s, s.output_topic, limit)  # fixed: the worker resumes at that record
-    again = run_cli(["run", "--stop-when-idle", "3"], env_run, timeout=300)
+    again = run_worker(s, "--stop-when-idle", "3", timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     keys = Counter(m.key().decode() for m in read_topic(s, s.output_topic, expect=4))
     assert keys["fat"] == 1 and keys["fine"] == 1 and keys["gate"] == 1
@@ -292,7 +292,7 @@ def test_a_topic_that_takes_less_than_16_kb_stops_the_start_naming_it(fault_stac
 
     _, env = fault_stack
     s = fresh_settings(env, partitions=1, topic_config={"dlq": {"max.message.bytes": "8192"}})
-    res = run_cli(["run", "--stop-when-idle", "1"], settings_env(s), timeout=180)
+    res = run_worker(s, "--stop-when-idle", "1", timeout=180)
     assert res.returncode == 2, res.stderr[-3000:]
     last = [line for line in res.stderr.splitlines() if line.strip()][-1]
     assert s.dlq_topic in last and "8,192" in last and "16,384" in last, last

@@ -83,6 +83,7 @@ def test_the_worker_embeds_with_the_document_prompt_and_search_with_the_query_pr
     from connectors.kafka import make_producer
     from connectors.milvus import MilvusAdmin
     from schemas.codec import Document, encode_document
+    from tests.faults.harness import run_worker
     from tests.helpers import documents_in_milvus, fresh_settings, run_cli, settings_env
     from worker.commands.search import search_documents
 
@@ -94,7 +95,7 @@ def test_the_worker_embeds_with_the_document_prompt_and_search_with_the_query_pr
     for doc_id, text in texts.items():
         producer.produce(s.input_topic, key=doc_id, value=encode_document(Document(doc_id, text)))
     assert producer.flush(30) == 0
-    res = run_cli(["run", "--stop-when-idle", "3"], settings_env(s), timeout=300)
+    res = run_worker(s, "--stop-when-idle", "3", timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "0 from cache" in res.stderr  # the same texts embedded bare by other tests are not this model's
 

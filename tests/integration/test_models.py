@@ -11,7 +11,8 @@ import pytest
 
 from connectors.kafka import make_producer
 from schemas.codec import Document, encode_document
-from tests.helpers import documents_in_milvus, fresh_settings, read_topic, run_cli, settings_env
+from tests.faults.harness import run_worker
+from tests.helpers import documents_in_milvus, fresh_settings, read_topic
 from tools.derived_models import packaged_model_path, projected_model
 from worker.assembly.naming import collection_name
 from worker.embedding.base import resolve_model_path
@@ -47,7 +48,7 @@ def test_two_models_interleaved_under_a_memory_cap_lose_nothing_and_never_share_
         producer.produce(s.input_topic, key=doc.id, value=encode_document(doc))
     producer.produce(s.input_topic, key="nobody", value=encode_document(Document("nobody", "x", "no-such-model")))
     assert producer.flush(30) == 0
-    res = run_cli(["run", "--stop-when-idle", "3"], settings_env(s), timeout=600)
+    res = run_worker(s, "--stop-when-idle", "3", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "unloaded" in res.stderr, "the memory cap never forced an eviction"
     assert "up to 16 batches in flight (8 a model served)" in res.stderr  # each model's calls as one model's
@@ -88,7 +89,7 @@ def test_two_models_interleaved_under_a_memory_cap_lose_nothing_and_never_share_
         for doc_id, text in docs.items():
             producer.produce(swap.input_topic, key=doc_id, value=encode_document(Document(doc_id, text, other)))
     assert producer.flush(30) == 0
-    res = run_cli(["run", "--stop-when-idle", "3"], settings_env(swap), timeout=600)
+    res = run_worker(swap, "--stop-when-idle", "3", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     for name in ("minilm", "proj"):
         coll = swap.model_copy(update={"milvus_collection": collection_name(swap.milvus_collection, name, True)})

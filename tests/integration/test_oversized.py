@@ -13,7 +13,8 @@ import pytest
 
 from connectors.kafka import make_producer
 from schemas.codec import Document, encode_document
-from tests.helpers import documents_in_milvus, fresh_settings, read_topic, run_cli, settings_env
+from tests.faults.harness import run_worker
+from tests.helpers import documents_in_milvus, fresh_settings, read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +42,7 @@ def test_records_over_the_sink_topics_limits_are_dead_lettered_cut_to_fit(stack)
         producer.produce(s.input_topic, key=key, value=value, headers=[("trace", b"t-" + key[:8])])
     assert producer.flush(30) == 0
 
-    res = run_cli(["run", "--stop-when-idle", "3"], settings_env(s), timeout=300)
+    res = run_worker(s, "--stop-when-idle", "3", timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"largest records: {OUTPUT_MAX} bytes to {s.output_topic}, 1000000 to {s.dlq_topic}" in res.stderr
 

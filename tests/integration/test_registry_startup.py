@@ -19,7 +19,8 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from connectors.kafka import make_producer
 from connectors.registry import schema_id
 from schemas.codec import Document, encode_document
-from tests.helpers import CLI, REPO, fresh_settings, read_topic, run_cli, settings_env
+from tests.faults.harness import run_worker
+from tests.helpers import CLI, REPO, fresh_settings, read_topic, settings_env
 from tools.registry import make_server
 
 pytestmark = pytest.mark.integration
@@ -50,14 +51,14 @@ def test_refused_credentials_stop_the_start_with_one_line(stack):
         s = fresh_settings(stack, partitions=1, schema_registry_url=url, output_format="avro-registry",
                            schema_registry={"basic.auth.user.info": "embed:wrong"})
         _produce(s, 3, "auth")
-        res = run_cli(["run", "--stop-when-idle", "2"], settings_env(s), timeout=180)
+        res = run_worker(s, "--stop-when-idle", "2", timeout=180)
         assert res.returncode == 2, res.stderr[-3000:]
         line = _last_line(res.stderr)
         assert "refused our credentials" in line and "BASIC_AUTH_USER_INFO" in line, line
         assert "Traceback" not in res.stderr
 
         good = s.model_copy(update={"schema_registry": {"basic.auth.user.info": "embed:right"}})
-        res = run_cli(["run", "--stop-when-idle", "2"], settings_env(good), timeout=300)
+        res = run_worker(good, "--stop-when-idle", "2", timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
         out = read_topic(s, s.output_topic, expect=3)
         assert {schema_id(m.value()) for m in out} == {1}, "the output is framed with the registered schema's id"
@@ -73,7 +74,7 @@ def test_an_incompatible_output_subject_stops_the_start_naming_it(stack):
         other = {"type": "record", "name": "Other", "fields": [{"name": "x", "type": "int"}]}
         SchemaRegistryClient({"url": url}).register_schema(f"{s.output_topic}-value", Schema(json.dumps(other), "AVRO"))
         _produce(s, 3, "incompatible")
-        res = run_cli(["run", "--stop-when-idle", "2"], settings_env(s), timeout=180)
+        res = run_worker(s, "--stop-when-idle", "2", timeout=180)
         assert res.returncode == 2, res.stderr[-3000:]
         line = _last_line(res.stderr)
         assert f"{s.output_topic}-value" in line and "not compatible" in line, line

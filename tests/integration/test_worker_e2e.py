@@ -13,6 +13,7 @@ from pydantic import SecretStr
 from connectors.kafka import make_producer
 from connectors.milvus import MilvusReader
 from schemas.codec import EMBEDDING_FINGERPRINT, Document, decode_embedding, encode_document
+from tests.faults.harness import run_worker
 from tests.helpers import (
     CountingModel,
     cosine_floor,
@@ -59,7 +60,7 @@ def test_end_to_end(stack, model):
         producer.produce(s.input_topic, key=key, value=value)
     assert producer.flush(30) == 0
 
-    res = run_cli(["run", "--stop-when-idle", "3"], settings_env(s), timeout=600)
+    res = run_worker(s, "--stop-when-idle", "3", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     print(res.stderr[-2000:])
 
@@ -168,7 +169,7 @@ def test_on_a_redis_cluster_a_second_stream_is_all_hits(stack, model, redis_clus
     from worker.assembly.runner import build_worker
 
     s = fresh_settings(stack).model_copy(update={"redis_url": SecretStr(redis_cluster.url)})
-    texts = [d.text for d in sample_documents(200, prefix="rc")]
+    texts = [d.text for d in sample_documents(60, prefix="rc")]
     before = redis_cluster.keys_by_node()
     producer = make_producer(s.kafka_common())
     for round_ in ("first", "second"):
@@ -177,10 +178,10 @@ def test_on_a_redis_cluster_a_second_stream_is_all_hits(stack, model, redis_clus
         assert producer.flush(30) == 0
         counting = CountingModel(model)
         stats = build_worker(s, embedder=counting).run(stop_when_idle=2)
-        assert stats.embedded == 200
-    assert stats.cached == 200 and counting.texts == 0
+        assert stats.embedded == 60
+    assert stats.cached == 60 and counting.texts == 0
     added = [n - before[p] for p, n in redis_cluster.keys_by_node().items()]
-    assert min(added) > 0 and sum(added) >= 200
+    assert min(added) > 0 and sum(added) >= 60
 
 
 def test_startup_errors_are_clear(stack, tmp_path):

@@ -318,7 +318,9 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     # be sent after the new owner's records (worker/core/fence.py): deliveries never outlast the lease.
     delivery_timeout_s = min(s.kafka_timeout_seconds, fence.lease_s)
     consumer = make_consumer(s.kafka_common(), s.group_id, s.group_instance_id, s.group_protocol, **{
-        "statistics.interval.ms": 5000, "stats_cb": metrics.record_lag_from_stats,
+        # the lag gauge's period: a passthrough value is taken (EMBEDSTREAM_KAFKA__STATISTICS_INTERVAL_MS)
+        "statistics.interval.ms": int(s.kafka.get("statistics.interval.ms", 5000)),
+        "stats_cb": metrics.record_lag_from_stats,
         "error_cb": health.on_kafka_error})
     chain = build_chain(s, consumer, open_delivery(s, consumer, delivery_timeout_s), models, caches, stores, fence,
                         input_topic_ids(s), open_registry(s), topic_limits(s), dead_letters=dead_letters,
