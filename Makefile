@@ -21,9 +21,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import site, sys; open(site.getsitepackages()[0] + '/embedstream-checkout.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)"
 	touch $(STAMP)
 
-# docs/configuration.md from the settings' declarations (tests/unit/test_config_docs.py checks it).
+# docs/configuration.md and docs/metrics.md from their declarations (tests/unit/test_config_docs.py and
+# tests/unit/test_metrics_docs.py check them).
 docs: setup
 	$(BIN)/python -m tools.config_docs
+	$(BIN)/python -m tools.metrics_docs
 
 # The whole suite: lint and types first, then every test (unit, connectors on fakes and on the real
 # stack, integration, the fault suite).

@@ -89,13 +89,17 @@ def test_metrics_move_by_the_right_amounts_and_health_answers(stack, model):
     assert _value("embedstream_messages_total", outcome="dead_lettered") - before["dead"] == 4
     assert _value("embedstream_dlq_messages_total", reason="empty_text") - before["dlq_empty"] == 4
     assert _value("embedstream_model_info", model=model.model_id, precision=model.precision, device="cpu") == 1
+    assert _value("embedstream_commit_seconds_count", mode="async") + _value("embedstream_commit_seconds_count",
+                                                                             mode="sync") > 0
+    assert _value("embedstream_rebalances_total", event="assigned") >= 1
     code, text = _get(port, "/metrics")
     assert code == 200
     for name in ("embedstream_messages_total", "embedstream_batch_size", "embedstream_batch_tokens",
                  "embedstream_embed_seconds", "embedstream_end_to_end_seconds", "embedstream_cache_requests_total",
                  "embedstream_sink_seconds", "embedstream_dlq_messages_total", "embedstream_paused_partitions",
-                 "embedstream_consumer_lag",
-                 "embedstream_model_info"):
+                 "embedstream_consumer_lag", "embedstream_model_info", "embedstream_build_info",
+                 "embedstream_rebalances_total", "embedstream_commit_seconds", "embedstream_commit_failures_total",
+                 "embedstream_assigned_partitions", "embedstream_model_load_seconds"):
         assert f"# HELP {name}" in text, name
     # the loop has stopped: after the tick age passes, /healthz fails
     worker.health.max_tick_age = 0.5

@@ -112,6 +112,28 @@ def test_revoke_finishes_in_flight_batches_commits_them_and_stores_nothing_after
     assert stats.embedded >= 20
 
 
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_rebalance_events_are_counted_and_the_partitions_owned_are_gauged():
+    consumer = FakeConsumer({0: _records(0, 20), 1: _records(1, 20)})
+    before = {e: _sample("embedstream_rebalances_total", event=e) for e in ("assigned", "revoked")}
+    seen: list[float] = []
+
+    def sink(group):
+        seen.append(_sample("embedstream_assigned_partitions"))
+        if len(seen) == 1:
+            consumer.revoke_next([1])
+
+    _worker(consumer, sink=sink).run(stop_when_idle=0.1)
+    assert seen[0] == 2 and _sample("embedstream_assigned_partitions") == 1  # two, then one after the revoke
+    assert _sample("embedstream_rebalances_total", event="assigned") - before["assigned"] >= 1
+    assert _sample("embedstream_rebalances_total", event="revoked") - before["revoked"] == 1
+
+
 def test_lost_partitions_are_neither_written_nor_committed():
     consumer = FakeConsumer({0: _records(0, 30), 1: _records(1, 30)})
     fence = Fence(lease_s=5)

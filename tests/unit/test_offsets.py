@@ -55,6 +55,22 @@ def test_a_failed_commit_keeps_the_offsets_for_the_next_one():
     assert committer.commit(sync=True) is True and c.committed_offsets == {0: 7}
 
 
+def test_commits_are_timed_and_failures_counted():
+    from prometheus_client import REGISTRY
+
+    def value(name, **labels):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    failures, timed = value("embedstream_commit_failures_total"), value("embedstream_commit_seconds_count", mode="sync")
+    c = FlakyConsumer(failures=1)
+    committer = OffsetCommitter(c, 0, at_least_once(c))
+    committer.store({("docs", 0): 7}, owned={("docs", 0)})
+    committer.commit(sync=True)
+    committer.commit(sync=True)
+    assert value("embedstream_commit_failures_total") - failures == 1
+    assert value("embedstream_commit_seconds_count", mode="sync") - timed == 1  # the one that went through
+
+
 def test_shutdown_commit_retries_within_its_attempts():
     c = FlakyConsumer(failures=2)
     committer = OffsetCommitter(c, 0, at_least_once(c))

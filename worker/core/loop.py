@@ -28,7 +28,7 @@ from worker.core.pipeline import Pipeline
 from worker.core.records import TopicPartitionKey
 from worker.core.stats import RunStats
 from worker.process.heap import IdleTrim
-from worker.process.metrics import Health, forget_lag
+from worker.process.metrics import ASSIGNED_PARTITIONS, REBALANCES, Health, forget_lag
 from worker.process.signals import GracefulStop
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class Worker:
         # in a zombie scenario (in librdkafka, after the revoke): it stays, a known 10 s.
         self.chain.committer.new_generation(self.assignment.partitions)
         self.chain.fence.publish(self.assignment.partitions)
-        self.health.assigned = len(self.assignment)
+        self._owned(len(self.assignment), "assigned")
         log.info("assigned %s", sorted(p.partition for p in partitions))
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -156,12 +156,14 @@ class Worker:
             self._wait_inflight(min(self.shutdown_grace, REVOKE_BUDGET_S))
         self.chain.committer.commit(sync=True)
         dropped = self._forget(partitions, lost=False)
+        REBALANCES.labels("revoked").inc()
         log.info("revoked %s (dropped %d uncommitted records still batching)",
                  sorted(p.partition for p in partitions), dropped)
 
     def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Another member may own them already: commit nothing for them."""
         self._forget(partitions, lost=True)
+        REBALANCES.labels("lost").inc()
         log.warning("lost %s: committing nothing for them", sorted(p.partition for p in partitions))
 
     def _forget(self, partitions: list[TopicPartition], lost: bool) -> int:
@@ -177,8 +179,16 @@ class Worker:
         # later one sees the smaller ownership and leaves these partitions out (worker.steps.writing.sink).
         self.chain.committer.barrier()
         self.chain.committer.forget(tps)
-        self.health.assigned = len(self.assignment)
+        self._owned(len(self.assignment))
         return dropped
+
+    def _owned(self, count: int, event: str | None = None) -> None:
+        """How many partitions this member owns now, for /readyz and the gauge; ``event``: the
+        rebalance event that made it so, counted."""
+        self.health.assigned = count
+        ASSIGNED_PARTITIONS.set(count)
+        if event is not None:
+            REBALANCES.labels(event).inc()
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, stop_when_idle: float | None = None) -> RunStats:

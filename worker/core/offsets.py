@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from schemas.errors import TransientError
 from worker.core.delivery import Delivery
 from worker.core.records import TopicPartitionKey
+from worker.process import metrics
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +121,13 @@ class OffsetCommitter:
         the next call (the stored offsets stay), or here up to ``attempts`` times, 0.5 s apart."""
         self._last = self._clock()
         for attempt in range(attempts):
+            t0 = time.perf_counter()
             try:
-                return self.delivery.commit(sync)
+                done = self.delivery.commit(sync)
+                metrics.COMMIT_SECONDS.labels("sync" if sync else "async").observe(time.perf_counter() - t0)
+                return done
             except (KafkaException, TransientError) as exc:
+                metrics.COMMIT_FAILURES.inc()
                 last = attempt == attempts - 1
                 log.log(logging.ERROR if last and attempts > 1 else logging.WARNING, "commit failed (%s)%s", exc,
                         "; the next commit retries it" if last else "; retrying")

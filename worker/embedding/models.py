@@ -250,8 +250,10 @@ class ModelSet:
         if heap.settled():  # a model loaded mid-stream joins the frozen heap (worker.process.heap)
             heap.settle()
         self.loads += 1
+        took = time.monotonic() - t0
         metrics.MODEL_LOADS.labels(name).inc()
-        log.info("model %s loaded in %.1fs (%s)", name, time.monotonic() - t0, model.model_id)
+        metrics.MODEL_LOAD_SECONDS.labels(name).observe(took)
+        log.info("model %s loaded in %.1fs (%s)", name, took, model.model_id)
         return model
 
     def _fit(self, keep: str | None, room: int = 0) -> None:

@@ -22,6 +22,12 @@ from prometheus_client.core import GaugeMetricFamily
 log = logging.getLogger(__name__)
 
 
+#: The gauges, by name, with what they mean (one series per device, labelled ``gpu``).
+GAUGES = {"embedstream_gpu_utilization_ratio": "Share of time a kernel ran on the GPU (NVML)",
+          "embedstream_gpu_memory_used_bytes": "GPU memory in use (NVML)",
+          "embedstream_gpu_memory_total_bytes": "GPU memory (NVML)"}
+
+
 class GpuCollector:
     """A Prometheus collector over NVML's devices (``nvml``: the ``pynvml`` module, initialised)."""
 
@@ -33,10 +39,7 @@ class GpuCollector:
         return []  # collected at each scrape: the devices' figures are not known ahead
 
     def collect(self) -> list:
-        util = GaugeMetricFamily("embedstream_gpu_utilization_ratio", "Share of time a kernel ran on the GPU (NVML)",
-                                 labels=["gpu"])
-        used = GaugeMetricFamily("embedstream_gpu_memory_used_bytes", "GPU memory in use (NVML)", labels=["gpu"])
-        total = GaugeMetricFamily("embedstream_gpu_memory_total_bytes", "GPU memory (NVML)", labels=["gpu"])
+        util, used, total = (GaugeMetricFamily(name, text, labels=["gpu"]) for name, text in GAUGES.items())
         for index, handle in enumerate(self.handles):
             try:
                 rates = self.nvml.nvmlDeviceGetUtilizationRates(handle)

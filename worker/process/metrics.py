@@ -91,6 +91,26 @@ MODEL_EVICTIONS = Counter("embedstream_model_evictions_total",
 MODEL_DOCUMENTS = Counter("embedstream_model_documents_total", "Documents embedded and written, by model", ["model"])
 
 MODEL_INFO = Gauge("embedstream_model_info", "The model in use", ["model", "precision", "device"])
+MODEL_LOAD_SECONDS = Histogram("embedstream_model_load_seconds", "Time to load a model and warm it up", ["model"],
+                               buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300))
+# The group: rebalance events this member saw (assigned | revoked | lost), what it owns, its commits.
+REBALANCES = Counter("embedstream_rebalances_total", "Rebalance events of this member", ["event"])
+ASSIGNED_PARTITIONS = Gauge("embedstream_assigned_partitions", "Input partitions this member owns")
+COMMIT_SECONDS = Histogram("embedstream_commit_seconds", "Time to commit stored offsets (sync: until the broker "
+                           "answered; async: to hand the commit over)", ["mode"], buckets=_SECONDS)
+COMMIT_FAILURES = Counter("embedstream_commit_failures_total", "Commits that failed (retried by the next)")
+def _release() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("embedstream")
+    except PackageNotFoundError:  # a checkout on the path, not installed
+        return "unknown"
+
+
+# Constant 1, labelled with the running release.
+BUILD_INFO = Gauge("embedstream_build_info", "The embedstream release running", ["version"])
+BUILD_INFO.labels(_release()).set(1)
 # Transient failures of outside systems, retried: kafka | milvus.
 RETRIES = Counter("embedstream_retries_total", "Transient failures retried", ["system"])
 # Long documents: how they were split (chunking on) or cut (chunking off).

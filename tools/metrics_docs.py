@@ -1,0 +1,63 @@
+"""``docs/metrics.md``, generated from the metrics the worker declares (``worker.process.metrics``,
+``worker.process.gpu_metrics``, the Milvus writer's in ``connectors.milvus.writes``): each series'
+name as Prometheus shows it, its type, labels and meaning. ``make docs`` writes it;
+``tests/unit/test_metrics_docs.py`` fails when the page and the code differ. Run:
+``python -m tools.metrics_docs [--check]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from prometheus_client.metrics import MetricWrapperBase
+
+from connectors.milvus import writes
+from worker.process import gpu_metrics, metrics
+
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
+
+
+def declared() -> list[tuple[str, str, tuple[str, ...], str]]:
+    """Every metric of the worker: (name as scraped, type, labels, help), by name."""
+    out = []
+    for value in [*vars(metrics).values(), *vars(writes).values()]:
+        if isinstance(value, MetricWrapperBase):
+            name = value._name + ("_total" if value._type == "counter" else "")
+            out.append((name, value._type, tuple(value._labelnames), value._documentation))
+        elif isinstance(value, metrics.BatchHistogram):
+            out.append((value.name, "histogram", (), value.documentation))
+    out += [(name, "gauge", ("gpu",), text) for name, text in gpu_metrics.GAUGES.items()]
+    return sorted(out)
+
+
+def page() -> str:
+    """The whole page, as ``docs/metrics.md`` must read."""
+    out = ["# Metrics", "",
+           "Generated from `worker/process/metrics.py`, `worker/process/gpu_metrics.py` and "
+           "`connectors/milvus/writes.py` by `make docs` (a test fails when the two differ). Served on "
+           "`EMBEDSTREAM_METRICS_PORT` at `/metrics` (Prometheus' text format), beside `/healthz` (the polling "
+           "loop turned lately) and `/readyz` (model loaded, partitions assigned). A histogram is scraped as "
+           "`<name>_bucket`, `_count` and `_sum`. With `run --processes N`, process i serves on the port + i.", "",
+           "| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for name, kind, labels, text in declared():
+        out.append(f"| `{name}` | {kind} | {', '.join(f'`{label}`' for label in labels)} | "
+                   f"{text.replace('|', '/')} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Write docs/metrics.md from the worker's metric declarations")
+    ap.add_argument("--check", action="store_true", help="only say whether the page is up to date (exit 1 if not)")
+    args = ap.parse_args(argv)
+    if args.check:
+        fresh = PAGE.exists() and PAGE.read_text() == page()
+        print("docs/metrics.md is up to date" if fresh else "docs/metrics.md is stale: run make docs")
+        return 0 if fresh else 1
+    PAGE.write_text(page())
+    print(f"wrote {PAGE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
