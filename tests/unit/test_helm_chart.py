@@ -61,6 +61,12 @@ VALUE_SETS = {
                                    "kafka": {"tls": {"enabled": True, "existingSecret": "kafka-ca"}}},
     "fixed replicas": {"keda": {"enabled": False}, "hpa": {"enabled": False}, "replicaCount": 3,
                        "metrics": {"serviceMonitor": {"enabled": True}}},
+    "escape hatches, a cache PVC, alerts": {
+        "extraEnv": [{"name": "EMBEDSTREAM_LOG_LEVEL", "value": "DEBUG"}],
+        "extraEnvFrom": [{"secretRef": {"name": "more-env"}}],
+        "extraVolumes": [{"name": "model", "persistentVolumeClaim": {"claimName": "e5-large"}}],
+        "extraVolumeMounts": [{"name": "model", "mountPath": "/models", "readOnly": True}],
+        "cache": {"existingClaim": "embedstream-cache"}, "prometheusRule": {"enabled": True}},
 }
 
 
@@ -261,6 +267,9 @@ BAD = {
     "unknown delivery": {"kafka": {"delivery": "at-most-once"}},
     "registry url without a scheme": {"schemaRegistry": {"url": "sr:8081"}},
     "unknown model setting": {"models": {"set": {"m": {"colour": "red"}}}},
+    "extraEnv not a list": {"extraEnv": {"EMBEDSTREAM_LOG_LEVEL": "DEBUG"}},
+    "a typo in the alerts": {"prometheusRule": {"enabeld": True}},
+    "a typo in the cache": {"cache": {"claim": "x"}},
 }
 
 
@@ -298,5 +307,49 @@ def test_a_migration_is_a_job_running_migrate_with_the_workers_settings():
     env = {e["name"]: e for e in container["env"]}
     assert env == env_of(objs)  # the same settings as the live workers
     assert env["EMBEDSTREAM_MILVUS_ALIAS"]["value"] == "docs"
-    assert {m["name"] for m in container["volumeMounts"]} == {"tmp", "kafka-tls"}
+    assert {m["name"] for m in container["volumeMounts"]} == {"tmp", "kafka-tls", "cache"}
     assert "Job" not in render(BASE) and "EMBEDSTREAM_MILVUS_ALIAS" not in env_of(render(BASE))
+
+
+def test_extra_env_volumes_and_the_cache_volume_reach_the_worker_and_the_migration_job():
+    values = merge(BASE, VALUE_SETS["escape hatches, a cache PVC, alerts"])
+    values["migration"] = {"model": "/models/e5-large"}
+    objs = render(values)
+    for kind in ("Deployment", "Job"):
+        pod = objs[kind]["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        assert {"name": "EMBEDSTREAM_LOG_LEVEL", "value": "DEBUG"} in c["env"], kind
+        assert c["envFrom"] == [{"secretRef": {"name": "more-env"}}], kind
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        assert mounts["model"]["mountPath"] == "/models" and mounts["cache"]["mountPath"] == "/opt/cache", kind
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["model"]["persistentVolumeClaim"]["claimName"] == "e5-large", kind
+        assert volumes["cache"]["persistentVolumeClaim"]["claimName"] == "embedstream-cache", kind
+    # by default the image's XDG_CACHE_HOME is an emptyDir: the int8 export is writable under a read-only root
+    pod = render(BASE)["Deployment"]["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in pod["volumes"]}["cache"] == {"name": "cache", "emptyDir": {"sizeLimit": "2Gi"}}
+    dockerfile = (CHART.parents[1] / "Dockerfile").read_text()
+    assert "XDG_CACHE_HOME=/opt/cache" in dockerfile
+
+
+def test_alerts_are_off_by_default_and_each_rule_names_metrics_the_worker_serves():
+    import re
+
+    from tools.metrics_docs import declared
+
+    assert "PrometheusRule" not in render(BASE)
+    rule = render(merge(BASE, {"prometheusRule": {"enabled": True, "labels": {"release": "kps"}}}))["PrometheusRule"]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["labels"]["release"] == "kps"
+    [group] = rule["spec"]["groups"]
+    alerts = {r["alert"]: r for r in group["rules"]}
+    assert set(alerts) == {"EmbedstreamLagGrowing", "EmbedstreamStalled", "EmbedstreamDeadLetters",
+                           "EmbedstreamFenced", "EmbedstreamRestarting", "EmbedstreamGpuIdle"}
+    ours = {name for name, *_ in declared()}
+    for name, r in alerts.items():
+        assert r["annotations"]["summary"] and r["annotations"]["runbook"], name
+        used = set(re.findall(r"embedstream_[a-z_]+", r["expr"]))
+        assert used or name == "EmbedstreamRestarting", name  # kube-state-metrics' restarts
+        # a series name as scraped: histograms by _count/_bucket/_sum
+        assert {re.sub(r"_(count|bucket|sum)$", "", m) for m in used} <= ours, (name, used - ours)
+        assert 'namespace="ml"' in r["expr"] or name == "EmbedstreamRestarting", r["expr"]
+        assert r["expr"].count("(") == r["expr"].count(")"), r["expr"]

@@ -272,6 +272,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   mountPath: /etc/embedstream/models
   readOnly: true
 {{- end }}
+- name: cache
+  mountPath: /opt/cache
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{- define "embedstream.volumes" -}}
@@ -291,6 +296,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - name: models
   configMap:
     name: {{ include "embedstream.fullname" . }}-models
+{{- end }}
+{{- /* the image's XDG_CACHE_HOME: the int8 export is written there once (the root filesystem is read-only) */}}
+- name: cache
+{{- if .Values.cache.existingClaim }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.cache.existingClaim }}
+{{- else }}
+  emptyDir:
+    {{- with .Values.cache.sizeLimit }}
+    sizeLimit: {{ . }}
+    {{- end }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
 {{- end }}
 {{- end -}}
 
