@@ -66,7 +66,7 @@ VALUE_SETS = {
         "extraEnvFrom": [{"secretRef": {"name": "more-env"}}],
         "extraVolumes": [{"name": "model", "persistentVolumeClaim": {"claimName": "e5-large"}}],
         "extraVolumeMounts": [{"name": "model", "mountPath": "/models", "readOnly": True}],
-        "cache": {"existingClaim": "embedstream-cache"}, "prometheusRule": {"enabled": True}},
+        "cache": {"enabled": True, "existingClaim": "embedstream-cache"}, "prometheusRule": {"enabled": True}},
 }
 
 
@@ -307,7 +307,7 @@ def test_a_migration_is_a_job_running_migrate_with_the_workers_settings():
     env = {e["name"]: e for e in container["env"]}
     assert env == env_of(objs)  # the same settings as the live workers
     assert env["EMBEDSTREAM_MILVUS_ALIAS"]["value"] == "docs"
-    assert {m["name"] for m in container["volumeMounts"]} == {"tmp", "kafka-tls", "cache"}
+    assert {m["name"] for m in container["volumeMounts"]} == {"tmp", "kafka-tls"}
     assert "Job" not in render(BASE) and "EMBEDSTREAM_MILVUS_ALIAS" not in env_of(render(BASE))
 
 
@@ -325,11 +325,13 @@ def test_extra_env_volumes_and_the_cache_volume_reach_the_worker_and_the_migrati
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert volumes["model"]["persistentVolumeClaim"]["claimName"] == "e5-large", kind
         assert volumes["cache"]["persistentVolumeClaim"]["claimName"] == "embedstream-cache", kind
-    # by default the image's XDG_CACHE_HOME is an emptyDir: the int8 export is writable under a read-only root
-    pod = render(BASE)["Deployment"]["spec"]["template"]["spec"]
-    assert {v["name"]: v for v in pod["volumes"]}["cache"] == {"name": "cache", "emptyDir": {"sizeLimit": "2Gi"}}
+    # off by default: the pod reads the export the image baked at its XDG_CACHE_HOME (a volume would hide it)
     dockerfile = (CHART.parents[1] / "Dockerfile").read_text()
     assert "XDG_CACHE_HOME=/opt/cache" in dockerfile
+    pod = render(BASE)["Deployment"]["spec"]["template"]["spec"]
+    assert "cache" not in {v["name"] for v in pod["volumes"]}
+    pod = render(merge(BASE, {"cache": {"enabled": True}}))["Deployment"]["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in pod["volumes"]}["cache"] == {"name": "cache", "emptyDir": {"sizeLimit": "2Gi"}}
 
 
 def test_alerts_are_off_by_default_and_each_rule_names_metrics_the_worker_serves():

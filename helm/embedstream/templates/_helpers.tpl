@@ -272,8 +272,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   mountPath: /etc/embedstream/models
   readOnly: true
 {{- end }}
+{{- if .Values.cache.enabled }}
 - name: cache
   mountPath: /opt/cache
+{{- end }}
 {{- with .Values.extraVolumeMounts }}
 {{ toYaml . }}
 {{- end }}
@@ -297,7 +299,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   configMap:
     name: {{ include "embedstream.fullname" . }}-models
 {{- end }}
-{{- /* the image's XDG_CACHE_HOME: the int8 export is written there once (the root filesystem is read-only) */}}
+{{- /* the image's XDG_CACHE_HOME: an int8 export is written there once (the root filesystem is read-only) */}}
+{{- if .Values.cache.enabled }}
 - name: cache
 {{- if .Values.cache.existingClaim }}
   persistentVolumeClaim:
@@ -307,6 +310,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
     {{- with .Values.cache.sizeLimit }}
     sizeLimit: {{ . }}
     {{- end }}
+{{- end }}
 {{- end }}
 {{- with .Values.extraVolumes }}
 {{ toYaml . }}
