@@ -13,6 +13,7 @@ import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -247,13 +248,16 @@ def run_worker(s: Settings, *args: str, timeout: float = 600, **env: str) -> sub
     """``embedstream run *args`` with the settings of ``s`` to its end, taken from the warm pool (a
     cold start costs the test the imports): its exit status, and its log (stdout and stderr
     together) as ``stderr``."""
-    w = WorkerProcess(s, Path(tempfile.mkdtemp(prefix="embedstream-run-")), "run", args, **env)
+    folder = Path(tempfile.mkdtemp(prefix="embedstream-run-"))
+    w = WorkerProcess(s, folder, "run", args, **env)
     try:
         code = w.wait(timeout)
+        return subprocess.CompletedProcess(w.proc.args, code, "", w.log())
     except subprocess.TimeoutExpired:
         w.proc.kill()
         raise
-    return subprocess.CompletedProcess(w.proc.args, code, "", w.log())
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def metric_samples(port: int, timeout: float = 5):
