@@ -287,6 +287,15 @@ class Settings(BaseSettings, OperationsSettings, MilvusSettings, CacheSettings, 
                 raise ValueError(f"{name}={value} is refused: {why}. Remove it (the worker sets {prop} itself)")
         return self
 
+    @field_validator("forward_headers")
+    @classmethod
+    def _not_ours(cls, v: str) -> str:
+        ours = [name.strip() for name in v.split(",") if name.strip().lower().startswith("embedstream.")]
+        if ours:
+            raise ValueError(f"{', '.join(ours)}: the worker writes the embedstream.* headers itself (a forwarded "
+                             "one would stand beside its own, and a reader might take the input's): remove it")
+        return v
+
     @field_validator("metrics_port", mode="before")
     @classmethod
     def _a_port(cls, v):

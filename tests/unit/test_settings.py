@@ -115,6 +115,8 @@ def _run(monkeypatch, env: dict[str, str]):
     ({"EMBEDSTREAM_KAFKA__ENABLE_IDEMPOTENCE": "false"}, "a retried produce never duplicates"),
     ({"EMBEDSTREAM_METRICS_PORT": "70000"}, "EMBEDSTREAM_METRICS_PORT: '70000' is not a port: give a port (1-65535)"),
     ({"EMBEDSTREAM_METRICS_PORT": "any"}, "EMBEDSTREAM_METRICS_PORT: 'any' is not a port"),
+    ({"EMBEDSTREAM_FORWARD_HEADERS": "traceparent,embedstream.model"},
+     "EMBEDSTREAM_FORWARD_HEADERS: embedstream.model: the worker writes the embedstream.* headers"),
     ({"EMBEDSTREAM_DELIVERY": "exactly-once", "EMBEDSTREAM_KAFKA__TRANSACTIONAL_ID": "mine"},
      "EMBEDSTREAM_KAFKA__TRANSACTIONAL_ID=mine is refused: exactly-once derives it"),
 ])
