@@ -77,9 +77,9 @@ def test_the_heap_is_trimmed_once_a_quiet_spell_lasts_and_again_only_after_work(
     now = [0.0]
     trims: list[float] = []
     idle = IdleTrim(after=5.0, trim=lambda: trims.append(now[0]), clock=lambda: now[0])
-    for t, quiet in [(0, True), (4.9, True), (5.0, True), (9, True), (10, False), (11, True), (15.9, True),
-                     (16, True), (30, True)]:
+    for t, quiet in [(0, True), (6, True), (7, False), (8, True), (12.9, True), (13.0, True), (17, True), (18, False),
+                     (19, True), (23.9, True), (24, True), (40, True)]:
         now[0] = t
         idle.tick(quiet)
-    assert trims == [5.0, 16]  # a busy tick (10 s) starts the count again
+    assert trims == [13.0, 24]  # not before the first busy tick (7 s); a busy tick (18 s) starts the count again
 

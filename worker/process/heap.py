@@ -90,7 +90,10 @@ def trim() -> bool:
 
 class IdleTrim:
     """``tick(quiet)`` from the loop: once the worker has been quiet (nothing batching or in flight)
-    for ``after`` seconds, ``trim`` once; again only after the next busy spell."""
+    for ``after`` seconds after a busy spell, ``trim`` once; again only after the next busy spell.
+    Never before the first: a worker waiting for its partitions has nothing to hand back, and pages
+    handed back then are faulted in again by the first records (measured: ~10 µs a document over a
+    run of 4,000, the trim landing in a 5 s group join)."""
 
     def __init__(self, after: float = 5.0, trim=trim, clock=None) -> None:
         import time
@@ -99,7 +102,7 @@ class IdleTrim:
         self._trim = trim
         self._clock = clock or time.monotonic
         self._quiet_since: float | None = None
-        self._done = False
+        self._done = True  # armed by the first busy tick
 
     def tick(self, quiet: bool) -> None:
         if not quiet:
