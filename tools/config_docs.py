@@ -5,12 +5,12 @@ the code differ. Run: ``python -m tools.config_docs [--check]``."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from pydantic.fields import FieldInfo
 
+from tools.generated_page import page_main
 from worker.settings import (
     GUARDED_KAFKA,
     GUARDED_KAFKA_EXACTLY_ONCE,
@@ -77,16 +77,7 @@ def page() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Write docs/configuration.md from worker/settings.py")
-    ap.add_argument("--check", action="store_true", help="only say whether the page is up to date (exit 1 if not)")
-    args = ap.parse_args(argv)
-    if args.check:
-        fresh = PAGE.exists() and PAGE.read_text() == page()
-        print("docs/configuration.md is up to date" if fresh else "docs/configuration.md is stale: run make docs")
-        return 0 if fresh else 1
-    PAGE.write_text(page())
-    print(f"wrote {PAGE}")
-    return 0
+    return page_main(PAGE, page, "Write docs/configuration.md from worker/settings.py", argv)
 
 
 if __name__ == "__main__":

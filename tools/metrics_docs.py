@@ -6,13 +6,13 @@ name as Prometheus shows it, its type, labels and meaning. ``make docs`` writes 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from prometheus_client.metrics import MetricWrapperBase
 
 from connectors.milvus import writes
+from tools.generated_page import page_main
 from worker.process import gpu_metrics, metrics
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
@@ -47,16 +47,7 @@ def page() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Write docs/metrics.md from the worker's metric declarations")
-    ap.add_argument("--check", action="store_true", help="only say whether the page is up to date (exit 1 if not)")
-    args = ap.parse_args(argv)
-    if args.check:
-        fresh = PAGE.exists() and PAGE.read_text() == page()
-        print("docs/metrics.md is up to date" if fresh else "docs/metrics.md is stale: run make docs")
-        return 0 if fresh else 1
-    PAGE.write_text(page())
-    print(f"wrote {PAGE}")
-    return 0
+    return page_main(PAGE, page, "Write docs/metrics.md from the worker's metric declarations", argv)
 
 
 if __name__ == "__main__":
