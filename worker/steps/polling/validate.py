@@ -67,7 +67,9 @@ class Validator:
             return _dead(source, msg, exc.reason, exc.message)
         if len(doc.id.encode("utf-8")) > MAX_ID_BYTES:
             return _dead(source, msg, "id_too_long", f"document id is over {MAX_ID_BYTES} bytes")
-        headers = self._forwarded(msg) if self.forward else None
+        # a record without headers (most) costs one call here, not a scan
+        raw = msg.headers() if self.forward else None
+        headers = self._forwarded(raw) if raw else None
         if isinstance(doc, Tombstone):
             return Delete(source, doc.id, headers=headers)
         model = self.resolve_model(doc.model)
@@ -82,15 +84,21 @@ class Validator:
             event_time = source.timestamp_ms
         item = Item(source, doc.id, text, content_hash(text), 0, doc.metadata, model=model, event_time=event_time,
                     headers=headers)
-        # forwarded headers count: a large one may make the output record too large for its topic
-        carried = len(value) + len(key or b"") + (headers_size(headers) if headers else 0)
-        if self.keep_original(len(text)) or (self.keep_large is not None and carried > self.keep_large):
+        if self.keep_original(len(text)) or (self.keep_large is not None
+                                             and self._large(key, value, headers, self.keep_large)):
             item.original = (key, value, msg.headers())
         return item
 
-    def _forwarded(self, msg) -> list[tuple[str, bytes]] | None:
-        """The headers of ``msg`` that its output records carry (in their order; None: none)."""
-        kept = [(k, v) for k, v in msg.headers() or () if k.lower() in self.forward and v is not None]
+    @staticmethod
+    def _large(key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None, limit: int) -> bool:
+        """Whether the record is past ``limit`` (``keep_large``), its forwarded headers counted (a
+        large one alone can make the output record too large for its topic)."""
+        return len(value) + len(key or b"") + (headers_size(headers) if headers else 0) > limit
+
+    def _forwarded(self, raw: list[tuple[str, bytes | None]]) -> list[tuple[str, bytes]] | None:
+        """The headers of the record's ``raw`` headers that its output records carry (in their
+        order; None: none)."""
+        kept = [(k, v) for k, v in raw if k.lower() in self.forward and v is not None]
         return kept or None
 
 
