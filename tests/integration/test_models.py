@@ -98,3 +98,32 @@ def test_two_models_interleaved_under_a_memory_cap_lose_nothing_and_never_share_
         ids = sorted(docs)
         got = np.array([docs[i][0]["vector"] for i in ids])
         assert _cos(got, st[name].encode_document([texts_of[i] for i in ids])).min() >= 0.999, name
+
+
+def test_a_model_load_the_host_cannot_hold_is_retried_once_the_other_models_are_unloaded():
+    """Three real models under a budget that guesses two fit; the host's memory then fails the load of a
+    third (a real allocation torch's allocator cannot satisfy, as its first attempt). The load is
+    retried once every other model is unloaded, and the model loaded then embeds as it did before."""
+    import torch
+
+    from worker.assembly.runner import load_models
+    from worker.settings import Settings
+
+    spec = {"precision": "fp32"}
+    s = Settings(kafka_bootstrap_servers="127.0.0.1:1", input_topic="docs", model_memory_mb=200,
+                 models=json.dumps({"a": {**spec, "default": True}, "b": spec, "c": spec}))
+    models = load_models(s)  # ~87 MB of weights each: a gave way to c at start-up
+    assert [models.loaded(n) for n in "abc"] == [False, True, True]
+    before = models.acquire("c").embed(["a text to embed"])
+    real_load, attempts = models._load, []
+
+    def load_short_of_memory(one):
+        attempts.append(one)
+        if len(attempts) == 1:
+            torch.empty(2**46, dtype=torch.uint8)  # 64 TiB: the allocator fails for real
+        return real_load(one)
+
+    models._load = load_short_of_memory
+    a = models.acquire("a")
+    assert len(attempts) == 2 and [models.loaded(n) for n in "abc"] == [True, False, False]
+    assert np.allclose(a.embed(["a text to embed"]), before, atol=1e-5)

@@ -79,6 +79,49 @@ def test_a_model_that_does_not_fit_unloads_the_least_recently_used():
     assert handle.embed(["x"]).shape == (1, handle.dim) and models.loaded("c")
 
 
+#: What a failed allocation raised here: torch's CPU allocator (torch 2.13, this host, copied from a
+#: real ``torch.empty(2**46)``), CUDA's, numpy's (a MemoryError), and an mmap without memory (ENOMEM).
+_OUT_OF_MEMORY = [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                 "tried to allocate 70368744177664 bytes. Error code 12 (Cannot allocate memory)"),
+    RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    MemoryError("Unable to allocate 64.0 TiB for an array"),
+    OSError(12, "Cannot allocate memory"),
+]
+
+
+def _failing_once(models: ModelSet, name: str, exc: BaseException) -> None:
+    real, failed = models._load, []
+
+    def load(spec: ModelSpec):
+        if spec.path == name and not failed:
+            failed.append(exc)
+            raise exc
+        return real(spec)
+
+    models._load = load
+
+
+@pytest.mark.parametrize("exc", _OUT_OF_MEMORY, ids=["torch-cpu", "cuda", "numpy", "enomem"])
+def test_a_load_out_of_memory_is_retried_once_every_other_model_is_unloaded(exc):
+    models, loads = _set(memory_mb=25, a=10, b=10, c=10)  # b and c resident: the budget's guess
+    _failing_once(models, "a", exc)  # but the memory the host really has takes a alone
+    assert models.acquire("a") is not None
+    assert [models.loaded(n) for n in "abc"] == [True, False, False]  # b for the budget, c for the retry
+    assert models.evictions == 3 and loads[-1] == "a"
+
+
+def test_a_load_that_fails_otherwise_unloads_nothing_and_is_retried_later():
+    from schemas.errors import TransientError
+
+    models, _ = _set(memory_mb=25, a=10, b=10, c=10)
+    _failing_once(models, "a", RuntimeError("size mismatch for embeddings.weight"))
+    with pytest.raises(TransientError, match="loading 'a': size mismatch"):
+        models.acquire("a")
+    assert [models.loaded(n) for n in "abc"] == [False, False, True]  # only the budget's eviction
+    assert models.acquire("a") is not None  # the batch's retry
+
+
 def test_preparing_texts_for_a_model_never_loads_it_and_embedding_them_does():
     """The prepare thread's calls go to the side kept from the first load (a tokenizer without
     weights): they must not load a model, nor unload the one the embed thread is running."""

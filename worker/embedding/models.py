@@ -27,6 +27,7 @@ without weights, so preparing never loads a model (nor unloads the one the embed
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import threading
 import time
@@ -232,13 +233,13 @@ class ModelSet:
             self._fit(keep=None, room=self.sizes[name])
             try:
                 model = self._timed_load(name, self.specs[name])
-            except (MemoryError, RuntimeError) as exc:
+            except (MemoryError, RuntimeError, OSError) as exc:
                 if not _out_of_memory(exc) or not self._resident:
                     raise TransientError("model", f"loading {name!r}: {exc}") from None
                 self._unload_all()
                 try:
                     model = self._timed_load(name, self.specs[name])
-                except (MemoryError, RuntimeError) as again:
+                except (MemoryError, RuntimeError, OSError) as again:
                     raise TransientError("model", f"loading {name!r}: {again}") from None
             self._resident[name] = model
             return model
@@ -286,8 +287,17 @@ class ModelSet:
             self._unload(name)
 
 
+#: How a failed allocation reads: CUDA's ("CUDA out of memory"), torch's CPU allocator's ("DefaultCPUAllocator:
+#: can't allocate memory", or "not enough memory" in other releases), the C library's (ENOMEM).
+_OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
+
+
 def _out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+    """Whether ``exc`` is an allocation that failed (worth retrying once other models are unloaded)."""
+    if isinstance(exc, MemoryError) or getattr(exc, "errno", None) == errno.ENOMEM:
+        return True
+    text = str(exc).lower()
+    return any(words in text for words in _OUT_OF_MEMORY)
 
 
 def describe(models: ModelSet) -> str:
