@@ -4,8 +4,9 @@ One interface (:class:`~worker.core.delivery.base.Delivery`), two implementation
 assembly (``worker.assembly.runner.open_delivery``, from ``EMBEDSTREAM_DELIVERY``); nothing else asks which
 one runs. This docstring is the one place the commit order is told.
 
-For each group of batches, on the sink thread (``worker.steps.writing.sink`` plans it, the delivery orders
-the writes):
+For each group of batches, on the sink thread (``worker.steps.writing.sink.SinkStep.process`` writes it,
+one way for both deliveries; the delivery hands it an :class:`~worker.core.delivery.base.Attempt` that
+says what each mode does at each step):
 
 1. **Fence.** The entries of partitions this member no longer owns are left out (their new owner
    redoes them, and their offsets are not committed here); a lease past its end stops the write
@@ -39,7 +40,7 @@ the writes):
 """
 
 from worker.core.delivery.at_least_once import AtLeastOnce
-from worker.core.delivery.base import Delivery, GroupWriter, Planned
+from worker.core.delivery.base import Attempt, Delivery, Planned, written_offsets
 from worker.core.delivery.exactly_once import ExactlyOnce
 
-__all__ = ["AtLeastOnce", "Delivery", "ExactlyOnce", "GroupWriter", "Planned"]
+__all__ = ["AtLeastOnce", "Attempt", "Delivery", "ExactlyOnce", "Planned", "written_offsets"]

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
-from concurrent.futures import wait
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from connectors.kafka import DeliveryBatch
 from schemas.errors import TransientError
-from worker.core.delivery.base import Delivery, GroupWriter
+from worker.core.delivery.base import Attempt, Delivery
 from worker.core.records import Batch
-from worker.process import metrics
 
 log = logging.getLogger(__name__)
 
@@ -31,34 +29,8 @@ class AtLeastOnce(Delivery):
     def producer(self) -> Producer:
         return self._producer
 
-    def write(self, group: list[Batch], writer: GroupWriter) -> None:
-        planned = writer.plan(group)
-        # Milvus writes on a helper thread while this one encodes and hands the records to the
-        # producer (librdkafka sends them meanwhile): the server works while Python does. Both
-        # must be confirmed before the batches count as done; the order between them does not matter.
-        write = writer.write_milvus(planned)
-        t0 = time.perf_counter()
-        try:
-            # Records acknowledged by an earlier attempt (which then failed on Milvus) are not
-            # produced again: an outage would otherwise repeat the group's output at every retry.
-            delivery = None if all(b.delivered for b in group) else writer.produce(planned, self._producer)
-        except BaseException:
-            wait([write])  # never leave a write running behind a retry: one writer at a time
-            raise
-        try:
-            if delivery is not None:
-                try:
-                    delivery.confirm()
-                except TransientError:
-                    if delivery.broken:
-                        self._replace_producer()
-                    raise
-                for batch in group:
-                    batch.delivered = True
-                metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
-        finally:
-            metrics.SINK_SECONDS.labels("milvus").observe(write.result())  # raises the write's error
-        writer.written(planned)
+    def attempt(self, group: list[Batch]) -> Attempt:
+        return _Attempt(self, group)
 
     def _replace_producer(self) -> None:
         """Drop a producer that can deliver nothing more (``DeliveryBatch.broken``) for a new one; what
@@ -93,3 +65,30 @@ class AtLeastOnce(Delivery):
 
     def recommit(self, offsets: list[TopicPartition]) -> None:
         self.consumer.commit(offsets=offsets, asynchronous=False)
+
+
+class _Attempt(Attempt):
+    """At-least-once: the records are durable once acknowledged; the offsets are the polling
+    thread's to commit once the group leaves the pipeline."""
+
+    def __init__(self, delivery: AtLeastOnce, group: list[Batch]) -> None:
+        self._delivery = delivery
+        self._group = group
+
+    def begin(self) -> Producer | None:
+        # Records acknowledged by an earlier attempt (which then failed on Milvus) are not produced
+        # again: an outage would otherwise repeat the group's output at every retry.
+        return None if all(b.delivered for b in self._group) else self._delivery.producer
+
+    def sent(self, records: DeliveryBatch) -> None:
+        try:
+            records.confirm()
+        except TransientError:
+            if records.broken:
+                self._delivery._replace_producer()
+            raise
+        for batch in self._group:
+            batch.delivered = True
+
+    def commit(self, offsets: list[TopicPartition]) -> None:
+        return None  # stored and committed by the polling thread (worker.core.offsets)

@@ -1,12 +1,11 @@
-"""The delivery interface, and what the sink offers it (the order they follow: ``worker.core.delivery``)."""
+"""The delivery interface, and the attempt at a group it hands the sink (the order: ``worker.core.delivery``)."""
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Protocol
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -25,34 +24,70 @@ class Planned:
     now: int
 
 
-class GroupWriter(Protocol):
-    """The steps of writing a group, which the sink offers and a delivery puts in order."""
+def written_offsets(group: list[Batch]) -> dict[TopicPartitionKey, int]:
+    """The next offset per partition of the group's written entries (``fenced`` ones left out)."""
+    offsets: dict[TopicPartitionKey, int] = {}
+    for batch in group:
+        for tp, o in batch.offsets.items():
+            if tp not in batch.fenced:
+                offsets[tp] = max(offsets.get(tp, 0), o)
+    return offsets
 
-    def plan(self, group: list[Batch]) -> Planned:
-        """Fence, version guard and the final operations; raises ``FenceClosed`` past the lease."""
 
-    def write_milvus(self, planned: Planned) -> Future:
-        """Start Milvus' writes on the helper thread; the future's result is their seconds (or raises)."""
+class Attempt(abc.ABC):
+    """One attempt at making a group durable, as its delivery sees it; the sink drives it, in the
+    order of ``worker.core.delivery``::
 
-    def produce(self, planned: Planned, producer: Producer) -> DeliveryBatch:
-        """Hand the group's output and dead-letter records to ``producer`` (not yet confirmed), and
-        fill the caches."""
+        attempt = delivery.attempt(group)          # finished: an earlier attempt went through after all
+        planned = attempt.carried or plan(group)   # carried: planned and produced by an earlier attempt
+        Milvus' writes start on their thread
+        producer = attempt.begin()                 # None: the group's records are out already
+        attempt.sent(produce(planned, producer))   # waits for the acknowledgements
+        Milvus' result                             # a TransientError: attempt.milvus_failed(planned)
+        with attempt.holding(): attempt.commit(the group's offsets, if still owned)
+        on any failure: raise attempt.abort(exc)
 
-    def owned_offsets(self, group: list[Batch]) -> list[TopicPartition]:
-        """The next offsets of the group's written entries; raises ``TransientError`` when one of
-        their partitions left this member."""
+    The attempt never calls the sink: it is handed what it needs."""
 
-    def written_offsets(self, group: list[Batch]) -> dict[TopicPartitionKey, int]:
-        """The next offset per partition of the group's written entries (fenced ones left out)."""
+    #: What an earlier attempt planned and produced (its records still in an open transaction);
+    #: None: plan the group anew.
+    carried: Planned | None = None
+    #: Nothing is left to do: an earlier attempt's commit went through after all.
+    finished: bool = False
+    #: The records are durable once acknowledged (at-least-once); else only once committed.
+    durable_when_sent: bool = True
 
-    def written(self, planned: Planned) -> None:
-        """Count what the group wrote."""
+    @abc.abstractmethod
+    def begin(self) -> Producer | None:
+        """The producer to hand the group's records to, once any transaction is begun; None when an
+        earlier attempt's records are out already (only Milvus is written again)."""
+
+    @abc.abstractmethod
+    def sent(self, records: DeliveryBatch) -> None:
+        """Wait until the group's records are acknowledged; raises ``TransientError`` (or
+        ``RecordRefused``) when they are not."""
+
+    def milvus_failed(self, planned: Planned) -> None:
+        """Milvus failed after the records went out: keep what the retry may reuse."""
+        return None
+
+    def holding(self) -> AbstractContextManager:
+        """Held while the group's offsets are read and committed (a revoke waits for it)."""
+        return nullcontext()
+
+    @abc.abstractmethod
+    def commit(self, offsets: list[TopicPartition]) -> None:
+        """The group is written: commit ``offsets`` with it (or leave them to the polling thread)."""
+
+    def abort(self, exc: BaseException) -> BaseException:
+        """The attempt failed with ``exc``: undo what must be undone; returns what to raise."""
+        return exc
 
 
 class Delivery(abc.ABC):
     """How a group's records and its input offsets become durable together.
 
-    ``write`` runs on the sink thread; ``store``, ``commit``, ``recommit``, ``barrier``,
+    ``attempt`` (and what it hands out) runs on the sink thread; ``store``, ``commit``, ``recommit``, ``barrier``,
     ``new_generation`` and ``forget`` on the polling thread (``worker.core.offsets.OffsetCommitter``
     calls them)."""
 
@@ -66,9 +101,8 @@ class Delivery(abc.ABC):
         """The producer the group's records go out with now."""
 
     @abc.abstractmethod
-    def write(self, group: list[Batch], writer: GroupWriter) -> None:
-        """Make ``group`` durable in the order of ``worker.core.delivery``; raises ``TransientError`` to be
-        retried whole."""
+    def attempt(self, group: list[Batch]) -> Attempt:
+        """An attempt at making ``group`` durable (the sink drives it: :class:`Attempt`)."""
 
     @abc.abstractmethod
     def close(self) -> None:

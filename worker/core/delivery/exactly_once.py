@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import wait
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+from connectors.kafka import DeliveryBatch
 from connectors.transactions import Transactions
 from schemas.errors import TransientError
-from worker.core.delivery.base import Delivery, GroupWriter, Planned
+from worker.core.delivery.base import Attempt, Delivery, Planned, written_offsets
 from worker.core.records import Batch, TopicPartitionKey
-from worker.process import metrics
 
 log = logging.getLogger(__name__)
 
@@ -40,57 +38,29 @@ class ExactlyOnce(Delivery):
         return self.txn.producer
 
     # -- the sink thread ---------------------------------------------------------------------
-    def write(self, group: list[Batch], writer: GroupWriter) -> None:
+    def attempt(self, group: list[Batch]) -> Attempt:
         """The group as one transaction: records, Milvus, then offsets and commit.
 
         A Milvus outage does not abort it: its records stay in the open transaction and the retry
         writes Milvus alone, then commits (an abort would cost the redo, and a broker without
         aborted-transaction filtering, like Tansu, would show the aborted records), for at most half
         the transaction timeout; any other failure aborts it and the retry redoes the group."""
+        attempt = _Attempt(self, group)
         txn = self.txn
         if txn.pending:  # the last attempt's commit timed out: it may still go through, never redo it
             with txn.lock:
                 txn.finish_pending()
-            self._done(group, writer)
-            return
-        carried = self._carried if self._carried is not None and self._carried[0] is group and txn.open else None
-        planned = carried[1] if carried is not None else writer.plan(group)
-        write = writer.write_milvus(planned)
-        t0 = time.perf_counter()
-        keep_open = False
-        try:
-            if carried is None:
-                txn.begin()
-                writer.produce(planned, txn.producer).confirm()
-            try:
-                metrics.SINK_SECONDS.labels("milvus").observe(write.result())  # Milvus first: it raises here
-            except TransientError:
-                keep_open = txn.open_for() < txn.keep_open_s
-                self._carried = (group, planned) if keep_open else None
-                raise
-            with txn.lock:  # a revoke waits for this: no offsets of a partition given away commit
-                offsets = writer.owned_offsets(group)
-                txn.commit(offsets)
-            log.debug("transaction committed: offsets %s", {tp.partition: tp.offset for tp in offsets})
-            metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
-            writer.written(planned)
-        except BaseException as exc:
-            wait([write])  # never leave a write running behind a retry: one writer at a time
-            if not keep_open:
-                self._carried = None
-                if not txn.pending and txn.open:
-                    txn.abort()
-                    log.warning("transaction aborted (%s): its %d batches are redone", exc, len(group))
-            if isinstance(exc, KafkaException):  # a produce refused by the transaction's state
-                raise TransientError("kafka", f"{exc}: the transaction was aborted, its batches are redone") from None
-            raise
+            self._done(group)
+            attempt.finished = True
+        elif self._carried is not None and self._carried[0] is group and txn.open:
+            attempt.carried = self._carried[1]
         self._carried = None
-        self._done(group, writer)
+        return attempt
 
-    def _done(self, group: list[Batch], writer: GroupWriter) -> None:
+    def _done(self, group: list[Batch]) -> None:
         for batch in group:
             batch.delivered = True
-        self.committed(writer.written_offsets(group))
+        self.committed(written_offsets(group))
 
     def committed(self, offsets: Mapping[TopicPartitionKey, int]) -> None:
         """A transaction committed ``offsets`` (next offset per partition): the committer is told."""
@@ -142,3 +112,48 @@ class ExactlyOnce(Delivery):
             for tp in tps:
                 self._in_txn.pop(tp, None)
                 self._ahead.pop(tp, None)
+
+
+class _Attempt(Attempt):
+    """Exactly-once: the group's records and offsets in one transaction."""
+
+    durable_when_sent = False  # a read_committed reader sees them at the commit
+
+    def __init__(self, delivery: ExactlyOnce, group: list[Batch]) -> None:
+        self._delivery = delivery
+        self._group = group
+        self._keep_open = False
+
+    def begin(self) -> Producer | None:
+        if self.carried is not None:
+            return None  # its records are in the transaction still open
+        self._delivery.txn.begin()
+        return self._delivery.txn.producer
+
+    def sent(self, records: DeliveryBatch) -> None:
+        records.confirm()
+
+    def milvus_failed(self, planned: Planned) -> None:
+        txn = self._delivery.txn
+        self._keep_open = txn.open_for() < txn.keep_open_s
+        if self._keep_open:
+            self._delivery._carried = (self._group, planned)
+
+    def holding(self):
+        return self._delivery.txn.lock  # a revoke waits for this: no offsets of a partition given away commit
+
+    def commit(self, offsets: list[TopicPartition]) -> None:
+        self._delivery.txn.commit(offsets)
+        log.debug("transaction committed: offsets %s", {tp.partition: tp.offset for tp in offsets})
+        self._delivery._done(self._group)
+
+    def abort(self, exc: BaseException) -> BaseException:
+        txn = self._delivery.txn
+        if not self._keep_open:
+            self._delivery._carried = None
+            if not txn.pending and txn.open:
+                txn.abort()
+                log.warning("transaction aborted (%s): its %d batches are redone", exc, len(self._group))
+        if isinstance(exc, KafkaException):  # a produce refused by the transaction's state
+            return TransientError("kafka", f"{exc}: the transaction was aborted, its batches are redone")
+        return exc

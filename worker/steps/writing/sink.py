@@ -5,11 +5,11 @@ chunk, and its chunks of an older version that the new one no longer has are del
 written with one Milvus upsert and one delete per collection (the last operation per id across the
 group wins). The cache is filled while Milvus writes, best-effort; it never fails a batch.
 
-This step offers the steps of writing a group (``worker.core.delivery.GroupWriter``: plan, Milvus,
-records, offsets); the delivery chosen at assembly puts them in order and makes them durable
-(``worker.core.delivery`` tells that order once, for both modes: the fence, the version guard, Milvus and
-the topics, the offsets). Nothing older is written over something newer: ``worker.core.fence`` and
-``worker.steps.writing.versions`` say why.
+A group is written one way, whichever the delivery (``worker.core.delivery`` tells that order once:
+the fence, the version guard, Milvus and the topics, the offsets); the delivery chosen at assembly
+hands each group an attempt that says what its mode does at each step (a transaction begun and
+committed, or records that are durable once acknowledged). Nothing older is written over something
+newer: ``worker.core.fence`` and ``worker.steps.writing.versions`` say why.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +28,7 @@ from connectors.milvus import MilvusStore
 from connectors.milvus.schema import EXCERPT_CHARS, ChunkRows, chunk_id
 from connectors.redis_cache import RedisCache
 from schemas.errors import TransientError
-from worker.core.delivery import Delivery, Planned
+from worker.core.delivery import Delivery, Planned, written_offsets
 from worker.core.fence import Fence
 from worker.core.records import Batch, Chunk, DeadLetter, Delete, Entry, Item, Source, headers_size
 from worker.embedding.sparse import MAX_ACTIVE_DIMS
@@ -150,24 +150,45 @@ class SinkStep:
         self.delivery.close()
 
     def process(self, group: list[Batch]) -> None:
-        """Make ``group`` durable (the delivery's order); raises :class:`TransientError` to be retried."""
-        self.delivery.write(group, self)
+        """Make ``group`` durable, in the order of ``worker.core.delivery``, through the attempt its
+        delivery hands out; raises :class:`TransientError` to be retried."""
+        attempt = self.delivery.attempt(group)
+        if attempt.finished:
+            return
+        planned = attempt.carried or self.plan(group)
+        write = self._milvus.submit(self._write_milvus, planned.plans, planned.now)
+        t0 = time.perf_counter()
+        try:
+            producer = attempt.begin()
+            if producer is not None:
+                attempt.sent(self.produce(planned, producer))
+                if attempt.durable_when_sent:
+                    metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
+            try:
+                metrics.SINK_SECONDS.labels("milvus").observe(write.result())  # raises Milvus' error
+            except TransientError:
+                attempt.milvus_failed(planned)
+                raise
+            with attempt.holding():
+                attempt.commit(self.owned_offsets(group))
+            if not attempt.durable_when_sent:
+                metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
+        except BaseException as exc:
+            wait([write])  # never leave a write running behind a retry: one writer at a time
+            failure = attempt.abort(exc)
+            if failure is exc:
+                raise
+            raise failure from None
+        for plan in planned.plans:
+            metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
 
-    # -- the steps a delivery orders (worker.core.delivery.GroupWriter) ----------------------------
     def plan(self, group: list[Batch]) -> Planned:
+        """Fence, oversized documents, version guard and each collection's final operations."""
         now = int(time.time() * 1000)
         self._dead_letter_oversized(group, now)
         entries, plans = self._news(group)
         self.fence.check()  # the Strong reads above may have taken a while
         return Planned(group, entries, plans, now)
-
-    def write_milvus(self, planned: Planned) -> Future:
-        return self._milvus.submit(self._write_milvus, planned.plans, planned.now)
-
-
-    def written(self, planned: Planned) -> None:
-        for plan in planned.plans:
-            metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
 
     def _write_milvus(self, plans: list[Plan], now: int) -> float:
         """Each model's collection, in turn (``_write_collection``); returns the seconds."""
@@ -294,21 +315,11 @@ class SinkStep:
             found = found or getattr(e, "superseded", False)
         return found
 
-    @staticmethod
-    def written_offsets(group: list[Batch]) -> dict:
-        """The next offset per partition of the group's written entries (``fenced`` ones left out)."""
-        offsets: dict = {}
-        for batch in group:
-            for tp, o in batch.offsets.items():
-                if tp not in batch.fenced:
-                    offsets[tp] = max(offsets.get(tp, 0), o)
-        return offsets
-
     def owned_offsets(self, group: list[Batch]) -> list[TopicPartition]:
         """The group's ``written_offsets`` to commit; raises :class:`TransientError` when one of their
         partitions left this member during the transaction, or left and came back (the redo leaves
         its records to its new owner, or to this member's new reading of them)."""
-        offsets = self.written_offsets(group)
+        offsets = written_offsets(group)
         gone = sorted({p for batch in group for _, p in self.fence.stale(batch) - batch.fenced})
         if gone:
             raise TransientError("fence", f"partitions {gone} were revoked or lost during the transaction: "
