@@ -106,8 +106,8 @@ def _newer_versions_while_frozen(s, zombie: WorkerProcess, expected: Expected, v
 def _stop_and_check(s, model, workers: list[WorkerProcess], port: int, expected: Expected, v1, v2, gone,
                     partitions: int) -> tuple:
     # the woken worker: its beat thread sees the stall and closes the fence; its loop learns of the
-    # loss or proves its membership before writes resume (what was in flight may have been drained
-    # by a revoke before the freeze, so the fence need not have held anything back)
+    # loss or proves its membership before writes resume (the caller says whether the fence must
+    # have held something back: in the rebalance of three, a revoke may drain what was in flight)
     zombie = workers[0]
     wait_until(lambda: "stalled for" in zombie.log(), 60, what="the woken worker to see its stall")
     wait_until(lambda: "membership re-validated" in zombie.log(), 90, what="the woken worker to re-validate")
@@ -138,12 +138,15 @@ def test_a_frozen_member_writes_nothing_old_when_it_wakes(fault_stack, model, tm
     wait_until(lambda: "assigned [" in b.log(), 120, what="b to join (with nothing to do)")
     with committed_reader(s, 1) as committed:
         feeder = _trickle(s, v1, expected)  # version 1 for a alone
-        wait_until(lambda: committed() >= freeze_at * n, 180, every=0.01, what=f"{freeze_at:.0%} committed")
+        # frozen with batches in the pipeline: the fence then has something to hold back when a wakes
+        wait_until(lambda: committed() >= freeze_at * n and scrape(port, "embedstream_inflight_batches") >= 1,
+                   180, every=0.01, what=f"{freeze_at:.0%} committed, with batches in flight")
         frozen_at = committed()  # the freeze follows at once
     # version 2 only once version 1 is all produced (the feeder ends seconds before the takeover)
     gone = _newer_versions_while_frozen(s, a, expected, v2, 1,
                                         lambda: not feeder.is_alive() and "assigned [0]" in b.log())
     report, fenced = _stop_and_check(s, model, [a, b], port, expected, v1, v2, gone, 1)
+    assert fenced >= 1, "a froze with batches in flight, yet its fence held nothing back when it woke"
     record_row("11 zombie member", f"SIGSTOP a at {frozen_at}/{n} committed, past the session; fence held "
                f"{fenced} records/groups", report, None)
 

@@ -152,3 +152,26 @@ def test_a_late_dead_letter_with_no_processed_record_left_in_the_window_is_only_
     d.record_late("too_many_chunks", "x")
     d.count_late()  # nothing left to turn bad: no error
     assert d._reasons["too_many_chunks"] == 1
+
+
+def test_an_empty_poll_between_dead_letters_does_not_break_their_run():
+    d = DlqLimit(max_consecutive=3, max_ratio=1.0, window=100)
+    d.record("decode_error", "x")
+    d.record_processed(0)  # a poll that processed nothing
+    d.record("decode_error", "x")
+    with pytest.raises(DlqLimitExceeded, match="3 records in a row"):
+        d.record("decode_error", "x")
+
+
+def test_late_dead_letters_count_once_each_toward_the_most_frequent_reason():
+    d = DlqLimit(max_consecutive=100, max_ratio=0.5, window=6)
+    d.record_processed(3)
+    for _ in range(3):
+        d.record("decode_error", "not Avro")
+    d.record_late("too_many_chunks", "a log file")
+    d.record_late("too_many_chunks", "a whole book")
+    with pytest.raises(DlqLimitExceeded) as tripped:  # 5 of the last 6
+        d.count_late()
+    # 3 decode errors against 2 late ones: the late ones count once each, not more
+    assert "most often decode_error: not Avro" in str(tripped.value)
+    assert d._reasons == {"decode_error": 3, "too_many_chunks": 2}

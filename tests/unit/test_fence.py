@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from schemas.errors import TransientError
 from worker.core.fence import Fence, FenceClosed, lease_seconds
 
 from .fakes import Clock
@@ -148,3 +149,29 @@ def test_a_partition_lost_and_given_back_is_a_new_tenure_and_older_batches_are_s
     assert fence.stale(after) == set()
     unstamped = Batch(offsets={("docs", 0): 5, ("docs", 7): 1})
     assert fence.stale(unstamped) == {("docs", 7)}  # built by hand: ownership alone
+
+
+def test_the_beat_thread_is_a_named_daemon_and_stopping_a_fence_never_started_is_harmless():
+    fence = Fence(lease_s=5)
+    fence.stop()  # a worker that failed before the fence started still stops it on its way out
+    fence = Fence(lease_s=5)
+    fence.start()
+    try:
+        beat = fence._thread
+        # a daemon: a worker that dies without stopping it still exits; named: the bench's CPU
+        # table attributes its time by the name
+        assert beat is not None and beat.daemon and beat.name == "fence-beat" and beat.is_alive()
+    finally:
+        fence.stop()
+    assert not beat.is_alive()  # stop waits for it
+
+
+def test_a_closed_fence_is_a_fence_outage_to_retry():
+    err = FenceClosed("lease expired")
+    assert isinstance(err, TransientError) and err.system == "fence"
+
+
+def test_the_runners_fence_beats_ten_times_a_second_and_revalidates_for_2_s():
+    """The runner builds its fence with these defaults (the module's docstring promises them)."""
+    fence = Fence(lease_s=5)
+    assert (fence.beat_s, fence.revalidate_s) == (0.1, 2.0)

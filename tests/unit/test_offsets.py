@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from worker.core.offsets import OffsetCommitter
 
@@ -199,3 +199,107 @@ def test_a_partition_committed_elsewhere_is_known_up_to_the_highest_offset():
     # at what it knows: not behind; a partition it knows nothing of is behind even at offset 0
     assert committer.behind({("docs", 0): 7, ("docs", 1): 4, ("docs", 2): 0}) == {("docs", 2): 0}
     assert committer.behind({("docs", 0): 8, ("docs", 1): 5}) == {("docs", 0): 8, ("docs", 1): 5}
+
+
+class _TimedConsumer(FakeConsumer):
+    """Records the timeout of each ``committed`` read and the mode of each commit."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.timeouts: list = []
+        self.commit_kwargs: list[dict] = []
+
+    def committed(self, partitions, timeout=None):
+        self.timeouts.append(timeout)
+        return super().committed(partitions, timeout)
+
+    def commit(self, offsets=None, asynchronous=True):
+        self.commit_kwargs.append({"offsets": offsets, "asynchronous": asynchronous})
+        super().commit(offsets, asynchronous)
+
+
+def test_reads_of_the_committed_offsets_are_bounded_by_the_timeout_given():
+    """A coordinator that does not answer must not block the polling thread for good."""
+    c = _assigned(_TimedConsumer(), {0: 40})
+    committer = OffsetCommitter(c, 0, at_least_once(c))
+    committer.new_generation({("docs", 0)}, timeout=3.0)
+    assert committer.membership_holds(timeout=4.0)
+    assert c.timeouts == [3.0, 4.0]
+
+
+def test_the_proof_recommits_synchronously_even_an_offset_of_0():
+    c = _assigned(_TimedConsumer(), {0: 0})
+    assert OffsetCommitter(c, 0, at_least_once(c)).membership_holds()
+    [proof] = [kw for kw in c.commit_kwargs if kw["offsets"] is not None]
+    assert proof["asynchronous"] is False and [(p.partition, p.offset) for p in proof["offsets"]] == [(0, 0)]
+
+
+def test_a_partition_committed_at_0_when_assigned_and_then_further_by_another_member_was_taken_over():
+    c = _assigned(FakeConsumer({}), {0: 0})
+    committer = OffsetCommitter(c, 0, at_least_once(c))
+    committer.new_generation({("docs", 0)})
+    assert committer.membership_holds()
+    c.committed_offsets[0] = 1
+    assert committer.membership_holds() is False
+
+
+def test_a_rebalance_keeps_what_this_member_stored_past_the_committed_offset():
+    """Stored at 100, committed only to 90 when the group assigns the partition again: the line stays
+    at 100 (an end of 95 is not behind, and a commit of 100 by this member is no takeover)."""
+    c = _assigned(FakeConsumer({}), {0: 90})
+    committer = OffsetCommitter(c, 0, at_least_once(c))
+    committer.store({("docs", 0): 100}, owned={("docs", 0)})
+    committer.new_generation({("docs", 0)})
+    assert committer.behind({("docs", 0): 95}) == {}
+    c.committed_offsets[0] = 100
+    assert committer.membership_holds()
+
+
+def test_a_forgotten_partition_is_behind_again_whatever_was_stored():
+    c = FakeConsumer({})
+    committer = OffsetCommitter(c, 0, at_least_once(c))
+    committer.store({("docs", 0): 100}, owned={("docs", 0)})
+    committer.forget([("docs", 0)])
+    assert committer.behind({("docs", 0): 50}) == {("docs", 0): 50}  # a re-created topic starts at 0
+
+
+def test_a_new_generation_is_told_to_the_delivery_with_the_consumer():
+    told = []
+    c = FakeConsumer({})
+    delivery = at_least_once(c)
+    delivery.new_generation = told.append
+    OffsetCommitter(c, 0, delivery).new_generation(set())
+    assert told == [c]
+
+
+def test_commit_attempts_are_half_a_second_apart_and_the_last_failure_is_an_error(monkeypatch, caplog):
+    import logging
+
+    import worker.core.offsets as offsets
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(offsets.time, "sleep", sleeps.append)
+    c = FlakyConsumer(failures=3)
+    committer = OffsetCommitter(c, 0, at_least_once(c))
+    committer.store({("docs", 0): 2}, owned={("docs", 0)})
+    with caplog.at_level(logging.WARNING, logger="worker.core.offsets"):
+        assert committer.commit(sync=True, attempts=3) is False
+    assert sleeps == [0.5, 0.5]  # between attempts, not after the last
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING", "ERROR"]
+    assert caplog.records[-1].getMessage().endswith("; the next commit retries it")
+    c.failures = 1
+    sleeps.clear()
+    assert committer.commit(sync=True, attempts=3) and sleeps == [0.5]
+
+
+def test_at_least_once_commits_only_what_was_stored_since_the_last_commit_and_the_proof_waits():
+    c = _TimedConsumer()
+    delivery = at_least_once(c)
+    assert delivery.commit(sync=True) and c.commit_kwargs == []  # nothing stored: no request at all
+    delivery.store([TopicPartition("docs", 0, 3)])
+    assert delivery.commit(sync=True) and delivery.commit(sync=True)
+    assert c.commit_kwargs == [{"offsets": None, "asynchronous": False}]  # once, and synchronously
+    delivery.store([TopicPartition("docs", 0, 4)])
+    assert delivery.commit(sync=False) and c.commit_kwargs[-1] == {"offsets": None, "asynchronous": True}
+    delivery.recommit([TopicPartition("docs", 0, 4)])
+    assert c.commit_kwargs[-1]["asynchronous"] is False  # a proof must hear the coordinator's answer

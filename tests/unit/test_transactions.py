@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from connectors.transactions import Transactions, TransactionsFailed, transactional_id
 from schemas.errors import TransientError
@@ -375,3 +375,64 @@ def test_each_transaction_times_its_milvus_and_output_sides():
         count, total = observed(side)
         assert count == before[side][0] + 1, side
         assert 0 <= total - before[side][1] < 60, side  # seconds of this transaction, not a clock reading
+
+
+def _offsets_only() -> tuple[ExactlyOnce, TransactionalProducer]:
+    producer = TransactionalProducer()
+    txn = Transactions(lambda: producer, timeout=0.2)
+    txn.group_metadata = "gm"
+    return ExactlyOnce(txn, 5), producer
+
+
+def test_offsets_never_go_back_below_what_a_transaction_committed():
+    """The polling thread's offsets-only transaction committed 100; the sink's transaction of a group
+    read earlier then commits 90: 100 stands, and a store of 95 is behind it, never committed (that
+    would move the group back, and a restart would read 95..99 twice)."""
+    delivery, producer = _offsets_only()
+    delivery.committed({("docs", 0): 100})
+    delivery.committed({("docs", 0): 90})
+    delivery.store([TopicPartition("docs", 0, 95)])
+    assert delivery.commit(sync=True) and "commit_transaction" not in producer.calls
+
+
+def test_a_partitions_first_record_is_committed_past():
+    """A partition never committed before: its first record's next offset (1) goes through."""
+    delivery, producer = _offsets_only()
+    delivery.store([TopicPartition("docs", 3, 1)])
+    assert delivery.commit(sync=True) and producer.offsets == {("docs", 3): 1}
+
+
+def test_a_forgotten_partition_starts_over_and_forgetting_an_unknown_one_is_harmless():
+    """A partition revoked and given back after its topic was re-created reads offsets from 0 again:
+    what this member committed before the revoke must not hold them back."""
+    delivery, producer = _offsets_only()
+    delivery.committed({("docs", 0): 100})
+    delivery.store([TopicPartition("docs", 0, 120)])
+    delivery.forget([("docs", 0), ("docs", 7)])  # 7: never seen here
+    assert delivery.commit(sync=True) and "commit_transaction" not in producer.calls  # 120 was forgotten too
+    delivery.store([TopicPartition("docs", 0, 5)])
+    assert delivery.commit(sync=True) and producer.offsets == {("docs", 0): 5}
+
+
+def test_closing_gives_the_producer_the_configured_time_to_flush():
+    waited = []
+    producer = TransactionalProducer()
+    producer.flush = lambda t=None: waited.append(t) or 0
+    txn = Transactions(lambda: producer, timeout=0.2)
+    ExactlyOnce(txn, 12.5).close()
+    assert waited == [12.5]
+
+
+def test_the_carried_group_is_not_planned_again_after_a_milvus_outage():
+    """The retry of a carried transaction writes Milvus from the first plan: its records are already
+    in the transaction, and a second plan could judge versions differently than they were produced."""
+    producer, client = TransactionalProducer(), RecordingMilvusClient(fail_upserts=1)
+    sink, txn = _sink(producer, client=client)
+    plans = []
+    real_plan = sink.plan
+    sink.plan = lambda group: plans.append(group) or real_plan(group)
+    group = _group()
+    with pytest.raises(TransientError, match="milvus"):
+        sink.process(group)
+    sink.process(group)
+    assert len(plans) == 1 and len(producer.visible) == 4

@@ -60,13 +60,14 @@ def test_a_refresh_that_finds_nothing_keeps_the_ids_known():
 
 
 def test_a_superseded_record_is_told_once_a_minute_per_partition(caplog):
-    now = [0.0]
-    guard = VersionGuard({"docs": "T1"}, warn_every=60, clock=lambda: now[0])
+    now = [5_000.0]  # a monotonic clock far from 0, as a host's is
+    guard = VersionGuard({"docs": "T1"}, clock=lambda: now[0])  # the default: once a minute
     with caplog.at_level(logging.WARNING, logger="worker.steps.writing.versions"):
         for offset in range(5):
+            now[0] += 1.0
             guard.tell(Source("docs", 0, offset), 299)
         guard.tell(Source("docs", 1, 7), 50)
-        now[0] = 61.0
+        now[0] = 5_061.0  # a minute after the first warning, to the second
         guard.tell(Source("docs", 0, 9), 299)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3, lines
