@@ -1,3 +1,3 @@
 """The streaming core: the poll loop, assignment and pausing, the pipeline of stage threads, the
-offsets and the fence, the records a batch holds, and the one place that assembles the chain
-(``chain``) and the worker around it (``runner``)."""
+offsets and the fence, the deliveries, and the records a batch holds. The chain and the worker
+around it are assembled in ``worker.assembly``."""

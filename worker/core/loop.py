@@ -222,23 +222,21 @@ class Worker:
                         stop_when_idle, quiet, self.health.last_kafka_error):
                     log.info("idle for %.1fs: stopping", stop_when_idle)
                     break
-            self._drain()
+            self._stop(self.shutdown_grace, flush=True, commit=10)
         except DlqLimitExceeded:
-            # Finish and commit the batches already in flight (all before the bad run), then halt.
-            self._wait_inflight(self.shutdown_grace)
-            chain.committer.commit(sync=True, attempts=5)
-            chain.pipeline.abort(wait=ABORT_WAIT_S)
+            # Finish and commit the batches already in flight (all before the bad run), then halt;
+            # the open batch holds the bad run: never committed past.
+            self._stop(self.shutdown_grace, commit=5)
             raise
         except RecordRefused:
             # The broker refuses a record for good: commit what finished before it, then stop there.
-            chain.pipeline.abort(wait=ABORT_WAIT_S)
-            chain.committer.commit(sync=True, attempts=5)
+            self._stop(0, commit=5)
             raise
         except BaseException:
-            # The stage threads end before the process may exit: one still inside the model's native
-            # code at exit aborted the process ("terminate called without an active exception", exit
-            # -6 or -11 instead of 4, seen after exactly-once's producer was fenced).
-            chain.pipeline.abort(wait=ABORT_WAIT_S)
+            # The consumer died (or a bug): nothing more commits. The stage threads still end before the
+            # process may exit: one still inside the model's native code at exit aborted the process
+            # ("terminate called without an active exception", exit -6 or -11 instead of 4).
+            self._stop(0)
             raise
         finally:
             chain.fence.stop()
@@ -319,20 +317,26 @@ class Worker:
         """As many batches in flight as allowed: consume nothing more for now."""
         return self.chain.pipeline.inflight >= self.max_inflight
 
-    def _drain(self) -> None:
-        """Shutdown: close the open batch, finish in-flight batches within the grace, commit."""
+    def _stop(self, grace: float, *, flush: bool = False, commit: int = 0) -> None:
+        """The one stop order, whatever ended the loop. With ``flush`` (a graceful stop) the partitions
+        are paused and the open batch closes; the batches in flight are finished within ``grace``
+        seconds, and what is left after that is dropped (never committed); then what finished is
+        committed, in up to ``commit`` attempts (0: nothing more commits)."""
         chain = self.chain
-        if len(self.assignment):
-            self.consumer.pause(self.consumer.assignment())
-        chain.intake.flush()
-        if self._wait_inflight(self.shutdown_grace):
+        if flush:
+            if len(self.assignment):
+                self.consumer.pause(self.consumer.assignment())
+            chain.intake.flush()
+        finished = self._wait_inflight(grace) if grace else chain.pipeline.inflight == 0
+        if finished and commit:
             chain.pipeline.close()
         else:
-            log.warning("%d batches unfinished after %.0fs grace: not committing them", chain.pipeline.inflight,
-                        self.shutdown_grace)
+            if chain.pipeline.inflight:
+                log.warning("%d batches unfinished after %.0fs grace: not committing them", chain.pipeline.inflight,
+                            grace)
             if not chain.pipeline.abort(wait=ABORT_WAIT_S):
                 log.warning("a stage is still inside a step after %.0fs", ABORT_WAIT_S)
-        if chain.committer.commit(sync=True, attempts=10) and len(self.assignment):
+        if commit and chain.committer.commit(sync=True, attempts=commit) and flush and len(self.assignment):
             committed = self.consumer.committed(self.consumer.assignment(), timeout=10)
             # A partition the group never committed reads back as OFFSET_INVALID (-1001): not an offset.
             done = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}

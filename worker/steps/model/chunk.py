@@ -78,8 +78,8 @@ def _whole(it: Item) -> Chunk:
 
 
 class Chunker:
-    """``process(group)`` fills ``item.chunks`` for every item of a group of batches, on the embed
-    thread (the only thread that may use the tokenizer: ``worker.embedding.base``).
+    """``process(group)`` fills ``item.chunks`` for every item of a group of batches, on the prepare
+    thread (the only thread that uses a model's tokenizer: ``worker.embedding.tokens``).
 
     A text no longer in characters than a chunk's token budget fits whatever the tokenizer does
     (a token covers at least one character) and becomes one chunk without tokenizing: the short
