@@ -1,7 +1,7 @@
 """``embedstream run`` with an instant model in place of the one it would load: for a test that
 measures the worker around the model (``WorkerProcess(..., instant=True)``).
 
-The model is ``worker.embedding.fake.FakeEmbedder`` (384 dimensions, vectors from each text's digest,
+The model is ``tools.fake_embedder.FakeEmbedder`` (384 dimensions, vectors from each text's digest,
 no time spent). What the real model's runtime does with memory depends on the shapes of the batches
 it is given (OpenVINO keeps compiled kernels for up to 64 input shapes, megabytes each): a flood in
 which one record in a hundred is a document makes batches of shapes a clean stream never makes, and
@@ -20,8 +20,8 @@ import sys
 def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import worker.assembly.runner as runner
+    from tools.fake_embedder import FakeEmbedder
     from worker.commands.cli import main as embedstream
-    from worker.embedding.fake import FakeEmbedder
 
     build = runner.build_worker
 

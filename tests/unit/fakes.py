@@ -9,6 +9,7 @@ from pymilvus.grpc_gen import schema_pb2
 
 from tools.memory_source import EndOfPartition, MemoryMessage, MemorySource
 from worker.core.delivery import AtLeastOnce
+from worker.core.records import Batch, Share, split_by_model
 
 
 class Clock:
@@ -229,3 +230,14 @@ class TransactionalProducer(RecordingProducer):
 def at_least_once(consumer=None, producer=None) -> AtLeastOnce:
     """The at-least-once delivery over ``consumer`` and ``producer`` (a recording one by default)."""
     return AtLeastOnce(consumer, (lambda: producer) if producer is not None else RecordingProducer, 5.0)
+
+
+def share_of(group: list[Batch], model: str = "") -> Share:
+    """``model``'s share of ``group`` (empty when the group has no items of it)."""
+    return split_by_model(group).get(model) or Share(model, group)
+
+
+def prepare_and_embed(step, share: Share) -> None:
+    """An ``EmbedStep``'s two halves on the calling thread (the worker runs them on two)."""
+    step.prepare(share)
+    step.embed(share)

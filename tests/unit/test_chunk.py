@@ -9,11 +9,13 @@ import pytest
 from prometheus_client import REGISTRY
 
 from schemas.errors import ConfigError
+from tools.fake_embedder import FakeEmbedder
 from worker.assembly.chain import chunker_for
-from worker.core.records import Batch, DeadLetter, Item, Source, content_hash, share_of
-from worker.embedding.fake import FakeEmbedder
+from worker.core.records import Batch, DeadLetter, Item, Source, content_hash
 from worker.settings import Settings
 from worker.steps.model.chunk import Chunker, plan_chunks
+
+from .fakes import share_of
 
 
 def _words(text: str) -> list[tuple[int, int]]:

@@ -69,8 +69,8 @@ def test_search_weights_are_two_numbers_from_zero_to_one():
 
 def test_a_given_model_takes_the_sparse_setting_unless_it_needs_a_model_it_was_not_loaded_with():
     from schemas.errors import ConfigError
+    from tools.fake_embedder import FakeEmbedder
     from worker.assembly.runner import with_sparse
-    from worker.embedding.fake import FakeEmbedder
 
     model = FakeEmbedder()
     assert with_sparse(model, "off") is model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -9,11 +10,13 @@ import numpy as np
 import pytest
 
 from schemas.errors import TransientError
+from tools.fake_embedder import FakeEmbedder
 from worker.core.pipeline import in_turn
-from worker.core.records import Batch, Item, Source, share_of
-from worker.embedding.fake import FakeEmbedder
+from worker.core.records import Batch, Item, Source
 from worker.steps.model.chunk import Chunker
 from worker.steps.model.embed import EmbedStep
+
+from .fakes import prepare_and_embed, share_of
 
 
 class DictCache:
@@ -37,7 +40,8 @@ def _batch(offset: int, *texts: str) -> Batch:
 
 def _step(model, cache, max_tokens: int = 254):
     """The embed stage's work: the chunk step, then the embed step (``worker.assembly.chain``)."""
-    return _stage(Chunker(model, "tokens", max_tokens, 2, 512).process, EmbedStep(model, cache).process)
+    return _stage(Chunker(model, "tokens", max_tokens, 2, 512).process,
+                  functools.partial(prepare_and_embed, EmbedStep(model, cache)))
 
 
 def _stage(*steps):
@@ -113,7 +117,8 @@ def test_a_skipped_lookup_still_embeds_everything_and_the_vectors_go_back_to_the
     cache = DictCache({})
     step = EmbedStep(model, cache)
     step.policy.lookup_s, step.policy.model_s, step.policy.hit_ratio = 1.0, 0.001, 0.0  # never pays
-    stage = _stage(Chunker(model, "tokens", 254, 2, 512).process, step.process)
+    stage = _stage(Chunker(model, "tokens", 254, 2, 512).process,
+                   functools.partial(prepare_and_embed, step))
     calls = []
     cache.get_many = lambda hashes: calls.append(hashes) or [None] * len(hashes)  # type: ignore[method-assign]
     batch = _batch(0, "alpha", "beta")
@@ -137,7 +142,8 @@ def test_a_failed_lookup_is_an_outage_not_a_cost_so_redis_is_asked_again_once_ba
 
     cache = FrozenThenBack({})
     step = EmbedStep(model, cache)
-    stage = _stage(Chunker(model, "tokens", 254, 2, 512).process, step.process)
+    stage = _stage(Chunker(model, "tokens", 254, 2, 512).process,
+                   functools.partial(prepare_and_embed, step))
     stage.process([_batch(0, "alpha", "beta")])  # healthy: the costs are measured
     healthy = step.policy.lookup_s
     for i in range(5):
@@ -156,7 +162,8 @@ def test_a_learned_sparse_side_rides_with_each_vector_through_the_model_the_memo
     model = FakeEmbedder(sparse="fake-sparse")
     vec, sparse = model.embed_sparse(["in redis"])
     step = EmbedStep(model, DictCache({"h-in redis": (vec[0], sparse[0])}), memo_size=10)
-    work = _stage(Chunker(model, "tokens", 254, 2, 512).process, step.process)
+    work = _stage(Chunker(model, "tokens", 254, 2, 512).process,
+                  functools.partial(prepare_and_embed, step))
     first = _batch(0, "alpha", "in redis", "alpha")
     work.process([first])
     chunks = [it.chunks[0] for it in first.items]

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.errors import ConfigError
+from tools.fake_embedder import FakeEmbedder
 from worker.embedding.base import resolve_model_path
-from worker.embedding.fake import FakeEmbedder
 from worker.embedding.passes import PASS_TOKENS, split_by_budget, split_by_cost
 
 
@@ -181,7 +181,7 @@ def test_offsets_over_is_the_offsets_of_the_texts_past_the_limit(texts, limit):
 
 
 def test_the_sparse_side_names_a_new_space_and_only_a_learned_one_a_new_cache():
-    from worker.embedding.fake import FakeEmbedder
+    from tools.fake_embedder import FakeEmbedder
     from worker.embedding.sparse import kind, resolve_mode
 
     off, bm25, learned = (FakeEmbedder(sparse=m) for m in ("off", "bm25", "org/splade"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tools.bench.measure import memory_stream
-from worker.embedding.fake import FakeEmbedder
+from tools.fake_embedder import FakeEmbedder
 from worker.settings import Settings
 
 

@@ -7,13 +7,15 @@ import numpy as np
 import pytest
 
 from schemas.errors import ConfigError
+from tools.fake_embedder import FakeEmbedder
 from worker.assembly.chain import embed_by_model
 from worker.assembly.naming import collection_name
 from worker.assembly.runner import inflight_limit
 from worker.core.records import Batch, Chunk, Item, Source, split_by_model
-from worker.embedding.fake import FakeEmbedder
 from worker.embedding.models import ModelSet, ModelSpec, parse_models
 from worker.settings import Settings
+
+from .fakes import prepare_and_embed
 
 
 class Sized(FakeEmbedder):
@@ -166,8 +168,8 @@ def test_the_embed_step_fills_only_its_models_vectors():
     for i, m in enumerate("abab"):
         batch.add(_item(i, m))
     shares = split_by_model([batch])
-    EmbedStep(a, None, model="a").process(shares["a"])
-    EmbedStep(b, None, model="b").process(shares["b"])
+    prepare_and_embed(EmbedStep(a, None, model="a"), shares["a"])
+    prepare_and_embed(EmbedStep(b, None, model="b"), shares["b"])
     assert [np.asarray(it.chunks[0].vector).shape[0] for it in batch.items] == [4, 6, 4, 6]
     assert set(batch.fresh) == {"a", "b"} and set(batch.fresh["a"]) == {"h0", "h2"}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from tools.bench import measure, workloads
 from tools.bench.rebalance import rebalance_stall
 from tools.dev import LocalStack
-from worker.embedding.fake import FakeEmbedder
+from tools.fake_embedder import FakeEmbedder
 
 #: The group protocols each local broker serves: Tansu has no KIP-848 (``group.protocol=consumer``).
 PROTOCOLS = {"tansu": ("classic",), "kafka": ("classic", "consumer"), "mock": ("classic",)}

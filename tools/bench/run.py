@@ -16,7 +16,7 @@ from pydantic import SecretStr
 
 from tools.bench import hybrid, measure, workloads
 from tools.dev import LocalStack, quick_join_session
-from worker.embedding.fake import FakeEmbedder
+from tools.fake_embedder import FakeEmbedder
 from worker.settings import Settings
 
 GOALS = {"R1": 0.90, "Rpeer": 1.3, "Rdup90": 6.0, "Rio": 0.7, "Rpad": 0.85, "R1_long": 0.90, "Rmix": 0.90,

@@ -200,7 +200,3 @@ def split_by_model(group: list[Batch]) -> dict[str, Share]:
                 share.places.append((batch, pos, e))
     return shares
 
-
-def share_of(group: list[Batch], model: str = "") -> Share:
-    """``model``'s share of ``group`` (empty when the group has no items of it)."""
-    return split_by_model(group).get(model) or Share(model, group)

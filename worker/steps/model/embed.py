@@ -116,11 +116,6 @@ class EmbedStep:
         #: Whether a group's Redis lookup is worth its cost (the module doc).
         self.policy = LookupPolicy()
 
-    def process(self, share: Share) -> None:
-        """Both halves on the calling thread."""
-        self.prepare(share)
-        self.embed(share)
-
     def prepare(self, share: Share) -> None:
         """Look up the share's distinct texts (memo, then Redis when it pays); give the chunks found
         their vectors; put what the model must make of the rest (``Embedder.prepare``) in each batch's

@@ -1,4 +1,5 @@
-"""A deterministic stand-in model for tests that are not about the model."""
+"""A deterministic stand-in model, for tests that are not about the model and the bench's instant
+model (what Kafka, Redis and Milvus cost without one). Not part of the worker."""
 
 from __future__ import annotations
 
