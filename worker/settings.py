@@ -85,8 +85,8 @@ def kafka_passthrough(environ: Mapping[str, str] | None = None) -> dict[str, str
 
 
 def setting(default: Any = None, description: str = "", *, flag: bool = False, **constraints: Any) -> Any:
-    """One setting's declaration: its default, what it means (the ``--help`` of its flag and the
-    README's table read it here), ``flag``: whether commands take it as ``--<name>`` too
+    """One setting's declaration: its default, what it means (the ``--help`` of its flag and
+    ``docs/configuration.md`` read it here), ``flag``: whether commands take it as ``--<name>`` too
     (``worker.commands.options.with_settings``), and pydantic's constraints (``ge``, ``repr``, ...)."""
     extra: Any = {"flag": True} if flag else None
     if default is dict:  # a fresh dict for each Settings
@@ -250,7 +250,7 @@ class OperationsSettings(BaseModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = setting("INFO", "DEBUG|INFO|WARNING|ERROR", flag=True)
 
 
-#: The sections, in the order the README and ``--help`` show them.
+#: The sections, in the order ``docs/configuration.md`` and ``--help`` show them.
 SECTIONS: tuple[type[BaseModel], ...] = (KafkaSettings, DeliverySettings, RecordSettings, ModelSettings,
                                          ChunkingSettings, BatchingSettings, CacheSettings, MilvusSettings,
                                          OperationsSettings)

@@ -1,6 +1,6 @@
 """The fault suite's shared parts: worker processes, fault injection, and the one pass check.
 
-The pass check (``check_nothing_lost``) is the README's promise (Reliability), written once:
+The pass check (``check_nothing_lost``) is the promise of docs/reliability.md, written once:
 Milvus (Strong) holds exactly the ids that should be there, one row each, with vectors equal to a
 direct encode; every good id reached the output topic at least once; the DLQ holds exactly the bad
 records, with reasons and original bytes; and the group's committed offsets are at the end of every

@@ -1,7 +1,7 @@
 """`embedstream bench --quick` on a tiny workload: every figure is there and consistent with its
 definition (each ratio is its numerator over its denominator, repeats hit the cache, the quality gate
 holds), and the chart is written. Speeds themselves are not asserted: they are measured on a shared,
-noisy machine (the README's Benchmark section)."""
+noisy machine (docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ It shows:
 - no crash: the worker stops cleanly at the end, no traceback;
 - memory a flood cannot move: after each flood, all committed and the worker idle, its resident
   memory is within 50 MB of where it settled after the clean documents alone, whatever the flood's
-  size (the figures are printed for the README). The worker runs an instant model here
+  size (the figures are printed for docs/reliability.md). The worker runs an instant model here
   (``tests.faults.instant_worker``): the real model's runtime keeps memory per batch shape it has
   seen (up to 64 shapes, ``worker.embedding.int8``), and a flood's few documents a batch make shapes
   a clean stream never does: +70 MB after 20,000 records and +197 MB after 200,000 with the int8

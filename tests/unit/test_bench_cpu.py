@@ -107,7 +107,7 @@ def test_the_processes_table_marks_r1_against_the_gpu_goal_and_says_what_the_gpu
 def test_process_counts_are_a_comma_list_of_positive_numbers():
     import typer
 
-    from worker.commands.cli import _process_counts
+    from worker.commands.cli.bench import _process_counts
 
     assert _process_counts("1,2,4,8") == [1, 2, 4, 8] and _process_counts("3") == [3]
     for bad in ("", "0,2", "two", "1,,x"):

@@ -6,7 +6,7 @@ import pytest
 import typer
 
 from tools.bench.rebalance import STALL_S, _windows
-from worker.commands.cli import _broker_list
+from worker.commands.cli.bench import _broker_list
 
 
 def test_a_partition_stalls_when_a_record_waits_past_the_steady_p99():

@@ -32,7 +32,7 @@ def test_run_help_in_80_columns_shows_every_variable_whole_with_its_default():
 
 
 def test_run_passes_exactly_its_flags_as_settings(monkeypatch):
-    import worker.commands.cli as cli
+    import worker.commands.cli.run as cli
 
     seen = {}
 
@@ -59,7 +59,7 @@ def test_a_bad_setting_exits_2_naming_the_variable(monkeypatch):
 
 
 def test_search_weights_are_two_numbers_from_zero_to_one():
-    from worker.commands.cli import parse_weights
+    from worker.commands.cli.search import parse_weights
 
     assert parse_weights(None) is None and parse_weights("0.7,0.3") == (0.7, 0.3)
     for bad in ("0.7", "a,b", "2,0"):
@@ -85,7 +85,7 @@ def test_a_given_model_takes_the_sparse_setting_unless_it_needs_a_model_it_was_n
 def test_a_dead_consumer_ends_the_run_with_what_to_do():
     from confluent_kafka import KafkaError, KafkaException
 
-    from worker.commands.cli import consumer_died
+    from worker.commands.cli.app import consumer_died
 
     fenced = KafkaException(KafkaError(KafkaError._FATAL, "Fatal error: Broker: Static consumer fenced by other "
                                        "consumer with same group.instance.id"))

@@ -1,1 +1,1 @@
-"""``embedstream bench``: the workloads of the README's Benchmark section, their denominators, and the ratio table."""
+"""``embedstream bench``: the workloads of docs/benchmarks.md, their denominators, and the ratio table."""

@@ -1,4 +1,4 @@
-"""The bench's hybrid retrieval rows (the README's Benchmark section: recall@10, bm25 cost).
+"""The bench's hybrid retrieval rows (docs/benchmarks.md: recall@10, bm25 cost).
 
 **Recall@10** of dense, sparse (BM25) and hybrid (RRF) search on two query sets built from the demo
 corpus (the standard library's docstrings). Each indexed document is one function: its qualified

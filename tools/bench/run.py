@@ -54,7 +54,7 @@ def _machine(broker: str, device: str) -> dict:
 def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | None, docs: int | None,
               latency_seconds: float | None, state_dir: Path, say: Callable[[str], None],
               model: str | None = None, broker: str = "tansu") -> dict:
-    """All measurements of the README's Benchmark section on a local stack of its own (``broker``: tansu, or mock
+    """All measurements of docs/benchmarks.md on a local stack of its own (``broker``: tansu, or mock
     where Tansu cannot run); returns the bench.json dict. ``model``: EMBEDSTREAM_MODEL (None: the
     packaged MiniLM). On CUDA the raw encode tries larger batches, and the worker also runs with an
     instant sink (its own ceiling in front of the device)."""

@@ -1,0 +1,78 @@
+"""``embedstream migrate``: change the model without downtime."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+
+from schemas.errors import ConfigError, TransientError
+from worker.commands import options as opt
+from worker.commands.cli.app import (
+    app,
+    console,
+    err,
+    fail,
+    settings_or_exit,
+)
+
+
+@app.command()
+@opt.with_settings("kafka_bootstrap_servers", "input_topic", "output_topic", "group_id", "precision", "device",
+                   "redis_url", "milvus_uri", "milvus_collection", "milvus_alias")
+def migrate(
+    model: Annotated[str, typer.Option("--model", help="The new model (path or name) to re-embed every document "
+                                                       "with")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be done; change nothing")] = False,
+    min_overlap: Annotated[float | None, typer.Option(
+        help="Refuse to switch when the mean top-10 neighbour overlap of the shadow check is below this", min=0,
+        max=1)] = None,
+    drop_old: Annotated[bool, typer.Option(
+        "--drop-old", help="After the switch, drop the alias's other collections (once no worker writes "
+        "them)")] = False,
+    sample: Annotated[int, typer.Option(help="Documents sampled by the shadow check", min=1)] = 50,
+    backfill_group: Annotated[str | None, typer.Option(
+        "--backfill-group",
+        help="Consumer group of the backfill [default: <group id>.migrate.<new collection>]")] = None,
+    overrides: dict[str, object] | None = None,
+) -> None:
+    """Re-embed the input topic into a new collection with --model while the live workers keep
+    serving the old one; once caught up, compare the two and move the alias readers query.
+
+    Run it with the live deployment's settings (EMBEDSTREAM_MODEL = the model in use). The backfill
+    group reads the topic from its beginning, so the topic must keep every live document (compacted,
+    keyed by id). Killed or interrupted, a re-run resumes where the backfill group stopped. After the
+    switch, move the workers to the new model in the backfill group (it printed which), then drop the
+    old collection with --drop-old. Exit 0: switched (or nothing to do); 1: not switched.
+    """
+    from worker.assembly.runner import setup_logging
+    from worker.commands import migrate as mig
+    from worker.commands.migrate_view import BackfillProgress, plan_table, shadow_table
+
+    s = settings_or_exit(overrides, log_level=None if "EMBEDSTREAM_LOG_LEVEL" in os.environ else "WARNING")
+    setup_logging(s)
+    try:
+        m = mig.plan(s, model, backfill_group)
+    except (ConfigError, TransientError) as exc:
+        raise fail(str(exc), 2) from None
+    console.print(plan_table(m.plan, dry_run))
+    for warning in m.plan.warnings:
+        err.print(f"[yellow]warning:[/] {warning}")
+    if dry_run:
+        return
+    with BackfillProgress(err) as progress:
+        try:
+            switched = mig.run(m, sample=sample, min_overlap=min_overlap, drop=drop_old, on_lag=progress.update,
+                               on_report=lambda r: console.print(shadow_table(r, sample)), say=console.print)
+        except (ConfigError, TransientError) as exc:
+            raise fail(str(exc)) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted: the alias stays where it was; the backfill's progress is committed and a "
+                       "re-run resumes it", 130) from None
+    if not switched:
+        raise typer.Exit(1)
+    if not drop_old:
+        console.print(f"next: run the workers with EMBEDSTREAM_MODEL={model} and EMBEDSTREAM_GROUP_ID={m.plan.group} "
+                      "(that group has consumed the topic up to the switch), then `embedstream migrate --model "
+                      f"{model} --drop-old` drops the old collection")

@@ -1,0 +1,79 @@
+"""``embedstream produce``: documents from a file into the input topic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from schemas.errors import TransientError
+from worker.commands import options as opt
+from worker.commands.cli.app import (
+    app,
+    err,
+    fail,
+    settings_or_exit,
+)
+
+
+@app.command()
+@opt.with_settings("kafka_bootstrap_servers", "input_topic", "schema_registry_url")
+def produce(
+    file: Annotated[Path, typer.Argument(help="JSONL, CSV (id,text,...) or plain text (one document a line)",
+                                         exists=True, dir_okay=False, readable=True)],
+    formats: Annotated[list[str] | None, typer.Option(
+        "--format", help="The file's format, jsonl|csv|text (default: from the extension), and/or the records' "
+        "format, avro|avro-registry|json (default: avro, schemaless); give --format twice for both, e.g. "
+        "--format csv --format avro-registry")] = None,
+    rate: Annotated[float | None, typer.Option(help="Produce at this many documents per second", min=0.001)] = None,
+    skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip malformed lines (counted) instead of "
+                                           "stopping at the first")] = False,
+    overrides: dict[str, object] | None = None,
+) -> None:
+    """Produce the documents of FILE to the input topic, keyed by id (idempotent producer).
+
+    JSONL lines are {"id", "text", "metadata", "model", "event_time"}; CSV needs a text
+    column (an id column too, or ids are hashes of the text; other columns become metadata);
+    plain text is one document a line with a stable hash as id. With --format avro-registry the
+    values are framed by confluent-kafka's AvroSerializer (schema registered under <topic>-value).
+    """
+    from worker.commands.produce import (
+        BadLine,
+        count_lines,
+        document_record,
+        good_documents,
+        produce_records,
+        read_documents,
+        split_formats,
+    )
+    from worker.commands.wire import document_encoder
+
+    s = settings_or_exit(overrides)
+    try:
+        s.require("kafka_bootstrap_servers")
+        fmt, wire = split_formats(formats or [])
+        encode = document_encoder(wire, s, s.input_topic)
+        if not skip_bad:  # find a bad line before producing anything, so a fixed file can simply be re-run
+            for _line, doc in read_documents(file, fmt):
+                if isinstance(doc, BadLine):
+                    raise doc
+        skipped: list[int] = []
+        records = (document_record(d, encode=encode) for d in good_documents(read_documents(file, fmt), skipped))
+        with Progress(TextColumn("[bold]producing[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("docs"),
+                      TimeRemainingColumn(), console=err, transient=False) as bar:
+            task = bar.add_task("produce", total=count_lines(file))
+            result = produce_records(s.kafka_common(), s.input_topic, records, rate=rate,
+                                     delivery_timeout_s=s.kafka_timeout_seconds,
+                                     on_progress=lambda n: bar.update(task, completed=n))
+            bar.update(task, total=result.produced, completed=result.produced)
+        result.skipped = len(skipped)
+    except BadLine as exc:
+        raise fail(f"{file}: {exc} (use --skip-bad to skip such lines)") from None
+    except (ValueError, TransientError) as exc:
+        raise fail(str(exc)) from None
+    rate_done = result.produced / result.seconds if result.seconds else float("inf")
+    err.print(f"produced [bold]{result.produced}[/] documents to [bold]{s.input_topic}[/] "
+              f"in {result.seconds:.1f}s ({rate_done:,.0f} docs/s)"
+              + (f", skipped [yellow]{result.skipped}[/] malformed lines" if result.skipped else ""))
