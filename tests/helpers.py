@@ -33,9 +33,9 @@ class CountingModel:
         self.texts += len(texts)
         return self._model.embed(texts)
 
-    def embed_prepared(self, prepared, sparse=False):  # the worker's call (texts made ready off its thread)
+    def embed_prepared(self, prepared):  # the worker's call (texts made ready off its thread)
         self.texts += len(prepared)
-        return self._model.embed_prepared(prepared, sparse)
+        return self._model.embed_prepared(prepared)
 
 
 def fresh_settings(env: dict[str, str], partitions: int = 6, compacted_input: bool = False,

@@ -81,9 +81,9 @@ class _Paced:
         time.sleep(0.5)
         return self._m.embed(texts)
 
-    def embed_prepared(self, prepared, sparse=False):  # the worker's call
+    def embed_prepared(self, prepared):  # the worker's call
         time.sleep(0.5)
-        return self._m.embed_prepared(prepared, sparse)
+        return self._m.embed_prepared(prepared)
 
 
 def test_broker_down_mid_stream(mock_settings, model):

@@ -63,9 +63,9 @@ class SlowModel:
         time.sleep(self.seconds)
         return self._m.embed(texts)
 
-    def embed_prepared(self, prepared, sparse=False):  # the worker's call
+    def embed_prepared(self, prepared):  # the worker's call
         time.sleep(self.seconds)
-        return self._m.embed_prepared(prepared, sparse)
+        return self._m.embed_prepared(prepared)
 
     def warmup(self):
         pass

@@ -34,7 +34,7 @@ def test_documents_and_queries_get_the_models_prompts(tmp_path, include_prompt):
     # the worker's way: token ids made on the prepare thread (prompt included), passes on the embed thread
     ids = emb.preparer.prepare(TEXTS)
     assert all(isinstance(i, int) for seq in ids for i in seq)
-    assert np.allclose(emb.embed_prepared(ids), emb.embed(TEXTS), atol=1e-6)
+    assert np.allclose(emb.embed_prepared(ids)[0], emb.embed(TEXTS), atol=1e-6)
     # the prompt changes the vectors, and the cache namespace with them
     bare = SentenceTransformerEmbedder(str(path), "fp32", "cpu", document_prompt="", query_prompt="")
     assert _min_cos(emb.embed(TEXTS), bare.embed(TEXTS)) < 0.999

@@ -197,10 +197,10 @@ class Recording(FakeEmbedder):
         self.threads["prepare"].add(threading.current_thread().name)
         return [f"<{t}>" for t in texts]  # what the model takes: not the text itself
 
-    def embed_prepared(self, prepared, sparse=False):
+    def embed_prepared(self, prepared):
         self.threads["model"].add(threading.current_thread().name)
         assert all(p.startswith("<") for p in prepared)
-        return self.embed([p[1:-1] for p in prepared])
+        return self.embed([p[1:-1] for p in prepared]), None
 
 
 def test_the_halves_run_on_two_threads_and_the_embed_stage_may_group_batches_otherwise():
@@ -244,11 +244,11 @@ def test_a_model_that_fails_to_load_leaves_the_group_pending_for_the_retry():
     class LoadsOnSecondTry(FakeEmbedder):
         tries = 0
 
-        def embed_prepared(self, prepared, sparse=False):
+        def embed_prepared(self, prepared):
             self.tries += 1
             if self.tries == 1:
                 raise TransientError("model", "loading: out of memory")
-            return super().embed_prepared(prepared, sparse)
+            return super().embed_prepared(prepared)
 
     model = LoadsOnSecondTry()
     step = EmbedStep(model, None)

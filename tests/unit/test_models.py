@@ -133,7 +133,7 @@ def test_preparing_texts_for_a_model_never_loads_it_and_embedding_them_does():
     prepared = handle.prepare(["x", "y"])
     assert handle.offsets_over(["x " * 600], 300)[0] is not None and handle.token_offsets(["x y"]) == [[(0, 1), (2, 3)]]
     assert not models.loaded("a") and models.loaded("b") and loads == ["a", "b"]
-    assert handle.embed_prepared(prepared).shape == (2, handle.dim) and models.loaded("a") and not models.loaded("b")
+    assert handle.embed_prepared(prepared)[0].shape == (2, handle.dim) and models.loaded("a") and not models.loaded("b")
 
 
 def test_a_model_over_the_budget_alone_fails_at_start_up():

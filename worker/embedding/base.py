@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 
 from schemas.errors import ConfigError
-from worker.embedding.sparse import OFF, Sparse, is_learned, space_suffix
+from worker.embedding.sparse import OFF, Embedded, Sparse, is_learned, space_suffix
 
 PACKAGED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 #: Folders of a model directory that hold no part of the model (a VCS, caches, exports beside it).
@@ -210,10 +210,13 @@ class Embedder(abc.ABC):
         thread, so it may use the tokenizer and nothing else of the model."""
         return list(texts)
 
-    def embed_prepared(self, prepared: list, sparse: bool = False):
-        """:meth:`embed` (with ``sparse``, :meth:`embed_sparse`) of texts made ready by
-        :meth:`prepare`. Embed thread."""
-        return self.embed_sparse(prepared) if sparse else self.embed(prepared)
+    def embed_prepared(self, prepared: list) -> Embedded:
+        """The vectors of texts made ready by :meth:`prepare`: always the dense ones, and each
+        text's learned sparse vector where this model has a learned sparse side (else None), from
+        the same passes. Embed thread."""
+        if is_learned(self.sparse):
+            return self.embed_sparse(prepared)
+        return self.embed(prepared), None
 
     @property
     def preparer(self) -> Preparer:

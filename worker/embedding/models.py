@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from schemas.errors import ConfigError, TransientError
 from worker.embedding.base import Embedder, ModelProfile, Preparer
-from worker.embedding.sparse import Sparse
+from worker.embedding.sparse import Embedded, Sparse
 from worker.process import heap, metrics
 
 log = logging.getLogger(__name__)
@@ -142,8 +142,8 @@ class LazyModel(Embedder):
     def embed_sparse(self, texts: list[str], query: bool = False) -> tuple[np.ndarray, list[Sparse]]:
         return self._models.acquire(self.name).embed_sparse(texts, query)
 
-    def embed_prepared(self, prepared: list, sparse: bool = False):
-        return self._models.acquire(self.name).embed_prepared(prepared, sparse)
+    def embed_prepared(self, prepared: list) -> Embedded:
+        return self._models.acquire(self.name).embed_prepared(prepared)
 
     @property
     def preparer(self) -> Preparer:

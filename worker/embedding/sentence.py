@@ -29,7 +29,7 @@ from schemas.errors import ConfigError
 from worker.embedding import cpu
 from worker.embedding.base import Embedder, resolve_model_path, word_spans
 from worker.embedding.passes import PASS_TOKENS, split_by_budget, split_by_cost
-from worker.embedding.sparse import LearnedSparse, Sparse, is_learned, resolve_mode, rows_of
+from worker.embedding.sparse import Embedded, LearnedSparse, Sparse, is_learned, resolve_mode, rows_of
 from worker.embedding.tokens import Tokens
 
 log = logging.getLogger(__name__)
@@ -320,36 +320,35 @@ class SentenceTransformerEmbedder(Embedder):
 
     # -- the whole ---------------------------------------------------------------------------
     def embed(self, texts: list[str]) -> np.ndarray:
-        return self._embed(texts, self.document_prompt)
+        return self._embed(texts, self.document_prompt)[0]
 
     def embed_query(self, texts: list[str]) -> np.ndarray:
-        return self._embed(texts, self.query_prompt)
+        return self._embed(texts, self.query_prompt)[0]
 
     def embed_sparse(self, texts: list[str], query: bool = False) -> tuple[np.ndarray, list[Sparse]]:
         if self.learned_sparse is None:
             return super().embed_sparse(texts, query)
-        return self._embed(texts, self.query_prompt if query else self.document_prompt, sparse=True)
+        dense, rows = self._embed(texts, self.query_prompt if query else self.document_prompt, self.learned_sparse)
+        return dense, rows or []
 
-    def embed_prepared(self, prepared: list, sparse: bool = False):
-        """The vectors of document texts :meth:`prepare` made into ids: forward passes only."""
-        if sparse and self.learned_sparse is None:
-            return super().embed_sparse([], False)
-        return self._run_ids(prepared, self._document_extra, sparse)
+    def embed_prepared(self, prepared: list) -> Embedded:
+        """The vectors of document texts :meth:`prepare` made into ids (and their learned sparse
+        vectors with a learned sparse side): forward passes only."""
+        return self._run_ids(prepared, self._document_extra, self.learned_sparse)
 
-    def _embed(self, texts: list[str], prompt: str, sparse: bool = False):
-        """The dense vectors of ``texts`` (``prompt`` before each); with ``sparse``, also each text's
-        learned sparse vector (:meth:`_run_ids`). Tokenizes on the calling thread."""
-        return self._run_ids(self.tokens.with_prompt(texts, prompt), self._prompt_extra(prompt), sparse)
+    def _embed(self, texts: list[str], prompt: str, learned: LearnedSparse | None = None) -> Embedded:
+        """The vectors of ``texts`` (``prompt`` before each), and with ``learned`` each text's sparse
+        vector too (:meth:`_run_ids`). Tokenizes on the calling thread."""
+        return self._run_ids(self.tokens.with_prompt(texts, prompt), self._prompt_extra(prompt), learned)
 
-    def _run_ids(self, ids: list[list[int]], extra: dict, sparse: bool = False):
-        """The vectors of texts tokenized to ``ids`` (``extra``: what the pooling is told of their
-        prompt); with ``sparse``, also each text's learned sparse vector, from the same padded ids
-        pass by pass (the modules both models share run once: ``LearnedSparse.shared``)."""
+    def _run_ids(self, ids: list[list[int]], extra: dict, learned: LearnedSparse | None = None) -> Embedded:
+        """The dense vectors of texts tokenized to ``ids`` (``extra``: what the pooling is told of
+        their prompt), and with ``learned`` (the model's sparse side) each text's sparse vector, from
+        the same padded ids pass by pass (the modules both models share run once:
+        ``LearnedSparse.shared``); None in its place without."""
         out = np.empty((len(ids), self.dim), dtype=np.float32)
-        learned_model = self.learned_sparse if sparse else None
-        rows: list[Sparse] = []
         if not ids:
-            return (out, rows) if sparse else out
+            return out, ([] if learned is not None else None)
         # Each forward pass pads its own length-sorted slice. Results are copied off the device only
         # at the end: on a GPU the passes queue up and the CPU pads the next slice while the GPU
         # computes this one (a copy per pass would wait for each). A sparse vector comes off as its
@@ -357,17 +356,17 @@ class SentenceTransformerEmbedder(Embedder):
         done: list[tuple[list[int], Any, tuple | None]] = []
         for group in self.passes([len(seq) for seq in ids]):
             features = {**self.pad([ids[i] for i in group]), **extra}
-            if learned_model is None:
+            if learned is None:
                 done.append((group, self.normalise(self.run(features)), None))
                 continue
-            pooled, kept = self.run_keeping(features, learned_model.shared)
-            done.append((group, self.normalise(pooled), learned_model.run(kept)))
+            pooled, kept = self.run_keeping(features, learned.shared)
+            done.append((group, self.normalise(pooled), learned.run(kept)))
         by_text: dict[int, Sparse] = {}
-        for group, vectors, learned in done:
+        for group, vectors, weights in done:
             out[group] = vectors.cpu().numpy()
-            if learned is not None:
-                by_text.update(zip(group, rows_of(*(t.cpu().numpy() for t in learned))))
-        return (out, [by_text[i] for i in range(len(ids))]) if sparse else out
+            if weights is not None:
+                by_text.update(zip(group, rows_of(*(t.cpu().numpy() for t in weights))))
+        return out, ([by_text[i] for i in range(len(ids))] if learned is not None else None)
 
     def run_keeping(self, features: dict, after: int) -> tuple:
         """:meth:`run`, also handing back a copy of the features after the first ``after`` modules
@@ -400,10 +399,10 @@ def _swap_in_int8(model: SentenceTransformerEmbedder, path: str) -> None:
     that export against the model in float32; a drift past the gate stops the start."""
     from worker.embedding import int8
 
-    fp32 = model._embed(int8.CHECK_TEXTS, "")
+    fp32 = model._embed(int8.CHECK_TEXTS, "")[0]
     quantized = int8.load(model.sentence_transformer, path, model.max_seq_length)
     original, model._modules[0] = model._modules[0], quantized
-    quality = int8.check_quality(model._embed(int8.CHECK_TEXTS, ""), fp32)
+    quality = int8.check_quality(model._embed(int8.CHECK_TEXTS, "")[0], fp32)
     model.int8_quality = quality
     if not quality.passes:
         model._modules[0] = original

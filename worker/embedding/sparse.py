@@ -30,6 +30,9 @@ LEARNED = "learned"
 MAX_ACTIVE_DIMS = 1024
 #: A sparse vector: ``(indices, values)``, indices ascending.
 Sparse = tuple[np.ndarray, np.ndarray]
+#: What a model's passes give texts: their dense vectors, and their learned sparse vectors where the
+#: model has a learned sparse side (else None).
+Embedded = tuple[np.ndarray, "list[Sparse] | None"]
 
 
 def is_learned(mode: str) -> bool:

@@ -155,9 +155,9 @@ class EmbedStep:
         missing = [h for h in pending if h not in vectors]
         if missing:
             t0 = time.perf_counter()
-            embedded = self.embedder.embed_prepared([pending[h] for h in missing], sparse=self.learned)
-            if self.learned:
-                embedded = list(zip(*embedded))
+            dense, learned = self.embedder.embed_prepared([pending[h] for h in missing])
+            # with a learned sparse side a text's value is (vector, sparse vector): what the cache keeps
+            embedded = list(zip(dense, learned)) if learned is not None else list(dense)
             seconds = time.perf_counter() - t0
             metrics.EMBED_SECONDS.observe(seconds)
             self.policy.embedded(len(missing), seconds)
