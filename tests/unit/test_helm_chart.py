@@ -50,7 +50,7 @@ VALUE_SETS = {
                              "tls": {"enabled": True, "existingSecret": "kafka-ca"}},
                    "milvus": {"tokenSecret": {"name": "milvus-token"}},
                    "redis": {"enabled": True, "existingSecret": "redis-url"}},
-    "GPU": {"gpu": {"enabled": True}, "nodeSelector": {"nvidia.com/gpu.present": "true"},
+    "GPU": {"gpu": {"enabled": True}, "keda": {"partitions": 24}, "nodeSelector": {"nvidia.com/gpu.present": "true"},
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
     "schema registry, basic auth over TLS": {
         "schemaRegistry": {"url": "https://sr.kafka:8081", "existingSecret": "sr-creds", "basicAuthKey": "userinfo",
@@ -134,7 +134,8 @@ def test_gpu_request_and_keda_off_hpa():
     # A GPU release batches larger (gpu.maxBatch*), unless those are null; a CPU release keeps batching.*
     assert env_of(objs)["EMBEDSTREAM_MAX_BATCH_SIZE"]["value"] == "1024"
     assert env_of(objs)["EMBEDSTREAM_MAX_BATCH_TOKENS"]["value"] == "131072"
-    kept = env_of(render(merge(BASE, {"gpu": {"enabled": True, "maxBatchSize": None, "maxBatchTokens": None}})))
+    kept = env_of(render(merge(BASE, {"gpu": {"enabled": True, "maxBatchSize": None, "maxBatchTokens": None},
+                                      "keda": {"maxReplicaCount": 1}})))
     assert (kept["EMBEDSTREAM_MAX_BATCH_SIZE"]["value"], kept["EMBEDSTREAM_MAX_BATCH_TOKENS"]["value"]) == \
         ("256", "32768")
     assert env_of(render(BASE))["EMBEDSTREAM_MAX_BATCH_SIZE"]["value"] == "256"
@@ -228,7 +229,8 @@ def test_a_model_set_is_a_configmap_the_worker_reads():
 
     from worker.embedding.models import parse_models
 
-    values = merge(BASE, {"dashboard": {"enabled": False}, "gpu": {"enabled": True}, "models": {
+    values = merge(BASE, {"dashboard": {"enabled": False}, "gpu": {"enabled": True}, "keda": {"partitions": 24},
+                          "models": {
         "set": {"small": {"path": "/models/minilm", "device": "cpu", "default": True},
                 "e5": {"path": "/models/e5", "precision": "fp16", "document_prompt": "passage: "}},
         "memoryMb": 2048}})
@@ -355,3 +357,101 @@ def test_alerts_are_off_by_default_and_each_rule_names_metrics_the_worker_serves
         assert {re.sub(r"_(count|bucket|sum)$", "", m) for m in used} <= ours, (name, used - ours)
         assert 'namespace="ml"' in r["expr"] or name == "EmbedstreamRestarting", r["expr"]
         assert r["expr"].count("(") == r["expr"].count(")"), r["expr"]
+
+
+def _object_paths(schema: dict, path: tuple = ()) -> list[tuple]:
+    """Every path of the values schema at which an object takes only the keys it names."""
+    out = [path] if schema.get("additionalProperties") is False and "properties" in schema else []
+    for key, sub in schema.get("properties", {}).items():
+        if isinstance(sub, dict):
+            out += _object_paths(sub, (*path, key))
+    return out
+
+
+def _nested(path: tuple, leaf: dict) -> dict:
+    for key in reversed(path):
+        leaf = {key: leaf}
+    return leaf
+
+
+SCHEMA_PATHS = _object_paths(__import__("json").loads((CHART / "values.schema.json").read_text()))
+
+
+@pytest.mark.parametrize("path", SCHEMA_PATHS, ids=lambda p: ".".join(p) or "<top>")
+def test_a_typo_at_any_level_of_the_values_fails_to_render(path):
+    assert len(SCHEMA_PATHS) > 25  # every level, not a few sections
+    with pytest.raises(helm_python.HelmError):
+        render(merge(BASE, _nested(path, {"enabeld": True})))
+
+
+def test_probes_scheduling_and_runtime_are_the_operators_to_set():
+    objs = render(merge(BASE, {
+        "probes": {"startup": {"failureThreshold": 120}, "liveness": {"periodSeconds": 20, "timeoutSeconds": 3}},
+        "priorityClassName": "gpu-batch", "runtimeClassName": "nvidia",
+        "topologySpreadConstraints": [{
+            "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "{{ .Release.Name }}"}}}],
+    }))
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["startupProbe"]["failureThreshold"] == 120 and c["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert (c["livenessProbe"]["periodSeconds"], c["livenessProbe"]["timeoutSeconds"]) == (20, 3)
+    assert c["readinessProbe"] == {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 5,
+                                   "timeoutSeconds": 1, "failureThreshold": 2}
+    assert pod["priorityClassName"] == "gpu-batch" and pod["runtimeClassName"] == "nvidia"
+    [spread] = pod["topologySpreadConstraints"]
+    assert spread["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "es"  # templated
+    defaults = render(BASE)["Deployment"]["spec"]["template"]["spec"]
+    assert not {"priorityClassName", "runtimeClassName", "topologySpreadConstraints"} & set(defaults)
+    assert defaults["containers"][0]["startupProbe"]["failureThreshold"] == 60  # 300 s for the model
+
+
+def test_keda_falls_back_on_no_data_and_scales_down_slowly():
+    so = render(BASE)["ScaledObject"]["spec"]
+    assert so["fallback"] == {"failureThreshold": 3, "replicas": 1}
+    down = so["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    assert down == {"stabilizationWindowSeconds": 300, "policies": [{"type": "Percent", "value": 50,
+                                                                      "periodSeconds": 60}]}
+    off = render(merge(BASE, {"keda": {"fallback": {"enabled": False}}}))["ScaledObject"]["spec"]
+    assert "fallback" not in off
+
+
+def test_each_migration_run_is_a_job_of_its_own_that_cleans_up_and_no_worker_selector_picks():
+    first = render(merge(BASE, {"migration": {"model": "/models/e5"}}))
+    drop = render(merge(BASE, {"migration": {"model": "/models/e5", "args": ["--drop-old"]}}))
+    assert first["Job"]["metadata"]["name"] != drop["Job"]["metadata"]["name"]  # a Job's template cannot change
+    assert first["Job"]["spec"]["ttlSecondsAfterFinished"] == 86400
+    job_labels = first["Job"]["spec"]["template"]["metadata"]["labels"]
+    for selector in (first["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"],
+                     first["Service"]["spec"]["selector"],
+                     first["Deployment"]["spec"]["selector"]["matchLabels"]):
+        assert not all(job_labels.get(k) == v for k, v in selector.items()), selector
+
+
+def test_every_gpu_a_pod_asks_for_gets_processes_and_the_partitions_must_hold_them():
+    objs = render(merge(BASE, {"gpu": {"enabled": True, "count": 2, "workersPerGpu": 4},
+                               "keda": {"partitions": 24, "maxReplicaCount": 3}}))
+    env = env_of(objs)
+    assert env["EMBEDSTREAM_PROCESSES"]["value"] == "8"  # 2 GPUs x 4
+    assert env["CUDA_VISIBLE_DEVICES"]["value"] == "0,1"  # run --processes shares them out in turn
+    assert "CUDA_VISIBLE_DEVICES" not in env_of(render(merge(BASE, VALUE_SETS["GPU"])))  # one GPU: as given
+    with pytest.raises(helm_python.HelmError, match="partitions"):
+        render(merge(BASE, {"gpu": {"enabled": True, "count": 2, "workersPerGpu": 4},
+                            "keda": {"partitions": 12, "maxReplicaCount": 3}}))  # 24 processes, 12 partitions
+
+
+EXAMPLE = CHART / "examples" / "own-kafka-sasl-ssl-2-gpus-alerts.yaml"
+
+
+def test_the_operations_pages_values_file_renders_valid_objects_and_is_the_one_shown():
+    values = yaml.safe_load(EXAMPLE.read_text())
+    objs = render(values)
+    for obj in objs.values():
+        if obj["kind"] in CORE_KINDS | {"Job"}:
+            kubernetes_validate.validate(obj, "1.30", strict=True)
+    env = env_of(objs)
+    assert env["EMBEDSTREAM_KAFKA__SECURITY_PROTOCOL"]["value"] == "SASL_SSL"
+    assert env["EMBEDSTREAM_PROCESSES"]["value"] == "8" and env["CUDA_VISIBLE_DEVICES"]["value"] == "0,1"
+    assert {"ScaledObject", "TriggerAuthentication", "PrometheusRule", "ServiceMonitor"} <= set(objs)
+    page = (CHART.parents[1] / "docs" / "operations.md").read_text()
+    assert EXAMPLE.read_text().strip() in page, "docs/operations.md shows the example values file as it is"

@@ -49,3 +49,11 @@ def test_a_failing_child_stops_the_others_and_its_code_is_the_parents(monkeypatc
 def test_every_child_done_is_a_clean_exit(monkeypatch):
     monkeypatch.setattr("worker.process.processes.child_command", lambda _idle: [sys.executable, "-c", "pass"])
     assert Processes(_settings(), {}).wait() == 0
+
+
+def test_several_gpus_are_shared_out_one_a_process_in_turn():
+    s = _settings(metrics_port=9400)
+    devices = [child_environment(s, i, {"CUDA_VISIBLE_DEVICES": "0,1"})["CUDA_VISIBLE_DEVICES"] for i in range(4)]
+    assert devices == ["0", "1", "0", "1"]
+    assert child_environment(s, 3, {"CUDA_VISIBLE_DEVICES": "1"})["CUDA_VISIBLE_DEVICES"] == "1"  # one: as given
+    assert "CUDA_VISIBLE_DEVICES" not in child_environment(s, 1, {})

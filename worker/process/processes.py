@@ -10,6 +10,8 @@ This module starts them and watches them:
 * each child runs ``embedstream run`` with the parent's settings, passed as ``EMBEDSTREAM_*``
   variables (:meth:`Settings.environment`), except ``processes`` (1), the metrics port (the parent's
   + i; 0 stays 0) and the static member id (``<id>-<i>``: two members may not share one);
+* with several GPUs listed in ``CUDA_VISIBLE_DEVICES`` (the chart lists a pod's), each child sees one
+  of them, in turn, so ``gpu.count x workersPerGpu`` processes spread over every GPU the pod asked for;
 * SIGTERM / SIGINT are forwarded to every child, which stops as a single worker does;
 * when a child exits non-zero the others are stopped (SIGTERM, then SIGKILL after the grace) and the
   parent exits with that child's code, so the orchestrator restarts the pod; when every child exits
@@ -43,6 +45,9 @@ def child_environment(s: Settings, index: int, base: Mapping[str, str]) -> dict[
     env["EMBEDSTREAM_METRICS_PORT"] = "auto" if port == "auto" else str(port + index) if port else "0"
     if s.group_instance_id:
         env["EMBEDSTREAM_GROUP_INSTANCE_ID"] = f"{s.group_instance_id}-{index}"
+    devices = [d.strip() for d in base.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if len(devices) > 1:  # several GPUs: each process one of them, in turn (the chart lists the pod's)
+        env["CUDA_VISIBLE_DEVICES"] = devices[index % len(devices)]
     return env
 
 

@@ -22,6 +22,17 @@ app.kubernetes.io/name: {{ include "embedstream.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The migration Job's labels: the release's, under a name of its own (the worker's selector labels
+     would put its pod behind the PDB and the metrics Service). */}}
+{{- define "embedstream.migrationLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "embedstream.name" . }}-migrate
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: migration
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
 {{- define "embedstream.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "embedstream.fullname" .) .Values.serviceAccount.name -}}
@@ -38,8 +49,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Cross-field checks JSON schema cannot express. */}}
 {{- define "embedstream.validate" -}}
-{{- if and .Values.keda.enabled (gt (int .Values.keda.maxReplicaCount) (int .Values.keda.partitions)) -}}
-{{- fail (printf "keda.maxReplicaCount (%d) exceeds keda.partitions (%d): extra workers would sit idle" (int .Values.keda.maxReplicaCount) (int .Values.keda.partitions)) -}}
+{{- $processes := int (include "embedstream.processes" .) -}}
+{{- if and .Values.keda.enabled (gt (mul (int .Values.keda.maxReplicaCount) $processes) (int .Values.keda.partitions)) -}}
+{{- fail (printf "keda.maxReplicaCount (%d) x %d worker processes a pod exceeds keda.partitions (%d): each process reads partitions of its own, so the extra ones would sit idle; raise the input topic's partitions or lower maxReplicaCount" (int .Values.keda.maxReplicaCount) $processes (int .Values.keda.partitions)) -}}
 {{- end -}}
 {{- if and .Values.keda.enabled (gt (int .Values.keda.minReplicaCount) (int .Values.keda.maxReplicaCount)) -}}
 {{- fail "keda.minReplicaCount must not exceed keda.maxReplicaCount" -}}
@@ -147,6 +159,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ ternary "cuda" .Values.model.device (and .Values.gpu.enabled (eq .Values.model.device "auto")) | quote }}
 - name: EMBEDSTREAM_PROCESSES
   value: {{ include "embedstream.processes" . | quote }}
+{{- if and .Values.gpu.enabled (gt (int .Values.gpu.count) 1) }}
+{{- /* the pod's GPUs (the device plugin numbers them from 0 in the container): `run --processes` gives
+       each process one of them in turn */}}
+- name: CUDA_VISIBLE_DEVICES
+  value: {{ untilStep 0 (int .Values.gpu.count) 1 | join "," | quote }}
+{{- end }}
 - name: EMBEDSTREAM_MAX_BATCH_SIZE
   value: {{ ternary .Values.gpu.maxBatchSize .Values.batching.maxBatchSize (and .Values.gpu.enabled (not (kindIs "invalid" .Values.gpu.maxBatchSize))) | quote }}
 - name: EMBEDSTREAM_MAX_BATCH_TOKENS
@@ -319,5 +337,5 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* Worker processes in each pod: gpu.workersPerGpu with a GPU, else 1. */}}
 {{- define "embedstream.processes" -}}
-{{- if .Values.gpu.enabled }}{{ .Values.gpu.workersPerGpu | default 1 }}{{ else }}1{{ end -}}
+{{- if .Values.gpu.enabled }}{{ mul (.Values.gpu.workersPerGpu | default 1) (.Values.gpu.count | default 1) }}{{ else }}1{{ end -}}
 {{- end }}
