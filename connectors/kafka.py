@@ -21,6 +21,16 @@ log = logging.getLogger(__name__)
 #: librdkafka properties as the factories take them.
 Conf = Mapping[str, object]
 
+#: Where librdkafka's own lines go (each client is given it as ``logger``): through Python's logging,
+#: so they come out as the worker's other lines do (one JSON object each with EMBEDSTREAM_LOG_FORMAT
+#: =json) instead of raw on stderr. A client hands its lines over when it is polled.
+LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
+
+
+def logged(conf: Conf) -> dict[str, object]:
+    """``conf`` with librdkafka's lines routed to :data:`LIBRDKAFKA_LOG`."""
+    return {**conf, "logger": LIBRDKAFKA_LOG}
+
 
 #: Client properties of the classic group protocol that librdkafka refuses under KIP-848
 #: (``group.protocol=consumer``): there the broker assigns, and keeps the session and heartbeat.
@@ -30,7 +40,7 @@ CLASSIC_ONLY = ("partition.assignment.strategy", "session.timeout.ms", "heartbea
 def make_consumer(common: Conf, group_id: str, group_instance_id: str | None = None,
                   group_protocol: str = "classic", **overrides: object) -> Consumer:
     """A group consumer that commits only what the worker stores (at-least-once): :func:`consumer_conf`."""
-    return Consumer(consumer_conf(common, group_id, group_instance_id, group_protocol, **overrides))
+    return Consumer(logged(consumer_conf(common, group_id, group_instance_id, group_protocol, **overrides)))
 
 
 def consumer_conf(common: Conf, group_id: str, group_instance_id: str | None = None,
@@ -125,7 +135,7 @@ def make_producer(common: Conf, delivery_timeout_s: float = 30.0, *, defaults: M
                   **overrides: object) -> Producer:
     """An idempotent producer tuned for throughput (:func:`producer_conf`); delivery is confirmed by
     :class:`DeliveryBatch` (a record not acknowledged within ``delivery_timeout_s`` fails)."""
-    return Producer(producer_conf(common, delivery_timeout_s, defaults=defaults, **overrides))
+    return Producer(logged(producer_conf(common, delivery_timeout_s, defaults=defaults, **overrides)))
 
 
 def make_output_producer(common: Conf, delivery_timeout_s: float = 30.0, **overrides: object) -> Producer:
@@ -135,7 +145,7 @@ def make_output_producer(common: Conf, delivery_timeout_s: float = 30.0, **overr
 
 
 def make_admin(common: Conf) -> AdminClient:
-    return AdminClient(_for_producer(common))  # type: ignore[arg-type]  # values are librdkafka scalars
+    return AdminClient(logged(_for_producer(common)))  # type: ignore[arg-type]  # values are librdkafka scalars
 
 
 def check_broker(common: Conf, timeout: float = 10.0) -> None:

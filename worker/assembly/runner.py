@@ -8,12 +8,9 @@ of another dim. Redis is optional: an unreachable one is a warning, and the work
 from __future__ import annotations
 
 import copy
-import datetime
-import json
 import logging
 import os
 import socket
-import sys
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -47,34 +44,11 @@ from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet, ModelSpec, describe, parse_models
 from worker.process import heap, metrics
 from worker.process.gpu_metrics import register_gpu_metrics
+from worker.process.logs import JsonFormatter, setup_logging  # noqa: F401  (the commands' and tools' import)
 from worker.settings import Settings
 from worker.steps.writing.fit import DEFAULT_MESSAGE_MAX_BYTES, TopicLimits
 
 log = logging.getLogger(__name__)
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object a line: ``ts`` in ISO 8601 with its zone (UTC, milliseconds), level, logger,
-    message, and ``exc`` where an exception is logged."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        ts = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(timespec="milliseconds")
-        out = {"ts": ts, "level": record.levelname, "logger": record.name, "message": record.getMessage()}
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
-
-
-def setup_logging(settings: Settings) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if settings.log_format == "json"
-                         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(settings.log_level.upper())
-    # httpx2: confluent-kafka's registry client logs every request at INFO (one line per schema id asked).
-    for noisy in ("httpx", "httpx2", "httpcore", "urllib3", "sentence_transformers", "transformers", "pymilvus"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def check_topics(settings: Settings) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
+from connectors.kafka import logged
 from schemas.codec import DecodeError, decode_embedding
 from worker.settings import Settings
 
@@ -32,13 +33,13 @@ def tail_records(settings: Settings, *, topic: str | None = None, from_beginning
     ``{"id": key, "error": reason}`` rather than stopping the tail.
     """
     topic = topic or settings.output_topic
-    consumer = Consumer({
+    consumer = Consumer(logged({
         **settings.kafka_common(),
         "group.id": f"embedstream-tail-{uuid.uuid4().hex[:8]}",
         "enable.auto.commit": False,
         "enable.partition.eof": False,
         "isolation.level": "read_committed" if read_committed else "read_uncommitted",
-    })
+    }))
     try:
         meta = consumer.list_topics(topic, timeout=10)
         tmeta = meta.topics.get(topic)

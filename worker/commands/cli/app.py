@@ -2,6 +2,7 @@
 that exit 2 with what to fix, the failure line, the development tools of a checkout)."""
 
 import importlib
+import logging
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -9,6 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from worker.process.logs import logs_are_json
 from worker.settings import Settings, UnknownVariables, load_settings
 
 app = typer.Typer(
@@ -100,6 +102,16 @@ def consumer_died(exc: Exception) -> typer.Exit | None:
     return fail(f"the Kafka consumer stopped for good: {error.str()}", 1)
 
 
+def say(message: str, level: int = logging.INFO, styled: str | None = None) -> None:
+    """One line on stderr: ``styled`` (rich markup; default ``message``) for a person, or a log line
+    when the logs are JSON (``EMBEDSTREAM_LOG_FORMAT=json``), so that every line a worker writes is one
+    JSON object, its last included."""
+    if logs_are_json():
+        logging.getLogger("embedstream").log(level, message)
+    else:
+        err.print(styled or message, soft_wrap=True)  # one line, whatever the terminal's width
+
+
 def fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/] {message}", soft_wrap=True)  # one line, whatever the terminal's width
+    say(message, logging.ERROR, f"[red]error:[/] {message}")
     return typer.Exit(code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Annotated
@@ -15,9 +16,9 @@ from worker.commands.cli.app import (
     app,
     console,
     consumer_died,
-    err,
     fail,
     refused_property,
+    say,
     settings_or_exit,
 )
 from worker.settings import Settings
@@ -84,7 +85,7 @@ def run(
         raise fail(f"{exc}. Nothing more was written; the offsets committed are those of the transactions "
                    "that committed. A newer worker with the same transactional.id (the same "
                    "EMBEDSTREAM_GROUP_INSTANCE_ID) fences this one: run each instance id once.", 4) from None
-    err.print(_done_line(stats))
+    say(_done_line(stats))
 
 
 
@@ -101,7 +102,8 @@ def _check(s: Settings) -> int:
     console.print(table)
     failed = [c.part for c in checks if c.ok is False]
     if failed:
-        err.print(f"[red]error:[/] {', '.join(failed)}: fix what the table says, then run again", soft_wrap=True)
+        say(f"{', '.join(failed)}: fix what the table says, then run again", logging.ERROR,
+            f"[red]error:[/] {', '.join(failed)}: fix what the table says, then run again")
         return 2
     return 0
 

@@ -1,0 +1,41 @@
+"""The process's log lines: text, or one JSON object a line (``EMBEDSTREAM_LOG_FORMAT=json``), for
+the worker's own lines, librdkafka's (``connectors.kafka.LIBRDKAFKA_LOG``) and what a command says
+as it ends (``worker.commands.cli.app.say``)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import sys
+
+from worker.settings import Settings
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: ``ts`` in ISO 8601 with its zone (UTC, milliseconds), level, logger,
+    message, and ``exc`` where an exception is logged."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(timespec="milliseconds")
+        out = {"ts": ts, "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(settings: Settings) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if settings.log_format == "json"
+                         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.log_level.upper())
+    # httpx2: confluent-kafka's registry client logs every request at INFO (one line per schema id asked).
+    for noisy in ("httpx", "httpx2", "httpcore", "urllib3", "sentence_transformers", "transformers", "pymilvus"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def logs_are_json() -> bool:
+    """Whether :func:`setup_logging` made this process's lines JSON."""
+    return any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
