@@ -4,6 +4,7 @@ Kubernetes schemas; KEDA's ScaledObject (a CRD) field by field; bad values rejec
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -250,11 +251,28 @@ def test_a_model_set_is_a_configmap_the_worker_reads():
 def test_dashboard_is_valid_json_with_the_contract_metrics():
     import json
 
+    from tools.metrics_docs import declared
+
     data = render(BASE)["ConfigMap"]["data"]["embedstream.json"]
-    text = json.dumps(json.loads(data))
+    dashboard = json.loads(data)
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    text = " ".join(exprs)
     for metric in ("embedstream_messages_total", "embedstream_end_to_end_seconds_bucket", "embedstream_consumer_lag",
-                   "embedstream_cache_requests_total", "embedstream_dlq_messages_total"):
-        assert metric in text
+                   "embedstream_cache_requests_total", "embedstream_dlq_messages_total",
+                   "embedstream_gpu_utilization_ratio", "embedstream_gpu_memory_used_bytes",
+                   "embedstream_retries_total",
+                   "embedstream_fenced_records_total", "embedstream_model_loads_total",
+                   "embedstream_model_load_seconds_bucket", "embedstream_rebalances_total"):
+        assert metric in text, metric
+    # every series named is one the worker serves, and every query is scoped to the chosen release(s)
+    ours = {name for name, *_ in declared()}
+    used = {re.sub(r"_(count|bucket|sum)$", "", m) for m in re.findall(r"embedstream_[a-z_]+", text)}
+    assert used <= ours, used - ours
+    assert all('namespace=~"$namespace", job=~"$job"' in e for e in exprs)
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "namespace", "job"} <= variables
+    # pods are counted as pods, not as processes x models
+    assert not any("count(embedstream_model_info" in e for e in exprs)
 
 
 BAD = {
