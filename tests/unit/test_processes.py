@@ -57,3 +57,57 @@ def test_several_gpus_are_shared_out_one_a_process_in_turn():
     assert devices == ["0", "1", "0", "1"]
     assert child_environment(s, 3, {"CUDA_VISIBLE_DEVICES": "1"})["CUDA_VISIBLE_DEVICES"] == "1"  # one: as given
     assert "CUDA_VISIBLE_DEVICES" not in child_environment(s, 1, {})
+
+
+_SERVE = """
+import http.server, os, sys
+answers = {answers!r}
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        code = answers.pop(0) if len(answers) > 1 else answers[0]
+        self.send_response(code); self.end_headers(); self.wfile.write(b"x")
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(os.environ["EMBEDSTREAM_METRICS_PORT"])), H).serve_forever()
+"""
+
+
+def _free_ports(n: int) -> int:
+    """A base port with the ``n`` ports from it free (bound and released: a small race, for a test)."""
+    import socket
+
+    for base in range(47000, 60000, 97):
+        socks = []
+        try:
+            for i in range(n):
+                sock = socket.socket()
+                sock.bind(("127.0.0.1", base + i))
+                socks.append(sock)
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no free ports")
+
+
+def test_a_child_whose_loop_stalls_stops_the_pod_though_the_probes_only_reach_process_0(monkeypatch):
+    scripts = iter([_SERVE.format(answers=[200]), _SERVE.format(answers=[200, 200, 503]),
+                    _SERVE.format(answers=[200])])
+    monkeypatch.setattr("worker.process.processes.child_command", lambda _idle: [sys.executable, "-c", next(scripts)])
+    s = _settings(shutdown_grace_seconds=5, metrics_port=_free_ports(3)).model_copy(update={"processes": 3})
+    children = Processes(s, {}, health_interval_s=0.3)
+    assert children.wait() == 1
+    assert all(c.returncode is not None for c in children.children)  # every one stopped
+    assert children._failures[1] == 3 and children._failures[0] == children._failures[2] == 0
+
+
+def test_a_child_still_starting_is_not_judged(monkeypatch):
+    from worker.process import processes
+
+    monkeypatch.setattr(processes, "healthz", lambda port: False)  # nothing answers yet: loading the model
+    monkeypatch.setattr("worker.process.processes.child_command",
+                        lambda _idle: [sys.executable, "-c", "import time; time.sleep(1.5)"])
+    children = Processes(_settings(metrics_port=9400).model_copy(update={"processes": 2}), {}, health_interval_s=0.1)
+    assert children.wait() == 0 and children._failures == [0, 0]

@@ -15,7 +15,11 @@ This module starts them and watches them:
 * SIGTERM / SIGINT are forwarded to every child, which stops as a single worker does;
 * when a child exits non-zero the others are stopped (SIGTERM, then SIGKILL after the grace) and the
   parent exits with that child's code, so the orchestrator restarts the pod; when every child exits
-  0 (``--stop-when-idle``, or a stop) the parent exits 0.
+  0 (``--stop-when-idle``, or a stop) the parent exits 0;
+* the pod's probes reach process 0's port only, so the parent asks every child's ``/healthz`` itself
+  (its port: the metrics port + i): a child that answered once and then fails it (its poll loop
+  stalled, or no answer at all) for ``HEALTH_FAILURES`` asks in a row is stalled; the parent stops
+  them all and exits 1, and the pod restarts as a failed liveness probe would restart it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Mapping
 
 from worker.settings import Settings
@@ -33,6 +38,9 @@ log = logging.getLogger(__name__)
 
 #: How often the parent looks at its children.
 WATCH_INTERVAL_S = 0.2
+#: How often it asks each child's /healthz, and how many failed asks in a row make a child stalled.
+HEALTH_INTERVAL_S = 10.0
+HEALTH_FAILURES = 3
 
 
 def child_environment(s: Settings, index: int, base: Mapping[str, str]) -> dict[str, str]:
@@ -59,10 +67,17 @@ def child_command(stop_when_idle: float | None) -> list[str]:
 class Processes:
     """The children of one ``run --processes N``; ``wait()`` returns the exit code of the whole."""
 
-    def __init__(self, s: Settings, base_env: Mapping[str, str], stop_when_idle: float | None = None) -> None:
+    def __init__(self, s: Settings, base_env: Mapping[str, str], stop_when_idle: float | None = None,
+                 health_interval_s: float = HEALTH_INTERVAL_S) -> None:
         self.grace_s = s.shutdown_grace_seconds
         self.children = [subprocess.Popen(child_command(stop_when_idle), env=child_environment(s, i, base_env))
                          for i in range(s.processes)]
+        port = s.metrics_port
+        #: Each child's /healthz port (none when the metrics are off, or on ports the system picks).
+        self.health_ports = [port + i for i in range(s.processes)] if isinstance(port, int) and port else []
+        self.health_interval_s = health_interval_s
+        self._answered = [False] * s.processes
+        self._failures = [0] * s.processes
         log.info("started %d worker processes: pids %s", len(self.children), [c.pid for c in self.children])
 
     def forward_signals(self) -> None:
@@ -77,8 +92,18 @@ class Processes:
 
     def wait(self) -> int:
         """Block until every child has exited 0 (returns 0), or one failed (stops the others; returns
-        its code)."""
+        its code), or one stalled (stops them all; returns 1)."""
+        next_health = time.monotonic() + self.health_interval_s
         while True:
+            if self.health_ports and time.monotonic() >= next_health:
+                next_health = time.monotonic() + self.health_interval_s
+                stalled = self._stalled()
+                if stalled is not None:
+                    log.error("worker process %d (pid %d) failed /healthz %d times in a row (its loop stalled): "
+                              "stopping every process so that the pod restarts", stalled, self.children[stalled].pid,
+                              HEALTH_FAILURES)
+                    self.stop()
+                    return 1
             codes = [c.poll() for c in self.children]
             failed = [(i, code) for i, code in enumerate(codes) if code not in (None, 0)]
             if failed:
@@ -92,6 +117,20 @@ class Processes:
                 return 0
             time.sleep(WATCH_INTERVAL_S)
 
+    def _stalled(self) -> int | None:
+        """Ask each running child's /healthz once; the index of one that answered before and has now
+        failed :data:`HEALTH_FAILURES` asks in a row (a child still starting is never judged)."""
+        for i, (child, port) in enumerate(zip(self.children, self.health_ports)):
+            if child.poll() is not None:
+                continue
+            if healthz(port):
+                self._answered[i], self._failures[i] = True, 0
+            elif self._answered[i]:
+                self._failures[i] += 1
+                if self._failures[i] >= HEALTH_FAILURES:
+                    return i
+        return None
+
     def stop(self) -> None:
         """SIGTERM to the children still running; SIGKILL to those still there after the grace."""
         self.signal(signal.SIGTERM)
@@ -102,3 +141,12 @@ class Processes:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+
+
+def healthz(port: int, timeout: float = 2.0) -> bool:
+    """Whether the worker serving metrics on ``port`` answers its /healthz with 200."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=timeout) as answer:
+            return answer.status == 200
+    except (OSError, ValueError):  # refused, timed out, or an HTTP error status (urllib's HTTPError)
+        return False
