@@ -51,6 +51,10 @@ VALUE_SETS = {
                              "tls": {"enabled": True, "existingSecret": "kafka-ca"}},
                    "milvus": {"tokenSecret": {"name": "milvus-token"}},
                    "redis": {"enabled": True, "existingSecret": "redis-url"}},
+    "OAUTHBEARER (OIDC) and mutual TLS": {
+        "kafka": {"sasl": {"enabled": True, "mechanism": "OAUTHBEARER", "existingSecret": "kafka-oidc",
+                           "oauthbearer": {"tokenEndpointUrl": "https://idp.example.com/token", "scope": "kafka"}},
+                  "tls": {"enabled": True, "existingSecret": "kafka-mtls", "clientCert": True}}},
     "GPU": {"gpu": {"enabled": True}, "keda": {"partitions": 24}, "nodeSelector": {"nvidia.com/gpu.present": "true"},
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
     "schema registry, basic auth over TLS": {
@@ -473,3 +477,27 @@ def test_the_operations_pages_values_file_renders_valid_objects_and_is_the_one_s
     assert {"ScaledObject", "TriggerAuthentication", "PrometheusRule", "ServiceMonitor"} <= set(objs)
     page = (CHART.parents[1] / "docs" / "operations.md").read_text()
     assert EXAMPLE.read_text().strip() in page, "docs/operations.md shows the example values file as it is"
+
+
+def test_oauthbearer_and_mutual_tls_reach_the_worker_and_kedas_trigger():
+    objs = render(merge(BASE, VALUE_SETS["OAUTHBEARER (OIDC) and mutual TLS"]))
+    env = env_of(objs)
+    assert env["EMBEDSTREAM_KAFKA__SECURITY_PROTOCOL"]["value"] == "SASL_SSL"
+    assert env["EMBEDSTREAM_KAFKA__SASL_MECHANISM"]["value"] == "OAUTHBEARER"
+    assert env["EMBEDSTREAM_KAFKA__SASL_OAUTHBEARER_METHOD"]["value"] == "oidc"
+    assert env["EMBEDSTREAM_KAFKA__SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL"]["value"] == "https://idp.example.com/token"
+    assert env["EMBEDSTREAM_KAFKA__SASL_OAUTHBEARER_CLIENT_SECRET"]["valueFrom"]["secretKeyRef"] == \
+        {"name": "kafka-oidc", "key": "password"}
+    assert "EMBEDSTREAM_KAFKA__SASL_PASSWORD" not in env
+    assert env["EMBEDSTREAM_KAFKA__SSL_CERTIFICATE_LOCATION"]["value"] == "/etc/embedstream/kafka-tls/tls.crt"
+    assert env["EMBEDSTREAM_KAFKA__SSL_KEY_LOCATION"]["value"] == "/etc/embedstream/kafka-tls/tls.key"
+    [trigger] = objs["ScaledObject"]["spec"]["triggers"]
+    md = trigger["metadata"]
+    assert (md["sasl"], md["oauthTokenEndpointUri"], md["scopes"], md["tls"]) == \
+        ("oauthbearer", "https://idp.example.com/token", "kafka", "enable")
+    refs = {r["parameter"]: (r["name"], r["key"]) for r in objs["TriggerAuthentication"]["spec"]["secretTargetRef"]}
+    assert refs == {"username": ("kafka-oidc", "username"), "password": ("kafka-oidc", "password"),
+                    "ca": ("kafka-mtls", "ca.crt"), "cert": ("kafka-mtls", "tls.crt"), "key": ("kafka-mtls", "tls.key")}
+    with pytest.raises(helm_python.HelmError):  # OAUTHBEARER without its token endpoint
+        render(merge(BASE, {"kafka": {"sasl": {"enabled": True, "mechanism": "OAUTHBEARER",
+                                               "existingSecret": "kafka-oidc"}}}))

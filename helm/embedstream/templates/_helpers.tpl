@@ -44,7 +44,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* KEDA's name for a SASL mechanism. */}}
 {{- define "embedstream.kedaSasl" -}}
 {{- $m := .Values.kafka.sasl.mechanism -}}
-{{- if eq $m "PLAIN" -}}plaintext{{- else if eq $m "SCRAM-SHA-256" -}}scram_sha256{{- else -}}scram_sha512{{- end -}}
+{{- if eq $m "PLAIN" -}}plaintext{{- else if eq $m "SCRAM-SHA-256" -}}scram_sha256{{- else if eq $m "OAUTHBEARER" -}}oauthbearer{{- else -}}scram_sha512{{- end -}}
 {{- end -}}
 
 {{/* Cross-field checks JSON schema cannot express. */}}
@@ -109,6 +109,27 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: {{ ternary "SASL_SSL" "SASL_PLAINTEXT" .Values.kafka.tls.enabled | quote }}
 - name: EMBEDSTREAM_KAFKA__SASL_MECHANISM
   value: {{ .Values.kafka.sasl.mechanism | quote }}
+{{- if eq .Values.kafka.sasl.mechanism "OAUTHBEARER" }}
+{{- /* OIDC client credentials: librdkafka fetches and refreshes the token itself */}}
+- name: EMBEDSTREAM_KAFKA__SASL_OAUTHBEARER_METHOD
+  value: "oidc"
+- name: EMBEDSTREAM_KAFKA__SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL
+  value: {{ .Values.kafka.sasl.oauthbearer.tokenEndpointUrl | quote }}
+{{- with .Values.kafka.sasl.oauthbearer.scope }}
+- name: EMBEDSTREAM_KAFKA__SASL_OAUTHBEARER_SCOPE
+  value: {{ . | quote }}
+{{- end }}
+- name: EMBEDSTREAM_KAFKA__SASL_OAUTHBEARER_CLIENT_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.kafka.sasl.existingSecret }}
+      key: {{ .Values.kafka.sasl.usernameKey }}
+- name: EMBEDSTREAM_KAFKA__SASL_OAUTHBEARER_CLIENT_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.kafka.sasl.existingSecret }}
+      key: {{ .Values.kafka.sasl.passwordKey }}
+{{- else }}
 - name: EMBEDSTREAM_KAFKA__SASL_USERNAME
   valueFrom:
     secretKeyRef:
@@ -119,6 +140,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     secretKeyRef:
       name: {{ .Values.kafka.sasl.existingSecret }}
       key: {{ .Values.kafka.sasl.passwordKey }}
+{{- end }}
 {{- else if .Values.kafka.tls.enabled }}
 - name: EMBEDSTREAM_KAFKA__SECURITY_PROTOCOL
   value: "SSL"
@@ -126,6 +148,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and .Values.kafka.tls.enabled .Values.kafka.tls.existingSecret }}
 - name: EMBEDSTREAM_KAFKA__SSL_CA_LOCATION
   value: /etc/embedstream/kafka-tls/{{ .Values.kafka.tls.caKey }}
+{{- if .Values.kafka.tls.clientCert }}
+{{- /* mutual TLS: the client's certificate and key from the same Secret */}}
+- name: EMBEDSTREAM_KAFKA__SSL_CERTIFICATE_LOCATION
+  value: /etc/embedstream/kafka-tls/{{ .Values.kafka.tls.certKey }}
+- name: EMBEDSTREAM_KAFKA__SSL_KEY_LOCATION
+  value: /etc/embedstream/kafka-tls/{{ .Values.kafka.tls.keyKey }}
+{{- end }}
 {{- end }}
 {{- with .Values.model.name }}
 - name: EMBEDSTREAM_MODEL
