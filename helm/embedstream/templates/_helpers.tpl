@@ -49,6 +49,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Cross-field checks JSON schema cannot express. */}}
 {{- define "embedstream.validate" -}}
+{{- if and .Values.keda.enabled .Values.keda.checkCRDs (not (.Capabilities.APIVersions.Has "keda.sh/v1alpha1")) -}}
+{{- fail "keda.enabled is true but the cluster serves no keda.sh/v1alpha1 (KEDA's CRDs): install KEDA first (https://keda.sh), or set keda.enabled=false (an HPA on CPU then). Rendering offline with helm template: pass --api-versions keda.sh/v1alpha1, or set keda.checkCRDs=false" -}}
+{{- end -}}
 {{- $processes := int (include "embedstream.processes" .) -}}
 {{- if and .Values.keda.enabled (gt (mul (int .Values.keda.maxReplicaCount) $processes) (int .Values.keda.partitions)) -}}
 {{- fail (printf "keda.maxReplicaCount (%d) x %d worker processes a pod exceeds keda.partitions (%d): each process reads partitions of its own, so the extra ones would sit idle; raise the input topic's partitions or lower maxReplicaCount" (int .Values.keda.maxReplicaCount) $processes (int .Values.keda.partitions)) -}}
