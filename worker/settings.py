@@ -243,6 +243,9 @@ class OperationsSettings(BaseModel):
     processes: int = setting(
         1, "Worker processes of the group to start here, e.g. several on one GPU; process i serves its metrics "
            "on the metrics port + i and, with a static member id, joins as <id>-<i>", flag=True, ge=1, le=64)
+    process_index: int = setting(
+        0, "Which of run --processes N this process is (the parent sets it for each; 0 alone): the process field "
+           "of each JSON log line", ge=0, le=63)
     shutdown_grace_seconds: float = setting(30.0, "time in-flight batches get to finish at a stop", gt=0)
     healthz_max_tick_age_seconds: float = setting(60.0, "/healthz fails when the loop is older", gt=0)
     retry_backoff_max_seconds: float = setting(10.0, "longest wait between retries of a stage", gt=0)

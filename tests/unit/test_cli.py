@@ -145,3 +145,4 @@ def test_json_logs_carry_an_iso_8601_timestamp_with_its_zone():
     assert ts.tzinfo is not None and ts.utcoffset() == datetime.timedelta(0)
     assert abs(ts.timestamp() - record.created) < 0.001
     assert (line["level"], line["logger"], line["message"]) == ("INFO", "worker.core.loop", "assigned [0, 1]")
+    assert line["process"] == 0 and json.loads(JsonFormatter(process=3).format(record))["process"] == 3

@@ -18,6 +18,7 @@ def test_each_child_gets_the_parents_settings_for_one_process_and_its_own_port_a
     env = child_environment(s, 2, {"PATH": "/bin", "EMBEDSTREAM_MODEL": "stale-from-the-parent-env"})
     assert env["PATH"] == "/bin" and "EMBEDSTREAM_MODEL" not in env
     assert env["EMBEDSTREAM_PROCESSES"] == "1" and env["EMBEDSTREAM_METRICS_PORT"] == "9402"
+    assert env["EMBEDSTREAM_PROCESS_INDEX"] == "2"
     assert env["EMBEDSTREAM_GROUP_INSTANCE_ID"] == "pod-7-2"
     assert env["EMBEDSTREAM_KAFKA__SASL_PASSWORD"] == "s3cret" and env["EMBEDSTREAM_REDIS_URL"] == "redis://:pw@r:6379/0"
     # the child loads the same settings, but for the three that are its own
@@ -27,7 +28,8 @@ def test_each_child_gets_the_parents_settings_for_one_process_and_its_own_port_a
                      schema_registry=passthrough("EMBEDSTREAM_SCHEMA_REGISTRY__", env),
                      **{k[len("EMBEDSTREAM_"):].lower(): v for k, v in env.items()
                         if k.startswith("EMBEDSTREAM_") and "__" not in k})
-    mine = {"processes", "metrics_port", "group_instance_id"}
+    mine = {"processes", "metrics_port", "group_instance_id", "process_index"}
+    assert child.process_index == 2
     assert {k: v for k, v in child.model_dump().items() if k not in mine} == \
         {k: v for k, v in s.model_dump().items() if k not in mine}
 

@@ -14,11 +14,17 @@ from worker.settings import Settings
 
 class JsonFormatter(logging.Formatter):
     """One JSON object a line: ``ts`` in ISO 8601 with its zone (UTC, milliseconds), level, logger,
-    message, and ``exc`` where an exception is logged."""
+    the ``process`` index (which of a pod's ``run --processes N`` wrote it), message, and ``exc``
+    where an exception is logged."""
+
+    def __init__(self, process: int = 0) -> None:
+        super().__init__()
+        self.process = process
 
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(timespec="milliseconds")
-        out = {"ts": ts, "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        out = {"ts": ts, "level": record.levelname, "logger": record.name, "process": self.process,
+               "message": record.getMessage()}
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out)
@@ -26,7 +32,7 @@ class JsonFormatter(logging.Formatter):
 
 def setup_logging(settings: Settings) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if settings.log_format == "json"
+    handler.setFormatter(JsonFormatter(settings.process_index) if settings.log_format == "json"
                          else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -49,6 +49,7 @@ def child_environment(s: Settings, index: int, base: Mapping[str, str]) -> dict[
     env = {k: v for k, v in base.items() if not k.startswith("EMBEDSTREAM_")}
     env.update(s.environment())
     env["EMBEDSTREAM_PROCESSES"] = "1"
+    env["EMBEDSTREAM_PROCESS_INDEX"] = str(index)
     port = s.metrics_port
     env["EMBEDSTREAM_METRICS_PORT"] = "auto" if port == "auto" else str(port + index) if port else "0"
     if s.group_instance_id:
