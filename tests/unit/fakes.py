@@ -128,6 +128,9 @@ class RecordingProducer:
         self.purged = True
         self._callbacks.clear()
 
+    def close(self):
+        self.closed = True
+
 
 class FakeConsumer(MemorySource):
     """The bench's in-memory consumer (``tools.memory_source``), plus what the loop's tests

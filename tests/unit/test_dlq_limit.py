@@ -175,3 +175,22 @@ def test_late_dead_letters_count_once_each_toward_the_most_frequent_reason():
     # 3 decode errors against 2 late ones: the late ones count once each, not more
     assert "most often decode_error: not Avro" in str(tripped.value)
     assert d._reasons == {"decode_error": 3, "too_many_chunks": 2}
+
+
+def test_the_halting_line_says_nothing_past_the_bad_run_was_committed_and_names_the_limits():
+    d = DlqLimit(max_consecutive=1, max_ratio=1.0, window=100)
+    with pytest.raises(DlqLimitExceeded) as tripped:
+        d.record("empty_text", "text is empty")
+    line = str(tripped.value)
+    assert "Nothing after the first unprocessed record was committed: fix the cause and restart." in line
+    assert line.endswith("(Limits: EMBEDSTREAM_DLQ_MAX_CONSECUTIVE, EMBEDSTREAM_DLQ_MAX_RATIO.)")
+
+
+def test_a_late_reason_that_is_the_most_frequent_is_quoted_with_its_own_last_message():
+    d = DlqLimit(max_consecutive=100, max_ratio=0.5, window=4)
+    d.record_processed(4)
+    for message in ("a log file", "a whole book", "a database dump"):
+        d.record_late("too_many_chunks", message)
+    with pytest.raises(DlqLimitExceeded) as tripped:
+        d.count_late()
+    assert "most often too_many_chunks: a database dump)" in str(tripped.value)

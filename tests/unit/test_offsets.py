@@ -69,6 +69,15 @@ def test_commits_are_timed_and_failures_counted():
     committer.commit(sync=True)
     assert value("embedstream_commit_failures_total") - failures == 1
     assert value("embedstream_commit_seconds_count", mode="sync") - timed == 1  # the one that went through
+    # an asynchronous commit is timed under its own label, in seconds (not a clock reading)
+    before = (value("embedstream_commit_seconds_count", mode="async"),
+              value("embedstream_commit_seconds_sum", mode="async"),
+              value("embedstream_commit_seconds_count", mode="sync"))
+    committer.store({("docs", 0): 8}, owned={("docs", 0)})
+    committer.commit(sync=False)
+    assert value("embedstream_commit_seconds_count", mode="async") - before[0] == 1
+    assert 0 <= value("embedstream_commit_seconds_sum", mode="async") - before[1] < 60
+    assert value("embedstream_commit_seconds_count", mode="sync") == before[2]
 
 
 def test_shutdown_commit_retries_within_its_attempts():

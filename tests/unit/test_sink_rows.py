@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from schemas.errors import TransientError
-from worker.core.records import Batch, Chunk, Delete, Item, Source
+from worker.core.records import Batch, Chunk, DeadLetter, Delete, Item, Source
 from worker.embedding.sparse import MAX_ACTIVE_DIMS
 from worker.steps.writing.fit import TopicLimits, output_room, record_size
 from worker.steps.writing.sink import ModelTarget, SinkStep, chunk_rows
@@ -240,6 +240,7 @@ def test_the_topic_id_is_not_looked_up_again_while_nothing_looks_superseded():
     for o in (1, 2):
         batch = Batch()
         batch.add(_item("a", o, 0.1))
+        batch.add(DeadLetter(Source("docs", 0, 100 + o), b"k", b"bad", None, "decode_error", "x"))  # no version
         sink.process([batch])
     assert looked == []
     stale = Batch()
@@ -291,3 +292,34 @@ def test_at_least_once_closes_within_its_timeout_and_drops_a_broken_producer_wit
     new = delivery.producer
     delivery.close()
     assert new.flushes == [6.0] and new.closed
+
+
+def test_an_at_least_once_write_times_its_output_and_milvus_sides_and_counts_each_models_documents():
+    from prometheus_client import REGISTRY
+
+    def value(name, **labels):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    sides = ("output", "milvus")
+    before = {side: (value("embedstream_sink_seconds_count", sink=side),
+                     value("embedstream_sink_seconds_sum", sink=side)) for side in sides}
+    documents = value("embedstream_model_documents_total", model="m")
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), _item("b", 1, 0.2)):
+        batch.add(e)
+    _sink(RecordingMilvusClient(), RecordingProducer()).process([batch])
+    for side in sides:
+        assert value("embedstream_sink_seconds_count", sink=side) - before[side][0] == 1, side
+        assert 0 <= value("embedstream_sink_seconds_sum", sink=side) - before[side][1] < 60, side  # seconds
+    assert value("embedstream_model_documents_total", model="m") - documents == 2
+
+
+def test_closing_the_sink_waits_for_a_milvus_write_still_running():
+    import threading
+
+    sink = _sink(RecordingMilvusClient(), RecordingProducer())
+    release, finished = threading.Event(), []
+    sink._milvus.submit(lambda: (release.wait(5), finished.append(True)))
+    threading.Timer(0.2, release.set).start()
+    sink.close()
+    assert finished == [True]

@@ -436,3 +436,10 @@ def test_the_carried_group_is_not_planned_again_after_a_milvus_outage():
         sink.process(group)
     sink.process(group)
     assert len(plans) == 1 and len(producer.visible) == 4
+
+
+def test_exactly_onces_membership_proof_commits_the_committed_offsets_in_a_transaction():
+    delivery, producer = _offsets_only()
+    offsets = [TopicPartition("docs", 0, 40), TopicPartition("docs", 1, 7)]
+    delivery.recommit(offsets)
+    assert producer.offsets == {("docs", 0): 40, ("docs", 1): 7} and producer.calls[-1] == "commit_transaction"

@@ -131,8 +131,10 @@ def test_framed_records_are_read_through_the_registry_which_is_asked_for_their_i
         msgs = [FakeMessage(b"f", framed), FakeMessage(b"p", encode_document(Document("p", "plain Avro")))]
         server.requests.clear()
         v.resolve_schemas(msgs)
-        assert sum(n for k, n in server.requests.items() if k.startswith("GET /schemas/ids")) == 1
+        asked = {k: n for k, n in server.requests.items() if k.startswith("GET /schemas/ids")}
+        assert asked == {"GET /schemas/ids/{n}": 1}  # the framed record's id, once, before any is validated
         framed_item, plain = (v.validate(m) for m in msgs)
+        assert {k: n for k, n in server.requests.items() if k.startswith("GET /schemas/ids")} == asked  # no wait
         assert isinstance(framed_item, Item) and (framed_item.id, framed_item.text) == ("f", "framed by the registry")
         assert isinstance(plain, Item) and plain.id == "p"
         # without the registry the frame is not a document
