@@ -76,8 +76,9 @@ def run_demo(console: Console, docs: int = 3000, repeats: float = 0.2, state_dir
 
 
 def _stream(console: Console, env: dict[str, str], docs: int, repeats: float) -> dict:
-    from worker.assembly.runner import build_worker, load_embedder, setup_logging
+    from worker.assembly.runner import build_worker, load_embedder
     from worker.commands.search import search_documents
+    from worker.process.logs import setup_logging
 
     s = Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
                  redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],

@@ -137,7 +137,7 @@ def test_json_logs_carry_an_iso_8601_timestamp_with_its_zone():
     import json
     import logging
 
-    from worker.assembly.runner import JsonFormatter
+    from worker.process.logs import JsonFormatter
 
     record = logging.LogRecord("worker.core.loop", logging.INFO, __file__, 1, "assigned %s", ([0, 1],), None)
     line = json.loads(JsonFormatter().format(record))

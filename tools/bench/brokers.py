@@ -27,8 +27,8 @@ def run_brokers(*, brokers: list[str], docs: int | None, device: str, precision:
                 say: Callable[[str], None], model: str | None = None) -> dict:
     """``{"machine", "model", "docs", "brokers": {name: rows}}``: see the module docstring."""
     from tools.bench.run import _machine, _stack_settings
-    from worker.assembly.runner import setup_logging
     from worker.embedding.sentence import SentenceTransformerEmbedder
+    from worker.process.logs import setup_logging
 
     n = docs or DEFAULT_DOCS
     say("loading the model")

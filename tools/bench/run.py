@@ -58,8 +58,8 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
     where Tansu cannot run); returns the bench.json dict. ``model``: EMBEDSTREAM_MODEL (None: the
     packaged MiniLM). On CUDA the raw encode tries larger batches, and the worker also runs with an
     instant sink (its own ceiling in front of the device)."""
-    from worker.assembly.runner import setup_logging
     from worker.embedding.sentence import SentenceTransformerEmbedder
+    from worker.process.logs import setup_logging
 
     sizes = dict(workloads.QUICK if quick else workloads.FULL)
     if docs:  # the recall sets scale too, with enough documents that a top 10 is a choice
@@ -229,7 +229,7 @@ def run_cpu(*, docs: int, state_dir: Path, say: Callable[[str], None], broker: s
             dim: int = 384) -> dict:
     """Only the CPU/doc rows, with each thread's share: an instant model (no model is loaded) on
     ``docs`` distinct S1 and S2 texts, with the cache and without, on a local stack of its own."""
-    from worker.assembly.runner import setup_logging
+    from worker.process.logs import setup_logging
 
     stack = LocalStack(state_dir, broker=broker)
     env, _ = stack.up(partitions=6)
@@ -514,8 +514,8 @@ def run_processes(*, counts: list[int], docs: int, device: str, precision: str, 
     committed, after a warm-up), and at the best K of S2 once more without Redis.
     The GPU's utilisation is sampled during each run; tokens/s counts each text's tokens (chunks
     whole)."""
-    from worker.assembly.runner import setup_logging
     from worker.embedding.sentence import SentenceTransformerEmbedder
+    from worker.process.logs import setup_logging
 
     stack = LocalStack(state_dir, broker=broker)
     env, _ = stack.up(partitions=6)

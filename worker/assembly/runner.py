@@ -44,7 +44,6 @@ from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet, ModelSpec, describe, parse_models
 from worker.process import heap, metrics
 from worker.process.gpu_metrics import register_gpu_metrics
-from worker.process.logs import JsonFormatter, setup_logging  # noqa: F401  (the commands' and tools' import)
 from worker.settings import Settings
 from worker.steps.writing.fit import DEFAULT_MESSAGE_MAX_BYTES, TopicLimits
 

@@ -46,9 +46,9 @@ def migrate(
     switch, move the workers to the new model in the backfill group (it printed which), then drop the
     old collection with --drop-old. Exit 0: switched (or nothing to do); 1: not switched.
     """
-    from worker.assembly.runner import setup_logging
     from worker.commands import migrate as mig
     from worker.commands.migrate_view import BackfillProgress, plan_table, shadow_table
+    from worker.process.logs import setup_logging
 
     s = settings_or_exit(overrides, log_level=None if "EMBEDSTREAM_LOG_LEVEL" in os.environ else "WARNING")
     setup_logging(s)

@@ -52,7 +52,8 @@ def run(
 
     from connectors.transactions import TransactionsFailed
     from schemas.errors import DlqLimitExceeded, RecordRefused
-    from worker.assembly.runner import build_worker, setup_logging
+    from worker.assembly.runner import build_worker
+    from worker.process.logs import setup_logging
 
     s = settings_or_exit(overrides)
     setup_logging(s)
