@@ -2,8 +2,8 @@
 
 Key ``embedstream:v1:<model id>:<sha256 of the normalised text>``; value: a 6-byte header
 (``b"ES"``, dtype code, pad, dim as uint16) and the float32 vector. A value whose header does not
-match the model's dim is a miss. A model with a learned sparse side (``sparse=True``; its model id
-then names the sparse model too) caches both vectors in one value: dtype code 2, the dense vector,
+match the model's dim is a miss. A model with a learned sparse side (:data:`WITH_SPARSE`; its model
+id then names the sparse model too) caches both vectors in one value: dtype code 2, the dense vector,
 then the sparse vector's dimensions (uint32) and weights (float32). Redis is only ever a speed-up:
 every error or timeout (bounded by ``socket_timeout``) is a miss on read and a no-op on write, never
 an exception to the caller.
@@ -25,7 +25,9 @@ import hashlib
 import logging
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -110,14 +112,32 @@ def unpack_with_sparse(raw: bytes | None, dim: int) -> DenseAndSparse | None:
     return vec, (idx, np.frombuffer(raw, "<f4", n, dense_end + 4 * n).copy())
 
 
+@dataclass(frozen=True)
+class ValueFormat:
+    """What a cache's values are, and how they are packed: ``pack(value)``, ``unpack(raw, dim)`` (None
+    for a value not of this format and ``dim``), and ``pack_all(values, dim)`` (consecutive RESP bulk
+    strings)."""
+
+    pack: Callable[[Any], bytes]
+    unpack: Callable[[bytes | None, int], Any]
+    pack_all: Callable[[list, int], bytes]
+
+
+#: Values are dense vectors (float32 arrays of ``dim``).
+VECTORS = ValueFormat(pack_vector, unpack_vector, packed_values)
+#: Values are :data:`DenseAndSparse` (a model with a learned sparse side).
+WITH_SPARSE = ValueFormat(pack_with_sparse, unpack_with_sparse,
+                          lambda values, dim: bulk_strings(pack_with_sparse(v) for v in values))
+
+
 class RedisCache:
     """``get_many`` / ``set_many`` over one Redis; failures are misses, logged at most every 10 s."""
 
     def __init__(self, url: str, model_id: str, dim: int, ttl_seconds: int, timeout_ms: int = 150,
-                 client=None, sparse: bool = False) -> None:
+                 client=None, values: ValueFormat = VECTORS) -> None:
         """``client``: a ready Redis client to use instead of connecting to ``url`` (tests); what is
         used of it: ``connection_pool`` (``get_connection``, ``release``) and ``script_load``.
-        ``sparse``: values are :data:`DenseAndSparse` (a model with a learned sparse side)."""
+        ``values``: what the cached values are (:data:`VECTORS`, or :data:`WITH_SPARSE`)."""
         if client is None:
             import redis
 
@@ -129,7 +149,7 @@ class RedisCache:
         #: Every key of this model: ``cache_key(model_id, hash)`` is this + the hash.
         self._prefix = cache_key(model_id, "")
         self.dim = dim
-        self.sparse = sparse
+        self.values = values
         self.ttl = ttl_seconds
         self.errors = 0
         self._last_log = 0.0
@@ -203,7 +223,7 @@ class RedisCache:
         return bulk_strings((self._prefix + h).encode() for h in hashes)
 
     def get_many(self, hashes: list[str]) -> list:
-        """Vectors for ``hashes`` (None = miss; :data:`DenseAndSparse` with ``sparse``), in order. Never raises."""
+        """Values for ``hashes`` (None = miss; of :attr:`values`' format), in order. Never raises."""
         if not hashes:
             return []
         try:
@@ -216,7 +236,7 @@ class RedisCache:
             self._crossed(exc)
             self._failed("read", exc)
             return [None] * len(hashes)
-        unpack = unpack_with_sparse if self.sparse else unpack_vector
+        unpack = self.values.unpack
         return [unpack(r if isinstance(r, bytes) else None, self.dim) for r in raws]
 
     def set_many(self, entries: dict) -> bool:
@@ -232,8 +252,7 @@ class RedisCache:
             n = len(entries)
             command = (b"*%d\r\n" % (2 * n + 4) + bulk_strings((b"EVALSHA", self._script_sha, b"%d" % n)),
                        self._keys(entries) + bulk_strings((b"%d" % self.ttl,)),
-                       bulk_strings(pack_with_sparse(v) for v in entries.values()) if self.sparse
-                       else packed_values(list(entries.values()), self.dim))
+                       self.values.pack_all(list(entries.values()), self.dim))
             try:
                 self._call(*command)
             except redis.exceptions.NoScriptError:  # a restarted or flushed server: load it, once
@@ -268,7 +287,7 @@ class RedisCache:
 
     def _cluster_set(self, entries: dict) -> bool:
         keys = [(self._prefix + h).encode() for h in entries]
-        pack = pack_with_sparse if self.sparse else pack_vector
+        pack = self.values.pack
         ttl = bulk_strings((b"EX", b"%d" % self.ttl))
         commands = [b"*5\r\n$3\r\nSET\r\n" + bulk_strings((k, pack(v))) + ttl for k, v in zip(keys, entries.values())]
         failed = next((r for r in self.cluster.run(keys, commands) if isinstance(r, BaseException)), None)  # type: ignore[union-attr]

@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 
+from schemas.sparse import SparseMode
 from worker.embedding.base import Embedder
-from worker.embedding.sparse import is_learned
 
 
 class FakeEmbedder(Embedder):
@@ -23,7 +23,7 @@ class FakeEmbedder(Embedder):
         self.model_id = model_id
         #: ``off``, ``bm25``, or any other name: a learned sparse side whose vectors derive from the
         #: text's digest too (4 dimensions of 64).
-        self.sparse = sparse
+        self.sparse = SparseMode.of(sparse)
         self.dim = dim
         self.precision = "fp32"
         self.device = "cpu"
@@ -54,7 +54,7 @@ class FakeEmbedder(Embedder):
         return out
 
     def embed_sparse(self, texts: list[str], query: bool = False) -> tuple[np.ndarray, list]:
-        if not is_learned(self.sparse):
+        if not self.sparse.learned:
             return super().embed_sparse(texts, query)
         out = []
         for t in texts:

@@ -13,6 +13,7 @@ from connectors.milvus.connection import MilvusConnection, missing, transient
 from connectors.milvus.reads import MilvusReader
 from connectors.milvus.schema import add_indexes, check_shape, collection_schema, tombstone_schema
 from schemas.errors import ConfigError, TransientError
+from schemas.sparse import SparseKind
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ class MilvusAdmin(MilvusConnection):
         """Whether ``name`` answers as a collection: an alias of one does too (Milvus resolves it)."""
         return bool(self._client.has_collection(name, timeout=self.timeout))
 
-    def ensure_collection(self, dim: int, sparse: str = "off") -> None:
+    def ensure_collection(self, dim: int, sparse: SparseKind = SparseKind.OFF) -> None:
         """Create the collection for ``dim`` with the sparse side ``sparse`` (and its companion) if
         missing. Raise :class:`ConfigError` when it exists with another dim (the model changed), another
         sparse side, or in the shape from before chunking (a row per document). Workers starting
@@ -76,7 +77,7 @@ class MilvusAdmin(MilvusConnection):
                 return None
             raise transient(exc) from None
 
-    def adopt(self, legacy: str, model_id: str, dim: int, sparse: str = "off") -> bool:
+    def adopt(self, legacy: str, model_id: str, dim: int, sparse: SparseKind = SparseKind.OFF) -> bool:
         """Take over ``legacy``, a collection from before aliases whose name the alias is to bear: it
         is renamed to this collection (its rows and its companion of deletes kept), so that the alias
         can take its name. True when this call renamed it; False when there was nothing to adopt (or
@@ -112,7 +113,7 @@ class MilvusAdmin(MilvusConnection):
         --processes 2`: asked the other way round, a fresh alias read as a collection to adopt)."""
         return self.has(legacy) and self.alias_target(legacy) is None
 
-    def _check_legacy(self, legacy: str, model_id: str, dim: int, sparse: str) -> None:
+    def _check_legacy(self, legacy: str, model_id: str, dim: int, sparse: SparseKind) -> None:
         """Refuse to take over ``legacy`` when its shape, dim, sparse side or model is not this worker's."""
         check_shape(legacy, self._client.describe_collection(legacy, timeout=self.timeout), dim, sparse)
         self._client.load_collection(legacy, timeout=self.timeout)
@@ -134,7 +135,7 @@ class MilvusAdmin(MilvusConnection):
         self._client.load_collection(new, timeout=self.timeout)
         return True
 
-    def prepare(self, alias: str, model_id: str, dim: int, sparse: str = "off") -> str:
+    def prepare(self, alias: str, model_id: str, dim: int, sparse: SparseKind = SparseKind.OFF) -> str:
         """What a worker does at start-up: adopt a collection from before aliases named ``alias``,
         create this collection if missing (checked for ``dim`` and the sparse side ``sparse``), create
         the alias if missing. Returns the collection the alias points to. Raises :class:`ConfigError`."""

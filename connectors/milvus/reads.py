@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from connectors.milvus.connection import MilvusConnection, transient
-from connectors.milvus.schema import CHUNK_FIELDS, SPARSE_METRIC, bm25_text, chunk_id, sparse_kind_of
+from connectors.milvus.schema import CHUNK_FIELDS, bm25_text, chunk_id, sparse_kind_of
 from schemas.errors import ConfigError
+from schemas.sparse import SparseKind
 
 
 class MilvusReader(MilvusConnection):
@@ -30,8 +31,8 @@ class MilvusReader(MilvusConnection):
         """The dense vectors' dimension (from ``info``, :meth:`describe`'s answer, when given)."""
         return next(int(f["params"]["dim"]) for f in (info or self.describe())["fields"] if f["name"] == "vector")
 
-    def sparse_kind(self, info: dict | None = None) -> str:
-        """The collection's sparse side: ``off``, ``bm25`` or ``learned`` (``schema.SPARSE_KINDS``)."""
+    def sparse_kind(self, info: dict | None = None) -> SparseKind:
+        """The collection's sparse side."""
         return sparse_kind_of(info or self.describe())
 
     def query(self, filter: str, fields: list[str], limit: int | None = None) -> list[dict]:
@@ -85,7 +86,7 @@ class MilvusReader(MilvusConnection):
         return self.search_by(Query(dense=vector), "dense", limit)
 
     def search_by(self, query: Query, mode: str, limit: int = 5, weights: tuple[float, float] | None = None,
-                  kind: str | None = None, window: int | None = None) -> list[dict]:
+                  kind: SparseKind | None = None, window: int | None = None) -> list[dict]:
         """The ``limit`` best chunk rows for ``query`` (rows as :meth:`search`): ``dense`` by the dense
         vector (COSINE), ``sparse`` by the sparse side (BM25 on the query's text, or IP on its learned
         sparse vector), ``hybrid`` both, each side's best ``window`` rows (default ``limit``) fused by
@@ -94,19 +95,19 @@ class MilvusReader(MilvusConnection):
         from pymilvus import AnnSearchRequest, RRFRanker, WeightedRanker
 
         fields = [*CHUNK_FIELDS, "excerpt", "metadata", "model", "content_hash"]
-        kind = kind or (self.sparse_kind() if mode != "dense" else "off")
+        kind = SparseKind(kind) if kind else (self.sparse_kind() if mode != "dense" else SparseKind.OFF)
         side = limit if mode != "hybrid" else (window or limit)
         requests = []
         if mode in ("dense", "hybrid"):
             requests.append(AnnSearchRequest(data=[query.dense], anns_field="vector", limit=side,
                                              param={"metric_type": "COSINE"}))
         if mode in ("sparse", "hybrid"):
-            if kind == "off":
+            if kind is SparseKind.OFF:
                 raise ConfigError(f"collection {self.collection!r} has no sparse field: search it with --mode dense, "
                                   "or fill a collection made with EMBEDSTREAM_SPARSE (`embedstream migrate`)")
-            data = bm25_text(query.text) if kind == "bm25" else _sparse_dict(query.sparse)
+            data = bm25_text(query.text) if kind is SparseKind.BM25 else _sparse_dict(query.sparse)
             requests.append(AnnSearchRequest(data=[data], anns_field="sparse", limit=side,
-                                             param={"metric_type": SPARSE_METRIC[kind]}))
+                                             param={"metric_type": kind.metric}))
         try:
             if len(requests) == 1:
                 r = requests[0]

@@ -6,7 +6,7 @@ character span (``span_start``, ``span_end``, into the normalised text) are fiel
 ``excerpt`` holds the chunk's first characters (what ``search`` shows). ``source`` and
 ``source_offset`` say which version of the document a row holds (``worker.steps.writing.versions``).
 
-With a sparse side (``EMBEDSTREAM_SPARSE``; :data:`SPARSE_KINDS`), a row also has ``sparse``, a
+With a sparse side (``EMBEDSTREAM_SPARSE``; ``schemas.sparse.SparseKind``), a row also has ``sparse``, a
 SPARSE_FLOAT_VECTOR beside the dense ``vector``:
 
 - ``bm25``: ``text`` holds the chunk's whole text and the words of its compound identifiers
@@ -30,6 +30,7 @@ import numpy as np
 from pymilvus.grpc_gen import milvus_pb2, schema_pb2
 
 from schemas.errors import ConfigError
+from schemas.sparse import SparseKind
 
 DOC_ID_MAX_LENGTH = 512
 #: ``<document id>#<chunk index>``: the document id, a ``#`` and up to seven digits.
@@ -39,12 +40,8 @@ EXCERPT_CHARS = 160
 #: The fields only a collection made for chunks has (an older one holds one row per document).
 CHUNK_FIELDS = ("doc_id", "chunk_index", "chunk_count", "span_start", "span_end")
 VERSION_FIELDS = ("source", "source_offset")
-#: What a collection's sparse side can be: none, BM25 from the text, or a model's weights.
-SPARSE_KINDS = ("off", "bm25", "learned")
 #: The most bytes of a chunk's text a ``bm25`` row keeps (Milvus' VARCHAR limit).
 TEXT_MAX_BYTES = 65_535
-#: The metric each sparse kind is searched with.
-SPARSE_METRIC = {"bm25": "BM25", "learned": "IP"}
 #: One (dimension, weight) pair of a sparse row as Milvus reads it: uint32 then float32, little-endian.
 _PAIR = np.dtype([("index", "<u4"), ("value", "<f4")])
 
@@ -116,10 +113,11 @@ def cut_utf8(text: str, limit: int = TEXT_MAX_BYTES) -> str:
     return text if len(raw) <= limit else raw[:limit].decode("utf-8", "ignore")
 
 
-def collection_schema(dim: int, sparse: str = "off") -> Any:
+def collection_schema(dim: int, sparse: SparseKind = SparseKind.OFF) -> Any:
     """The collection's fields (this module's docstring), with the sparse side ``sparse``."""
     from pymilvus import DataType, Function, FunctionType, MilvusClient
 
+    sparse = SparseKind(sparse)
     schema = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
     schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=ID_MAX_LENGTH)
     schema.add_field("doc_id", DataType.VARCHAR, max_length=DOC_ID_MAX_LENGTH)
@@ -133,34 +131,34 @@ def collection_schema(dim: int, sparse: str = "off") -> Any:
     schema.add_field("updated_at", DataType.INT64)
     schema.add_field("source", DataType.VARCHAR, max_length=SOURCE_MAX_LENGTH)
     schema.add_field("source_offset", DataType.INT64)
-    if sparse == "bm25":
+    if sparse is SparseKind.BM25:
         schema.add_field("text", DataType.VARCHAR, max_length=TEXT_MAX_BYTES, enable_analyzer=True)
-    if sparse != "off":
+    if sparse is not SparseKind.OFF:
         schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
-    if sparse == "bm25":
+    if sparse is SparseKind.BM25:
         schema.add_function(Function(name="bm25", function_type=FunctionType.BM25, input_field_names=["text"],
                                      output_field_names=["sparse"]))
     return schema
 
 
-def add_indexes(index: Any, sparse: str = "off") -> Any:
+def add_indexes(index: Any, sparse: SparseKind = SparseKind.OFF) -> Any:
     """The collection's indexes onto ``index`` (``prepare_index_params()``): COSINE on ``vector``, and
     an inverted index on ``sparse`` with its kind's metric."""
     index.add_index(field_name="vector", index_type="AUTOINDEX", metric_type="COSINE")
-    if sparse != "off":
-        index.add_index(field_name="sparse", index_type="SPARSE_INVERTED_INDEX", metric_type=SPARSE_METRIC[sparse])
+    if SparseKind(sparse) is not SparseKind.OFF:
+        index.add_index(field_name="sparse", index_type="SPARSE_INVERTED_INDEX", metric_type=SparseKind(sparse).metric)
     return index
 
 
-def sparse_kind_of(info: dict) -> str:
-    """The sparse side of a collection from ``describe_collection``'s answer (:data:`SPARSE_KINDS`)."""
+def sparse_kind_of(info: dict) -> SparseKind:
+    """The sparse side of a collection from ``describe_collection``'s answer."""
     names = {f["name"] for f in info["fields"]}
     if "sparse" not in names:
-        return "off"
+        return SparseKind.OFF
     from pymilvus import FunctionType
 
     bm25 = any(fn.get("type") == FunctionType.BM25 for fn in info.get("functions") or [])
-    return "bm25" if bm25 else "learned"
+    return SparseKind.BM25 if bm25 else SparseKind.LEARNED
 
 
 #: What stands for an empty sparse vector (a text where the sparse model keeps no weight): milvus-lite
@@ -281,7 +279,7 @@ def upsert_request(collection: str, rows: ChunkRows, model: str, updated_at: int
     return req
 
 
-def check_shape(collection: str, info: dict, dim: int, sparse: str = "off") -> None:
+def check_shape(collection: str, info: dict, dim: int, sparse: SparseKind = SparseKind.OFF) -> None:
     """Raise :class:`ConfigError` unless ``info`` (``describe_collection``'s answer) is a collection
     of this shape for ``dim``-dim vectors: another dim means another model; no chunk fields, a
     collection from before chunking (a row per document), which is never mixed with chunk rows."""
@@ -302,10 +300,11 @@ def check_shape(collection: str, info: dict, dim: int, sparse: str = "off") -> N
             f"document; no {', '.join(missing)} fields). This version writes a row per chunk and will not mix the "
             "two. Set EMBEDSTREAM_MILVUS_COLLECTION to a new name and replay the input topic into it (a new "
             "EMBEDSTREAM_GROUP_ID reads it from the start), then drop the old collection.")
-    have_sparse = sparse_kind_of(info)
-    if have_sparse != sparse:
+    have_sparse, sparse = sparse_kind_of(info), SparseKind(sparse)
+    if have_sparse is not sparse:
         raise ConfigError(
-            f"Milvus collection {collection!r} has sparse side {have_sparse!r} but this worker writes {sparse!r} "
+            f"Milvus collection {collection!r} has sparse side {have_sparse.value!r} but this worker writes "
+            f"{sparse.value!r} "
             "(EMBEDSTREAM_SPARSE): a collection's fields are fixed when it is made. Keep the setting the "
             "collection was made with, or let the worker make the new collection behind the alias and run "
             "`embedstream migrate` to fill it and move the alias.")

@@ -14,10 +14,11 @@ import pytest
 from connectors.milvus import MilvusAdmin, MilvusReader, MilvusStore
 from connectors.milvus.schema import CHUNK_FIELDS, VERSION_FIELDS, ChunkRows
 from schemas.errors import ConfigError, TransientError
+from schemas.sparse import SparseKind
 from tests.unit.fakes import RecordingMilvusClient
 
 
-def _store(kind, stack_env, client=None, sparse: str = "off") -> MilvusStore:
+def _store(kind, stack_env, client=None, sparse: SparseKind = SparseKind.OFF) -> MilvusStore:
     if kind == "fake":
         return MilvusStore("fake", "c", timeout=5.0, client=client or RecordingMilvusClient())
     admin = MilvusAdmin(stack_env["EMBEDSTREAM_MILVUS_URI"], f"contract_{uuid.uuid4().hex[:8]}", timeout=30)
@@ -80,13 +81,13 @@ def test_sparse_sides_bm25_keeps_the_text_learned_keeps_the_vector_and_both_sear
     docs = [("a", 0, 1), ("b", 0, 2), ("c", 0, 3)]
     rows = _rows(docs, vecs)
     rows.texts = texts
-    bm25 = _store(kind, stack_env, sparse="bm25")
+    bm25 = _store(kind, stack_env, sparse=SparseKind.BM25)
     bm25.upsert_chunks(rows, "m", 1000)
     long_rows = _rows([("d", 0, 4)], vecs[:1])
     long_rows.texts = ["é" * 40_000]  # 80,000 bytes: cut to 65,535 (32,767 whole characters)
     bm25.upsert_chunks(long_rows, "m", 1000)
     bm25.upsert_chunks(punctuation, "m", 1000)
-    learned = _store(kind, stack_env, sparse="learned")
+    learned = _store(kind, stack_env, sparse=SparseKind.LEARNED)
     rows = _rows(docs, vecs)
     rows.sparse = [(np.array([7, 3]), np.array([0.5, 1.0], np.float32)), (np.array([3]), np.array([2.0], np.float32)),
                    (np.array([], np.int32), np.array([], np.float32))]
@@ -100,21 +101,21 @@ def test_sparse_sides_bm25_keeps_the_text_learned_keeps_the_vector_and_both_sear
         assert sent["c#0"]["sparse"] == {0: EMPTY_SPARSE[1][0]}  # an empty vector, as milvus-lite takes it
         return
     reader = MilvusReader.sharing(bm25)
-    assert reader.sparse_kind() == "bm25"
+    assert reader.sparse_kind() is SparseKind.BM25
     got = {r["id"]: r["text"] for r in reader.query_ids(("id", "text"))}
     assert got["c#0"] == texts[2] and got["d#0"] == "é" * 32_767
     assert [h["doc_id"] for h in reader.search_by(Query(vecs[0], "ECONNREFUSED"), "sparse", 3)] == ["c"]
     hybrid = [h["doc_id"] for h in reader.search_by(Query(vecs[1], "ECONNREFUSED"), "hybrid", 2)]
     assert set(hybrid) == {"b", "c"}  # b by its vector, c by its word
     reader = MilvusReader.sharing(learned)
-    assert reader.sparse_kind() == "learned"
+    assert reader.sparse_kind() is SparseKind.LEARNED
     got = {r["id"]: r["sparse"] for r in reader.query_ids(("id", "sparse"))}
     assert got["a#0"] == pytest.approx({3: 1.0, 7: 0.5}) and got["b#0"] == {3: 2.0}
     hits = reader.search_by(Query(vecs[2], "", (np.array([3]), np.array([1.0]))), "sparse", 3)
     assert [h["doc_id"] for h in hits][:2] == ["b", "a"]
     with pytest.raises(ConfigError, match="has no sparse field"):
         MilvusReader.sharing(MilvusStore.sharing(learned, bm25.collection + "x")).search_by(
-            Query(vecs[0], "x"), "sparse", 1, kind="off")
+            Query(vecs[0], "x"), "sparse", 1, kind=SparseKind.OFF)
     for store in (bm25, learned):
         MilvusAdmin.sharing(store).drop()
         store.close()
@@ -125,8 +126,8 @@ def test_a_collection_made_with_another_sparse_setting_is_refused_at_start_up(st
     admin = MilvusAdmin(stack["EMBEDSTREAM_MILVUS_URI"], f"shape_{uuid.uuid4().hex[:8]}", timeout=30)
     admin.ensure_collection(4)
     with pytest.raises(ConfigError, match="has sparse side 'off' but this worker writes 'bm25'.*embedstream migrate"):
-        admin.ensure_collection(4, "bm25")
-    admin.ensure_collection(4, "off")  # the setting it was made with: fine
+        admin.ensure_collection(4, SparseKind.BM25)
+    admin.ensure_collection(4, SparseKind.OFF)  # the setting it was made with: fine
     admin.drop()
     admin.close()
 
@@ -164,12 +165,12 @@ def test_a_collection_of_another_shape_is_refused_with_what_to_do():
     from pymilvus import FunctionType
 
     bm25 = {**_info(*CURRENT_FIELDS, "text", "sparse"), "functions": [{"name": "bm25", "type": FunctionType.BM25}]}
-    check_shape("c", bm25, 4, "bm25")
-    check_shape("c", _info(*CURRENT_FIELDS, "sparse"), 4, "learned")
+    check_shape("c", bm25, 4, SparseKind.BM25)
+    check_shape("c", _info(*CURRENT_FIELDS, "sparse"), 4, SparseKind.LEARNED)
     with pytest.raises(ConfigError, match="sparse side 'bm25' but this worker writes 'learned'"):
-        check_shape("c", bm25, 4, "learned")
+        check_shape("c", bm25, 4, SparseKind.LEARNED)
     with pytest.raises(ConfigError, match="sparse side 'off' but this worker writes 'bm25'"):
-        check_shape("c", _info(*CURRENT_FIELDS), 4, "bm25")
+        check_shape("c", _info(*CURRENT_FIELDS), 4, SparseKind.BM25)
 
 
 @pytest.mark.integration
@@ -296,7 +297,7 @@ def test_the_public_upsert_takes_over_when_the_private_call_moves(kind, stack_en
         return REGISTRY.get_sample_value("embedstream_milvus_columnar_fallbacks_total") or 0.0
 
     vecs = np.eye(4, dtype=np.float32)
-    stores = {"off": _store(kind, stack_env), "learned": _store(kind, stack_env, sparse="learned")}
+    stores = {"off": _store(kind, stack_env), "learned": _store(kind, stack_env, sparse=SparseKind.LEARNED)}
     stores["off"].upsert_chunks(_rows([("a", 0, 1), ("b", 0, 2)], vecs[:2]), "m", 1000)  # columnar, as usual
 
     class Moved:

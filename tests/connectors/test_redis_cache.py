@@ -195,12 +195,12 @@ def test_a_reply_that_came_too_late_never_answers_the_next_command(tmp_path):
 
 
 def test_a_learned_sparse_side_is_cached_with_its_vector_and_never_read_as_a_dense_value():
-    from connectors.redis_cache import pack_with_sparse, unpack_vector, unpack_with_sparse
+    from connectors.redis_cache import WITH_SPARSE, pack_with_sparse, unpack_vector, unpack_with_sparse
 
     vec = np.arange(4, dtype=np.float32)
     value = (vec, (np.array([3, 70_000], np.int32), np.array([0.5, 1.5], np.float32)))
     server = DictRedis()
-    cache = RedisCache("redis://unused", "m+sparse-x", 4, 60, client=server, sparse=True)
+    cache = RedisCache("redis://unused", "m+sparse-x", 4, 60, client=server, values=WITH_SPARSE)
     assert cache.set_many({"h": value, "e": (vec, (np.array([], np.int32), np.array([], np.float32)))})
     [(got_vec, (idx, val)), (_, (empty, _))] = cache.get_many(["h", "e"])
     assert np.array_equal(got_vec, vec) and idx.tolist() == [3, 70_000] and val.tolist() == [0.5, 1.5]

@@ -88,7 +88,7 @@ def test_bm25_rows_keep_each_chunks_text_through_updates_and_search_finds_the_id
 def test_a_learned_sparse_model_writes_its_vectors_to_milvus_the_output_topic_and_the_cache(stack, learned):
     from worker.commands.search import search_documents
 
-    s = fresh_settings(stack, partitions=1, sparse=learned.sparse, **CHUNK)
+    s = fresh_settings(stack, partitions=1, sparse=learned.sparse.setting, **CHUNK)
     p = _prose(12, skip=40)
     first = {"long": " ".join(p[0:4]), "gone": p[4], **{f"d{i}": p[5 + i] for i in range(6)}}
     _produce(s, list(first.items()))
@@ -115,7 +115,7 @@ def test_a_learned_sparse_model_writes_its_vectors_to_milvus_the_output_topic_an
         rows["long#0"]["sparse"], abs=1e-6)
 
     # the same texts in another deployment sharing Redis: every vector from the cache, sparse included
-    again = fresh_settings(stack, partitions=1, sparse=learned.sparse, **CHUNK)
+    again = fresh_settings(stack, partitions=1, sparse=learned.sparse.setting, **CHUNK)
     _produce(again, list(newest.items()))
     stats = _run(again, learned)
     assert stats.cached == stats.embedded == len(newest)

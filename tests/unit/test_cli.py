@@ -75,7 +75,7 @@ def test_a_given_model_takes_the_sparse_setting_unless_it_needs_a_model_it_was_n
     model = FakeEmbedder()
     assert with_sparse(model, "off") is model
     bm25 = with_sparse(model, "bm25")
-    assert bm25.sparse == "bm25" and model.sparse == "off" and bm25.space_id == "fake-model+bm25"
+    assert bm25.sparse.setting == "bm25" and model.sparse.setting == "off" and bm25.space_id == "fake-model+bm25"
     learned = FakeEmbedder(sparse="org/splade")
     assert with_sparse(learned, "off") is learned and with_sparse(learned, "org/splade") is learned
     with pytest.raises(ConfigError, match="loaded without that sparse model"):

@@ -181,18 +181,20 @@ def test_offsets_over_is_the_offsets_of_the_texts_past_the_limit(texts, limit):
 
 
 def test_the_sparse_side_names_a_new_space_and_only_a_learned_one_a_new_cache():
+    from schemas.sparse import BM25, OFF, SparseKind, SparseMode
     from tools.fake_embedder import FakeEmbedder
-    from worker.embedding.sparse import kind, resolve_mode
 
     off, bm25, learned = (FakeEmbedder(sparse=m) for m in ("off", "bm25", "org/splade"))
     assert off.space_id == off.cache_id == "fake-model"
     assert bm25.space_id == "fake-model+bm25" and bm25.cache_id == "fake-model"  # same dense vectors
     assert learned.space_id == learned.cache_id != off.space_id and "+sparse-" in learned.space_id
-    assert [kind(m.sparse) for m in (off, bm25, learned)] == ["off", "bm25", "learned"]
-    assert resolve_mode(" BM25 ") == "bm25" and resolve_mode(None) == "off" and resolve_mode("org/x") == "org/x"
+    assert [m.sparse.kind for m in (off, bm25, learned)] == [SparseKind.OFF, SparseKind.BM25, SparseKind.LEARNED]
+    assert SparseMode.of(" BM25 ") is BM25 and SparseMode.of(None) is OFF and SparseMode.of("") is OFF
+    assert SparseMode.of("org/x") == SparseMode(SparseKind.LEARNED, "org/x")
+    assert [m.sparse.setting for m in (off, bm25)] == ["off", "bm25"]
     with pytest.raises(ConfigError, match="no sentence-transformers SparseEncoder"):
-        resolve_mode("/nonexistent/sparse")
-    assert bm25.profile.sparse == "bm25"
+        SparseMode.of("/nonexistent/sparse")
+    assert bm25.profile.sparse is BM25
 
 
 def test_a_sparse_model_shares_the_leading_modules_of_the_same_kind_configuration_and_weights():

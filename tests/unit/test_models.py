@@ -191,7 +191,7 @@ def test_each_model_of_a_set_has_its_own_sparse_side_and_a_learned_one_is_asked_
     assert [s.sparse for s in specs.values()] == [None, "bm25", "org/splade"]
     models = ModelSet(specs, lambda spec: FakeEmbedder(model_id="org/m", sparse=spec.sparse or "off"))
     handles = models.handles
-    assert [h.sparse for h in handles.values()] == ["off", "bm25", "org/splade"]
+    assert [h.sparse.setting for h in handles.values()] == ["off", "bm25", "org/splade"]
     assert len({h.space_id for h in handles.values()}) == 3 and handles["words"].cache_id == handles["plain"].cache_id
     dense, sparse = handles["learned"].embed_sparse(["a text"])
     assert dense.shape == (1, 8) and len(sparse[0][0]) == len(sparse[0][1]) > 0
@@ -201,6 +201,6 @@ def test_each_model_of_a_set_has_its_own_sparse_side_and_a_learned_one_is_asked_
     seen: dict = {}
     monkeypatch.setattr("worker.embedding.sentence.SentenceTransformerEmbedder", lambda *a, **kw: seen.update(kw))
     load_embedder(Settings(sparse="bm25"), specs["plain"])
-    assert seen["sparse"] == "bm25"
+    assert seen["sparse"].setting == "bm25"
     load_embedder(Settings(sparse="bm25"), specs["learned"])
-    assert seen["sparse"] == "org/splade"
+    assert seen["sparse"].setting == "org/splade"

@@ -9,6 +9,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from connectors.milvus import MilvusStore
 from schemas.errors import RecordRefused, TransientError
+from schemas.sparse import SparseMode
 from worker.core.delivery import AtLeastOnce, written_offsets
 from worker.core.fence import Fence, FenceClosed
 from worker.core.records import Batch, Chunk, DeadLetter, Delete, Item, Source
@@ -370,11 +371,11 @@ def test_rows_carry_what_the_sparse_side_needs_the_chunk_text_for_bm25_the_vecto
                  Chunk(1, 6, 10, "beta", "h1", np.ones(4, np.float32), sparse=sparse)]
     plain = chunk_rows([it], str)
     assert plain.texts is None and plain.sparse is None
-    assert chunk_rows([it], str, "bm25").texts == ["alpha", "beta"]  # the whole chunk, not the excerpt
-    assert chunk_rows([it], str, "learned").sparse == [sparse, sparse]
+    assert chunk_rows([it], str, SparseMode.of("bm25")).texts == ["alpha", "beta"]  # the whole chunk, not the excerpt
+    assert chunk_rows([it], str, SparseMode.of("org/splade")).sparse == [sparse, sparse]
     it.chunks[1].sparse = None
     with pytest.raises(RuntimeError, match="without its sparse vector"):
-        chunk_rows([it], str, "learned")
+        chunk_rows([it], str, SparseMode.of("org/splade"))
 
 
 def test_a_record_that_looks_superseded_is_judged_again_under_a_new_topic_id(caplog):

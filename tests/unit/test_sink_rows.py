@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from schemas.errors import TransientError
+from schemas.sparse import BM25, MAX_ACTIVE_DIMS, SparseMode
 from worker.core.records import Batch, Chunk, DeadLetter, Delete, Item, Source
-from worker.embedding.sparse import MAX_ACTIVE_DIMS
 from worker.steps.writing.fit import TopicLimits, output_room, record_size
 from worker.steps.writing.sink import ModelTarget, SinkStep, chunk_rows
 from worker.steps.writing.versions import VersionGuard
@@ -168,7 +168,7 @@ def test_a_tombstone_goes_to_the_output_topic_naming_every_model():
 
 def test_a_bm25_collections_rows_carry_each_chunks_whole_text_through_the_sink():
     client = RecordingMilvusClient()
-    sink = SinkStep({"": ModelTarget(_store(client), "m", 4, sparse="bm25")},
+    sink = SinkStep({"": ModelTarget(_store(client), "m", 4, sparse=BM25)},
                     at_least_once(producer=RecordingProducer()), fence=_owned(0), guard=VersionGuard({"docs": "T1"}),
                     output_topic="embeddings", dlq_topic="documents.dlq", delivery_timeout_s=5)
     batch = Batch()
@@ -181,7 +181,7 @@ def test_a_bm25_collections_rows_carry_each_chunks_whole_text_through_the_sink()
 def test_a_learned_sparse_model_leaves_less_room_for_id_and_metadata():
     limits = TopicLimits(output=100_000)
     targets = {"dense": ModelTarget(_store(RecordingMilvusClient()), "d", 4),
-               "learned": ModelTarget(_store(RecordingMilvusClient()), "l", 4, sparse="learned")}
+               "learned": ModelTarget(_store(RecordingMilvusClient()), "l", 4, sparse=SparseMode.of("org/splade"))}
     sink = SinkStep(targets, at_least_once(producer=RecordingProducer()), fence=_owned(0),
                     guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
                     delivery_timeout_s=5, limits=limits)

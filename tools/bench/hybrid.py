@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from schemas.sparse import SparseKind
 from tools.bench import measure
 from tools.corpus import stdlib_definitions
 from worker.settings import Settings
@@ -82,7 +83,7 @@ def recall(base: Settings, emb, n: int, queries: int, say: Callable[[str], None]
             t0 = time.perf_counter()
             for i, (q, vec) in enumerate(zip(asked, vectors)):
                 for mode in MODES:
-                    hits = best_documents(reader, Query(vec, q), mode, K, kind="bm25")  # as `search` asks
+                    hits = best_documents(reader, Query(vec, q), mode, K, kind=SparseKind.BM25)  # as `search` asks
                     found[mode] += f"{prefix}-{i}" in {h["id"] for h in hits}
             out[name] = {mode: found[mode] / len(asked) for mode in MODES}
             out[name]["ms_per_search"] = (time.perf_counter() - t0) * 1000 / (len(asked) * len(MODES))

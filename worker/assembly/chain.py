@@ -29,7 +29,6 @@ from worker.core.loop import Chain
 from worker.core.offsets import OffsetCommitter
 from worker.core.pipeline import Pipeline, Stage, in_turn
 from worker.core.records import Batch, Share, split_by_model
-from worker.embedding import sparse
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet
 from worker.settings import (
@@ -100,7 +99,7 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
     committer = OffsetCommitter(consumer, durable.commit_interval_ms / 1000, delivery)           # 8 commit
     # The breaker (3) counts the dead letters the chunk and sink steps make too (late ones).
     breaker = DlqLimit(durable.dlq_max_consecutive, durable.dlq_max_ratio, durable.dlq_ratio_window)
-    targets = {n: ModelTarget(stores[n], m.model_id, m.dim, caches[n], sparse.kind(m.sparse))
+    targets = {n: ModelTarget(stores[n], m.model_id, m.dim, caches[n], m.sparse)
                for n, m in handles.items()}
     guard = VersionGuard(topic_ids, lookup_ids)
     sink = SinkStep(targets, delivery, fence=fence,

@@ -27,11 +27,13 @@ from connectors.kafka import (
     topic_max_bytes,
 )
 from connectors.milvus import MilvusAdmin, MilvusConnection, MilvusStore
-from connectors.redis_cache import RedisCache
+from connectors.redis_cache import VECTORS, WITH_SPARSE, RedisCache
 from connectors.registry import SchemaRegistry, client_conf
 from connectors.transactions import Transactions, transactional_id
+from schemas import sparse as sparse_modes
 from schemas.codec import DOCUMENT_SCHEMA_TEXT
 from schemas.errors import ConfigError
+from schemas.sparse import SparseMode
 from worker.assembly.chain import build_chain
 from worker.assembly.naming import alias_of, collection_of
 from worker.core.assignment import Assignment
@@ -39,7 +41,6 @@ from worker.core.delivery import AtLeastOnce, Delivery, ExactlyOnce
 from worker.core.fence import Fence, lease_seconds
 from worker.core.loop import Worker
 from worker.core.stats import RunStats
-from worker.embedding import sparse
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet, ModelSpec, describe, parse_models
 from worker.process import heap, metrics
@@ -67,10 +68,10 @@ def load_embedder(settings: Settings, spec: ModelSpec | None = None) -> Embedder
         return SentenceTransformerEmbedder(spec.path, spec.precision or settings.precision,
                                            spec.device or settings.device, document_prompt=spec.document_prompt,
                                            query_prompt=spec.query_prompt, truncate_dim=spec.truncate_dim,
-                                           sparse=spec.sparse or settings.sparse)
+                                           sparse=SparseMode.of(spec.sparse or settings.sparse))
     return SentenceTransformerEmbedder(settings.model, settings.precision, settings.device,
                                        document_prompt=settings.document_prompt, query_prompt=settings.query_prompt,
-                                       truncate_dim=settings.truncate_dim, sparse=settings.sparse)
+                                       truncate_dim=settings.truncate_dim, sparse=SparseMode.of(settings.sparse))
 
 
 def load_models(settings: Settings, embedder: Embedder | None = None) -> ModelSet:
@@ -86,12 +87,12 @@ def load_models(settings: Settings, embedder: Embedder | None = None) -> ModelSe
 
 def with_sparse(embedder: Embedder, setting: str) -> Embedder:
     """A given model (tests, the bench) with EMBEDSTREAM_SPARSE applied: unchanged when the setting is
-    ``off`` or already the model's; a shallow copy writing ``bm25`` (or ``off``) otherwise. A learned
-    sparse model cannot be added to a loaded one: ConfigError."""
-    mode = sparse.resolve_mode(setting)
-    if mode == sparse.OFF or mode == embedder.sparse:
+    off or already the model's; a shallow copy writing BM25 otherwise. A learned sparse model cannot
+    be added to a loaded one: ConfigError."""
+    mode = SparseMode.of(setting)
+    if mode == sparse_modes.OFF or mode == embedder.sparse:
         return embedder
-    if sparse.is_learned(mode):
+    if mode.learned:
         raise ConfigError(f"EMBEDSTREAM_SPARSE={setting!r}: the model given was loaded without that sparse model; "
                           "load it with sparse= set")
     out = copy.copy(embedder)
@@ -126,7 +127,8 @@ def open_cache(settings: Settings, embedder: Embedder) -> RedisCache | None:
         log.info("EMBEDSTREAM_REDIS_URL unset: running without the cache")
         return None
     cache = RedisCache(settings.redis_url.get_secret_value(), embedder.cache_id, embedder.dim,
-                       settings.cache_ttl_seconds, settings.redis_timeout_ms, sparse=sparse.is_learned(embedder.sparse))
+                       settings.cache_ttl_seconds, settings.redis_timeout_ms,
+                       values=WITH_SPARSE if embedder.sparse.learned else VECTORS)
     if cache.get_many(["startup-probe"]) == [None] and cache.errors:
         log.warning("Redis did not answer at start-up; running without hits until it does")
     return cache
@@ -274,7 +276,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
         if store_factory is None:
             stores[name] = open_milvus(s, MilvusStore, collection)
             MilvusAdmin.sharing(stores[name]).prepare(alias_of(s, name), model.model_id, model.dim,
-                                                      sparse.kind(model.sparse))
+                                                      model.sparse.kind)
         else:
             stores[name] = store_factory(s, collection)
         caches[name] = open_cache(s, model)

@@ -41,7 +41,6 @@ def run_checks(s: Settings) -> list[Check]:
     from connectors.milvus.schema import check_shape
     from worker.assembly.naming import collection_of
     from worker.assembly.runner import check_topics, load_models, open_cache, open_milvus, open_registry, topic_limits
-    from worker.embedding import sparse
     from worker.embedding.models import describe
 
     checks: list[Check] = []
@@ -86,7 +85,7 @@ def run_checks(s: Settings) -> list[Check]:
             try:
                 if not reader.exists():
                     return f"reached; {collection} does not exist yet: the worker creates it at its first start"
-                check_shape(collection, reader.describe(), model.dim, sparse.kind(model.sparse))
+                check_shape(collection, reader.describe(), model.dim, model.sparse.kind)
                 return f"{collection} exists, {model.dim} dimensions, as this model writes"
             finally:
                 reader.close()

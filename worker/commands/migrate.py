@@ -35,7 +35,9 @@ from confluent_kafka.admin import ConfigResource, OffsetSpec
 from connectors.kafka import make_admin
 from connectors.lag import group_lag
 from connectors.milvus import MilvusAdmin, MilvusReader
+from schemas import sparse as sparse_modes
 from schemas.errors import ConfigError, TransientError
+from schemas.sparse import SparseKind, SparseMode
 from worker.assembly.naming import alias_of, collection_of, family_prefix
 from worker.commands.search import ROWS_PER_DOCUMENT, best_chunk_per_document
 from worker.embedding.base import Embedder
@@ -245,14 +247,14 @@ def drop_old(admin: MilvusAdmin, plan: Plan) -> list[str]:
     return dropped
 
 
-def old_sparse(admin: MilvusAdmin, collection: str) -> str:
-    """The sparse setting the old model ran with, as far as its collection tells: ``bm25`` or ``off``
-    (a learned sparse model's id is not in the collection: its dense side is what migrate compares)."""
+def old_sparse(admin: MilvusAdmin, collection: str) -> SparseMode:
+    """The sparse mode the old model ran with, as far as its collection tells: BM25 or off (a learned
+    sparse model's id is not in the collection: its dense side is what migrate compares)."""
     try:
         kind = MilvusReader.sharing(admin, collection).sparse_kind()
     except TransientError:  # no such collection yet (a first migration): nothing to compare
-        return "off"
-    return "bm25" if kind == "bm25" else "off"
+        return sparse_modes.OFF
+    return sparse_modes.BM25 if kind is SparseKind.BM25 else sparse_modes.OFF
 
 
 def check_supported(settings: Settings) -> None:
@@ -298,7 +300,7 @@ def plan(settings: Settings, new_model: str, group: str | None = None) -> Migrat
     target = admin.alias_target(alias)
     old: Embedder | None = None
     try:
-        old = load_embedder(settings.model_copy(update={"sparse": old_sparse(admin, target or alias)}))
+        old = load_embedder(settings.model_copy(update={"sparse": old_sparse(admin, target or alias).setting}))
     except ConfigError as exc:
         warnings.append(f"the old model (EMBEDSTREAM_MODEL) does not load ({exc}): neighbours are not compared")
     if target is None and admin.has(alias):

@@ -10,9 +10,10 @@ collection has a sparse side, else dense."""
 from __future__ import annotations
 
 from schemas.errors import ConfigError
+from schemas.sparse import SparseKind
 from worker.core.records import normalise_text
 from worker.embedding.base import Embedder
-from worker.embedding.sparse import Sparse, is_learned
+from worker.embedding.sparse import Sparse
 from worker.settings import Settings
 
 MODES = ("dense", "sparse", "hybrid")
@@ -95,11 +96,11 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5, emb
             raise ConfigError(f"collection {collection!r} holds {store.dim(info)}-dim vectors, the "
                               f"model makes {embedder.dim}: use the model the collection was built with")
         kind = store.sparse_kind(info)
-        mode = mode or ("dense" if kind == "off" else "hybrid")
+        mode = mode or ("dense" if kind is SparseKind.OFF else "hybrid")
         texts = [normalise_text(q) for q in queries]
         sparse: list[Sparse | None] = [None] * len(texts)
-        if kind == "learned" and mode != "dense":
-            if not is_learned(embedder.sparse):
+        if kind is SparseKind.LEARNED and mode != "dense":
+            if not embedder.sparse.learned:
                 raise ConfigError(f"collection {collection!r} holds learned sparse vectors: set EMBEDSTREAM_SPARSE "
                                   "(--sparse) to the sparse model it was built with, or search with --mode dense")
             dense, learned = embedder.embed_sparse(texts, query=True)

@@ -25,8 +25,10 @@ from typing import Protocol
 
 import numpy as np
 
+from schemas import sparse as sparse_modes
 from schemas.errors import ConfigError
-from worker.embedding.sparse import OFF, Embedded, Sparse, is_learned, space_suffix
+from schemas.sparse import SparseMode
+from worker.embedding.sparse import Embedded, Sparse
 
 PACKAGED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 #: Folders of a model directory that hold no part of the model (a VCS, caches, exports beside it).
@@ -138,9 +140,8 @@ class ModelProfile:
     query_prompt: str
     chars_per_token: float
     truncate_dim: int | None
-    #: The sparse vectors beside the dense ones (``worker.embedding.sparse``): ``off``, ``bm25`` or
-    #: the id of the sparse model the embedder runs.
-    sparse: str
+    #: The sparse vectors beside the dense ones.
+    sparse: SparseMode
     #: The model's :attr:`Embedder.cache_id` and :attr:`Embedder.space_id`.
     cache_id: str
     space_id: str
@@ -167,10 +168,10 @@ class Embedder(abc.ABC):
     prompt_tokens: int = 0
     #: Keep the first so many dimensions of each vector (renormalised); None: all.
     truncate_dim: int | None = None
-    #: The sparse side (``worker.embedding.sparse``): ``off``; ``bm25`` (Milvus derives it from the
-    #: text, nothing to compute here); or a sparse model's id, whose vectors :meth:`embed_sparse`
-    #: makes in the same forward passes as the dense ones.
-    sparse: str = OFF
+    #: The sparse side (``schemas.sparse``): off; BM25 (Milvus derives it from the text, nothing to
+    #: compute here); or a learned sparse model, whose vectors :meth:`embed_sparse` makes in the
+    #: same forward passes as the dense ones.
+    sparse: SparseMode = sparse_modes.OFF
 
     #: Characters per token of the estimate (WordPiece on English prose and docstrings; measured on
     #: the bench's texts: the sum is within 1 % on docstrings and 5 % on one-sentence texts).
@@ -214,7 +215,7 @@ class Embedder(abc.ABC):
         """The vectors of texts made ready by :meth:`prepare`: always the dense ones, and each
         text's learned sparse vector where this model has a learned sparse side (else None), from
         the same passes. Embed thread."""
-        if is_learned(self.sparse):
+        if self.sparse.learned:
             return self.embed_sparse(prepared)
         return self.embed(prepared), None
 
@@ -242,14 +243,14 @@ class Embedder(abc.ABC):
         sparse model when it has one (a cached value then holds both vectors; BM25 adds nothing to
         cache). A model may add what else keeps its vectors apart, like a precision, so a vector is
         never served for another configuration."""
-        return self.dense_space_id + (space_suffix(self.sparse) if is_learned(self.sparse) else "")
+        return self.dense_space_id + (self.sparse.space_suffix if self.sparse.learned else "")
 
     @property
     def space_id(self) -> str:
         """What this model writes to Milvus: its :attr:`dense_space_id` plus its sparse side
-        (``worker.embedding.sparse.space_suffix``: a collection of another shape). A new space needs a
+        (``schemas.sparse.SparseMode.space_suffix``: a collection of another shape). A new space needs a
         new Milvus collection."""
-        return self.dense_space_id + space_suffix(self.sparse)
+        return self.dense_space_id + self.sparse.space_suffix
 
     @property
     def dense_space_id(self) -> str:

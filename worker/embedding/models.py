@@ -5,7 +5,7 @@ ConfigMap)::
 
     {"minilm": {"path": "/models/minilm", "default": true},
      "e5": {"path": "/models/e5-small", "precision": "bf16", "document_prompt": "passage: ",
-            "sparse": "bm25"}}
+            "sparse": "/models/splade"}}
 
 A record's ``model`` field picks one by its name (or the model's id); an empty field picks the
 default (the one marked ``default``, else the first). Without the setting the set is the one model
@@ -59,7 +59,7 @@ class ModelSpec(BaseModel):
     document_prompt: str | None = None
     query_prompt: str | None = None
     truncate_dim: int | None = Field(None, ge=1)
-    #: None: EMBEDSTREAM_SPARSE (``off``, ``bm25`` or a sparse model: ``worker.embedding.sparse``)
+    #: None: EMBEDSTREAM_SPARSE (a setting of ``schemas.sparse.SparseMode.of``)
     sparse: str | None = None
     default: bool = False
 

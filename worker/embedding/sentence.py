@@ -25,11 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from schemas import sparse as sparse_modes
 from schemas.errors import ConfigError
+from schemas.sparse import SparseMode
 from worker.embedding import cpu
 from worker.embedding.base import Embedder, resolve_model_path, word_spans
 from worker.embedding.passes import PASS_TOKENS, split_by_budget, split_by_cost
-from worker.embedding.sparse import Embedded, LearnedSparse, Sparse, is_learned, resolve_mode, rows_of
+from worker.embedding.sparse import Embedded, LearnedSparse, Sparse, rows_of
 from worker.embedding.tokens import Tokens
 
 log = logging.getLogger(__name__)
@@ -133,7 +135,7 @@ class SentenceTransformerEmbedder(Embedder):
     def __init__(self, model: str | None = None, precision: str = "auto", device: str = "auto",
                  sub_batch_size: int | None = None, sub_batch_tokens: int | None = None, *,
                  document_prompt: str | None = None, query_prompt: str | None = None,
-                 truncate_dim: int | None = None, sparse: str = "off") -> None:
+                 truncate_dim: int | None = None, sparse: SparseMode | str = sparse_modes.OFF) -> None:
         import torch
 
         self._torch = torch
@@ -160,11 +162,11 @@ class SentenceTransformerEmbedder(Embedder):
         self._document_extra = self._prompt_extra(self.document_prompt)
         self._size_passes(sub_batch_size, sub_batch_tokens)
         self._modules = self._modules_but_normalize()
-        self.sparse = resolve_mode(sparse)
+        self.sparse = SparseMode.of(sparse)
         #: The sparse model run beside the dense one (``worker.embedding.sparse``); None without one.
-        self.learned_sparse = (LearnedSparse(self.sparse, self.device, self.sentence_transformer.dtype,
+        self.learned_sparse = (LearnedSparse(self.sparse.setting, self.device, self.sentence_transformer.dtype,
                                              self.sentence_transformer.tokenizer, self._modules)
-                               if is_learned(self.sparse) else None)
+                               if self.sparse.learned else None)
         #: The int8 transformer this embedder runs (None at other precisions), for tools that run the
         #: library's own ``encode`` through it (the bench's raw encode).
         self.int8_transformer = None

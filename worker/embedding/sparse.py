@@ -1,13 +1,9 @@
-"""The sparse side of a model (``EMBEDSTREAM_SPARSE``): none, BM25 computed by Milvus, or a learned
-sparse model run in the same forward pass as the dense one.
+"""A learned sparse model run beside the dense one (the mode ``schemas.sparse.SparseMode`` names it).
 
-- ``off``: dense vectors only.
-- ``bm25``: each Milvus row keeps its chunk's text in a field with an analyzer, and Milvus derives
-  the BM25 sparse vector from it (a ``Function``); the worker computes nothing more.
-- a sentence-transformers ``SparseEncoder`` (path or name; SPLADE-style, or CSR on top of a dense
-  model): :class:`LearnedSparse` runs its modules on the *same padded token ids* as the dense model,
-  pass by pass, so a text is tokenized once for both. Its tokenizer must therefore be the dense
-  model's (same vocabulary), or start-up stops saying so.
+A sentence-transformers ``SparseEncoder`` (path or name; SPLADE-style, or CSR on top of a dense
+model): :class:`LearnedSparse` runs its modules on the *same padded token ids* as the dense model,
+pass by pass, so a text is tokenized once for both. Its tokenizer must therefore be the dense
+model's (same vocabulary), or start-up stops saying so. (BM25 needs nothing here: Milvus computes it.)
 
 A sparse vector travels as :data:`Sparse`: its dimensions (int32, ascending) and their weights
 (float32, all non-zero).
@@ -15,61 +11,16 @@ A sparse vector travels as :data:`Sparse`: its dimensions (int32, ascending) and
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import numpy as np
 
 from schemas.errors import ConfigError
+from schemas.sparse import MAX_ACTIVE_DIMS
 
-OFF = "off"
-BM25 = "bm25"
-LEARNED = "learned"
-#: The most dimensions a learned sparse vector keeps (its largest weights): SPLADE documents have a few
-#: hundred; the bound keeps an output record's size known (``worker.steps.writing.fit``).
-MAX_ACTIVE_DIMS = 1024
 #: A sparse vector: ``(indices, values)``, indices ascending.
 Sparse = tuple[np.ndarray, np.ndarray]
 #: What a model's passes give texts: their dense vectors, and their learned sparse vectors where the
 #: model has a learned sparse side (else None).
 Embedded = tuple[np.ndarray, "list[Sparse] | None"]
-
-
-def is_learned(mode: str) -> bool:
-    """Whether ``mode`` (a model's sparse setting) names a model the worker runs."""
-    return mode not in (OFF, BM25)
-
-
-def kind(mode: str) -> str:
-    """The shape of the sparse side in Milvus (``connectors.milvus.schema``): ``off``, ``bm25`` or
-    ``learned``."""
-    return LEARNED if is_learned(mode) else mode
-
-
-def space_suffix(mode: str) -> str:
-    """What a sparse ``mode`` adds to a model's vector space id (a new collection shape): nothing for
-    ``off``, ``+bm25``, or ``+sparse-<12 hex of the model id>``."""
-    if mode == OFF:
-        return ""
-    if mode == BM25:
-        return "+bm25"
-    return "+sparse-" + hashlib.sha256(mode.encode("utf-8")).hexdigest()[:12]
-
-
-def resolve_mode(value: str | None) -> str:
-    """``EMBEDSTREAM_SPARSE`` (or a model's ``sparse``) → ``off``, ``bm25``, or the sparse model's id
-    (a path resolved, a name as given). Raises :class:`ConfigError` for a path with no model."""
-    value = (value or OFF).strip()
-    if value.lower() in (OFF, BM25, ""):
-        return value.lower() or OFF
-    looks_like_path = value.startswith(("/", ".", "~")) or Path(value).expanduser().exists()
-    if not looks_like_path:
-        return value
-    path = Path(value).expanduser()
-    if not (path / "modules.json").exists():
-        raise ConfigError(f"EMBEDSTREAM_SPARSE={value!r}: no sentence-transformers SparseEncoder there (no "
-                          "modules.json). Use off, bm25, or the directory of a sparse model.")
-    return str(path.resolve()).rstrip("/")
 
 
 class LearnedSparse:

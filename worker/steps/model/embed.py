@@ -37,7 +37,7 @@ import numpy as np
 from connectors.redis_cache import RedisCache
 from worker.core.records import Share
 from worker.embedding.base import Embedder
-from worker.embedding.sparse import Sparse, is_learned
+from worker.embedding.sparse import Sparse
 from worker.process import metrics
 
 #: What the step keeps of a text: its vector, or with a learned sparse side ``(vector, sparse vector)``.
@@ -104,7 +104,7 @@ class EmbedStep:
         self.embedder = embedder
         #: The model has a learned sparse side: each text's value (embedded, memoised, cached) is its
         #: dense vector and its sparse one, from the same forward pass.
-        self.learned = is_learned(embedder.sparse)
+        self.learned = embedder.sparse.learned
         self.cache = cache
         #: The items this step embeds: those of this model (``Item.model``).
         self.model = model

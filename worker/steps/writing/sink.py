@@ -27,11 +27,12 @@ from connectors.kafka import DeliveryBatch
 from connectors.milvus import MilvusStore
 from connectors.milvus.schema import EXCERPT_CHARS, ChunkRows, chunk_id
 from connectors.redis_cache import RedisCache
+from schemas import sparse as sparse_modes
 from schemas.errors import TransientError
+from schemas.sparse import SparseMode
 from worker.core.delivery import Delivery, Planned, written_offsets
 from worker.core.fence import Fence
 from worker.core.records import Batch, Chunk, DeadLetter, Delete, Entry, Item, Source, headers_size
-from worker.embedding.sparse import MAX_ACTIVE_DIMS
 from worker.process import metrics
 from worker.steps.writing.fit import TopicLimits, dead_letter_record, output_room, record_size
 from worker.steps.writing.output import OutputFormat
@@ -48,9 +49,9 @@ class ModelTarget:
     model_id: str
     dim: int
     cache: RedisCache | None = None
-    #: The collection's sparse side (``connectors.milvus.schema.SPARSE_KINDS``): what a row carries
-    #: beside its dense vector (the chunk's text for ``bm25``, its sparse vector for ``learned``).
-    sparse: str = "off"
+    #: The model's sparse mode: what a row carries beside its dense vector (the chunk's text for BM25,
+    #: its sparse vector for a learned model) and how large an output record's sparse side can be.
+    sparse: SparseMode = sparse_modes.OFF
     #: The headers of an output record, by whether it came from a cache (built once: the producer
     #: copies them at each ``produce``).
     headers: dict[bool, list[tuple[str, bytes]]] = field(init=False)
@@ -75,9 +76,9 @@ class Plan:
     stored: dict = field(default_factory=dict)
 
 
-def chunk_rows(items: list[Item], source: Callable[[Source], str], sparse: str = "off") -> ChunkRows:
+def chunk_rows(items: list[Item], source: Callable[[Source], str], sparse: SparseMode = sparse_modes.OFF) -> ChunkRows:
     """The Milvus rows of ``items``: one per chunk; ``source`` names where a record came from;
-    ``sparse``: the collection's sparse side (what else each row carries)."""
+    ``sparse``: the model's sparse mode (what else each row carries)."""
     chunks = [(it, ch) for it in items for ch in it.chunks]
     vectors = [ch.vector for _, ch in chunks if ch.vector is not None]
     if len(vectors) != len(chunks):
@@ -89,8 +90,8 @@ def chunk_rows(items: list[Item], source: Callable[[Source], str], sparse: str =
         vectors=np.array(vectors), hashes=[ch.hash for _, ch in chunks],
         metadata=[it.metadata for it, _ in chunks], sources=[source(it.source) for it, _ in chunks],
         offsets=[it.source.offset for it, _ in chunks],
-        texts=[ch.text for _, ch in chunks] if sparse == "bm25" else None,
-        sparse=_sparse_of(chunks) if sparse == "learned" else None)
+        texts=[ch.text for _, ch in chunks] if sparse.rows_carry_text else None,
+        sparse=_sparse_of(chunks) if sparse.learned else None)
 
 
 def _sparse_of(chunks: list[tuple[Item, Chunk]]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -135,8 +136,7 @@ class SinkStep:
         self.limits = limits or TopicLimits()
         #: Per model, the bytes of id and metadata below which its output records always fit
         #: (``worker.steps.writing.fit.output_room``): only a document past it is measured.
-        self.output_rooms = {name: output_room(t.dim, self.limits.output,
-                                               MAX_ACTIVE_DIMS if t.sparse == "learned" else 0)
+        self.output_rooms = {name: output_room(t.dim, self.limits.output, t.sparse.output_dims)
                              for name, t in targets.items()}
         #: Per model, the headers of an output record by whether it came from a cache: the model's and
         #: the format's (a document's forwarded input headers follow them).
