@@ -60,6 +60,20 @@ def _optional(read, b: bytes, i: int):
     raise _Invalid
 
 
+def _map(b: bytes, i: int, into: dict[str, str]) -> int:
+    """Read the Avro map of strings at ``i`` into ``into``; returns the position after it."""
+    while True:
+        if b[i] == 0:
+            return i + 1
+        count, i = _long(b, i)
+        if count < 0:  # a block with its size in bytes first
+            _, i = _long(b, i)
+            count = -count
+        for _ in range(count):
+            k, i = _string(b, i)
+            into[k], i = _string(b, i)
+
+
 def read_document(value: bytes) -> Fields | None:
     """The fields of the schemaless ``document.avsc`` record that is all of ``value``, or None when
     it is not one (read it with fastavro for the reason)."""
@@ -92,17 +106,10 @@ def read_document(value: bytes) -> Fields | None:
         else:
             model, i = _optional(_string, value, i)
         metadata: dict[str, str] = {}
-        while True:
-            if value[i] == 0:
-                i += 1
-                break
-            count, i = _long(value, i)
-            if count < 0:  # a block with its size in bytes first
-                _, i = _long(value, i)
-                count = -count
-            for _ in range(count):
-                k, i = _string(value, i)
-                metadata[k], i = _string(value, i)
+        if value[i] == 0:
+            i += 1
+        else:
+            i = _map(value, i, metadata)
         branch = value[i]
         if branch == 0:
             event_time, i = None, i + 1

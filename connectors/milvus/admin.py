@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 from connectors.milvus.connection import MilvusConnection, missing, transient
-from connectors.milvus.reads import MilvusReader
+from connectors.milvus.legacy import adopt as adopt_legacy
 from connectors.milvus.schema import add_indexes, check_shape, collection_schema, tombstone_schema
 from schemas.errors import ConfigError, TransientError
 from schemas.sparse import SparseKind
@@ -78,62 +78,8 @@ class MilvusAdmin(MilvusConnection):
             raise transient(exc) from None
 
     def adopt(self, legacy: str, model_id: str, dim: int, sparse: SparseKind = SparseKind.OFF) -> bool:
-        """Take over ``legacy``, a collection from before aliases whose name the alias is to bear: it
-        is renamed to this collection (its rows and its companion of deletes kept), so that the alias
-        can take its name. True when this call renamed it; False when there was nothing to adopt (or
-        another worker did it first). Raises :class:`ConfigError` when its dim, shape or model is not
-        this worker's: those rows belong to another model (`embedstream migrate`)."""
-        try:
-            if not self._legacy_present(legacy):
-                return False
-            if self.has(self.collection):
-                if not self._legacy_present(legacy):
-                    return False  # a worker starting beside this one adopted it, or created the alias
-                raise ConfigError(f"Milvus holds both a collection {legacy!r} and {self.collection!r}, so the alias "
-                                  f"{legacy!r} cannot be created: drop the one not in use, or set "
-                                  "EMBEDSTREAM_MILVUS_ALIAS to another name")
-            self._check_legacy(legacy, model_id, dim, sparse)
-            if not self._rename(legacy, self.collection):
-                return False  # a worker starting beside this one renamed it
-            if self.has(f"{legacy}_deleted"):
-                self._rename(f"{legacy}_deleted", self.tombstones)
-        except ConfigError:
-            raise
-        except Exception as exc:
-            raise ConfigError(f"could not take over collection {legacy!r} in Milvus at {self.uri!r} "
-                              f"({type(exc).__name__}: {exc})") from None
-        log.warning("collection %r from before aliases is now %r behind the alias %r (its rows kept)",
-                    legacy, self.collection, legacy)
-        return True
-
-    def _legacy_present(self, legacy: str) -> bool:
-        """Whether ``legacy`` is a collection, not an alias. ``has_collection`` answers True for an alias
-        too, so the alias is asked after it: a worker starting beside this one may create the alias (or
-        rename the collection) between the two calls, and this order sees either (CI, `run
-        --processes 2`: asked the other way round, a fresh alias read as a collection to adopt)."""
-        return self.has(legacy) and self.alias_target(legacy) is None
-
-    def _check_legacy(self, legacy: str, model_id: str, dim: int, sparse: SparseKind) -> None:
-        """Refuse to take over ``legacy`` when its shape, dim, sparse side or model is not this worker's."""
-        check_shape(legacy, self._client.describe_collection(legacy, timeout=self.timeout), dim, sparse)
-        self._client.load_collection(legacy, timeout=self.timeout)
-        held = MilvusReader.sharing(self, legacy).model_of()
-        if held not in (None, "", model_id):
-            raise ConfigError(f"collection {legacy!r} holds vectors of model {held!r}, this worker "
-                              f"runs {model_id!r}: run the old model once to move the collection behind an "
-                              f"alias, then `embedstream migrate --model {model_id}`")
-
-    def _rename(self, old: str, new: str) -> bool:
-        """Rename ``old`` to ``new`` and load it again (a renamed collection comes back released in
-        milvus-lite); False when ``new`` appeared meanwhile (another worker renamed it)."""
-        try:
-            self._client.rename_collection(old, new, timeout=self.timeout)
-        except Exception:
-            if self.has(new):
-                return False
-            raise
-        self._client.load_collection(new, timeout=self.timeout)
-        return True
+        """Take over ``legacy``, a collection from before aliases (``connectors.milvus.legacy.adopt``)."""
+        return adopt_legacy(self, legacy, model_id, dim, sparse)
 
     def prepare(self, alias: str, model_id: str, dim: int, sparse: SparseKind = SparseKind.OFF) -> str:
         """What a worker does at start-up: adopt a collection from before aliases named ``alias``,

@@ -83,8 +83,8 @@ def test_slow_model_never_gets_the_worker_evicted(fault_stack, model, tmp_path):
     produce_docs(s, short_docs(240, "slow"), expected)
     worker = build_worker(s, embedder=SlowModel(model, 4.0))  # 4 s a batch > 3.5 s = ½ max.poll.interval
     revokes, lost = [], []
-    worker.on_revoke = _spy(worker.on_revoke, revokes)  # type: ignore[method-assign]
-    worker.on_lost = _spy(worker.on_lost, lost)  # type: ignore[method-assign]
+    worker.rebalance.on_revoke = _spy(worker.rebalance.on_revoke, revokes)  # type: ignore[method-assign]
+    worker.rebalance.on_lost = _spy(worker.rebalance.on_lost, lost)  # type: ignore[method-assign]
     t0 = time.monotonic()
     stats = worker.run(stop_when_idle=2)
     assert stats.embedded == 240

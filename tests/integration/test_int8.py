@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from worker.embedding import int8
+from worker.embedding.forward import largest_shapes
 
 # onnxruntime comes with the dev extra (embedstream[int8]): a checkout without it fails here, not skips.
 pytestmark = pytest.mark.integration
@@ -119,7 +120,8 @@ def test_the_int8_warmup_runs_the_largest_forward_passes_once(int8_model, fp32_m
     assert small < 10  # one short text
     before = model_tokens()[1]
     int8_model.warmup()
-    shapes = int8_model.largest_shapes()
+    forward = int8_model.forward
+    shapes = largest_shapes(forward.tokens.max_seq_length, forward.sub_batch_size, forward.sub_batch_tokens)
     assert shapes == [(16, 256), (128, 32)]  # the packaged model's: 256 tokens, 4,096 a pass, 128 texts
     assert model_tokens()[1] - before == small + sum(count * length for count, length in shapes)
 

@@ -77,14 +77,11 @@ def test_forward_passes_are_cut_by_count_budget_and_padding(packer):
 
 @pytest.mark.parametrize("packer", PACKERS.values(), ids=PACKERS.keys())
 def test_the_warmup_shapes_bound_every_forward_pass_the_budget_makes(packer):
-    from types import SimpleNamespace
-
-    from worker.embedding.sentence import SentenceTransformerEmbedder
+    from worker.embedding.forward import largest_shapes
 
     rng = random.Random(7)
     for longest, texts, tokens in ((256, 128, 4096), (512, 256, 262_144), (128, 32, 4096)):
-        model = SimpleNamespace(max_seq_length=longest, sub_batch_size=texts, sub_batch_tokens=tokens)
-        shapes = SentenceTransformerEmbedder.largest_shapes(model)
+        shapes = largest_shapes(longest, texts, tokens)
         most_texts, most_tokens = max(c for c, _ in shapes), max(n for _, n in shapes)
         most_cells = max(c * n for c, n in shapes)
         lengths = [rng.randint(1, longest) for _ in range(3000)]

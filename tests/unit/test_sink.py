@@ -14,7 +14,8 @@ from worker.core.delivery import AtLeastOnce, written_offsets
 from worker.core.fence import Fence, FenceClosed
 from worker.core.records import Batch, Chunk, DeadLetter, Delete, Item, Source
 from worker.steps.writing.fit import TopicLimits, record_size
-from worker.steps.writing.sink import ModelTarget, SinkStep
+from worker.steps.writing.sink import SinkStep
+from worker.steps.writing.targets import ModelTarget
 from worker.steps.writing.versions import VersionGuard, final_operations
 
 from .fakes import RecordingMilvusClient, RecordingProducer, at_least_once
@@ -363,7 +364,7 @@ def test_each_model_writes_its_collection_and_a_tombstone_deletes_from_all():
 
 def test_rows_carry_what_the_sparse_side_needs_the_chunk_text_for_bm25_the_vector_for_a_learned_model():
     from worker.core.records import Chunk
-    from worker.steps.writing.sink import chunk_rows
+    from worker.steps.writing.targets import chunk_rows
 
     it = Item(Source("docs", 0, 4), "d", "alpha beta", "h", 3, {})
     sparse = (np.array([2, 9], np.int32), np.array([0.5, 0.25], np.float32))
@@ -390,7 +391,7 @@ def test_a_record_that_looks_superseded_is_judged_again_under_a_new_topic_id(cap
     sink.process([first])
     assert client.rows["x#0"]["source"] == "T1:0"
     ids = {"docs": "T1"}
-    sink.guard = VersionGuard({"docs": "T1"}, lookup=lambda: dict(ids))
+    sink.planner.guard = VersionGuard({"docs": "T1"}, lookup=lambda: dict(ids))
     replay = Batch()
     replay.add(_item("x", 5, 0.2))
     with caplog.at_level(logging.WARNING):

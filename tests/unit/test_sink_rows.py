@@ -15,7 +15,8 @@ from schemas.errors import TransientError
 from schemas.sparse import BM25, MAX_ACTIVE_DIMS, SparseMode
 from worker.core.records import Batch, Chunk, DeadLetter, Delete, Item, Source
 from worker.steps.writing.fit import TopicLimits, output_room, record_size
-from worker.steps.writing.sink import ModelTarget, SinkStep, chunk_rows
+from worker.steps.writing.sink import SinkStep
+from worker.steps.writing.targets import ModelTarget, chunk_rows
 from worker.steps.writing.versions import VersionGuard
 
 from .fakes import RecordingMilvusClient, RecordingProducer, at_least_once
@@ -185,8 +186,9 @@ def test_a_learned_sparse_model_leaves_less_room_for_id_and_metadata():
     sink = SinkStep(targets, at_least_once(producer=RecordingProducer()), fence=_owned(0),
                     guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
                     delivery_timeout_s=5, limits=limits)
-    assert sink.output_rooms == {"dense": output_room(4, 100_000), "learned": output_room(4, 100_000, MAX_ACTIVE_DIMS)}
-    assert sink.output_rooms["learned"] < sink.output_rooms["dense"]
+    rooms = sink.planner.output_rooms
+    assert rooms == {"dense": output_room(4, 100_000), "learned": output_room(4, 100_000, MAX_ACTIVE_DIMS)}
+    assert rooms["learned"] < rooms["dense"]
 
 
 def _measured(item: Item) -> int:
@@ -236,7 +238,7 @@ def test_the_topic_id_is_not_looked_up_again_while_nothing_looks_superseded():
 
     client, producer = RecordingMilvusClient(), RecordingProducer()
     sink = _sink(client, producer)
-    sink.guard = VersionGuard({"docs": "T1"}, lookup=lookup)
+    sink.planner.guard = VersionGuard({"docs": "T1"}, lookup=lookup)
     for o in (1, 2):
         batch = Batch()
         batch.add(_item("a", o, 0.1))

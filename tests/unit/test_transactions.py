@@ -16,7 +16,8 @@ from worker.core.delivery import ExactlyOnce
 from worker.core.fence import Fence
 from worker.core.offsets import OffsetCommitter
 from worker.core.records import Batch, DeadLetter, Source
-from worker.steps.writing.sink import ModelTarget, SinkStep
+from worker.steps.writing.sink import SinkStep
+from worker.steps.writing.targets import ModelTarget
 from worker.steps.writing.versions import VersionGuard
 
 from .fakes import RecordingMilvusClient, TransactionalProducer

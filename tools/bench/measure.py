@@ -451,13 +451,13 @@ def latency_run(base: Settings, embedder: Embedder, texts: list[str], rate: floa
     t = threading.Thread(target=produce)
     joined = threading.Event()
     worker.on_progress = None
-    orig_assign = worker.on_assign
+    orig_assign = worker.rebalance.on_assign
 
     def on_assign(consumer, partitions):
         orig_assign(consumer, partitions)
         joined.set()
 
-    worker.on_assign = on_assign  # type: ignore[method-assign]
+    worker.rebalance.on_assign = on_assign  # type: ignore[method-assign]
     runner = threading.Thread(target=lambda: worker.run(stop_when_idle=1.0))
     runner.start()
     joined.wait(60)

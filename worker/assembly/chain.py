@@ -48,7 +48,8 @@ from worker.steps.polling.intake import Intake
 from worker.steps.polling.validate import Validator
 from worker.steps.writing.fit import TopicLimits
 from worker.steps.writing.output import output_format
-from worker.steps.writing.sink import ModelTarget, SinkStep
+from worker.steps.writing.sink import SinkStep
+from worker.steps.writing.targets import ModelTarget
 from worker.steps.writing.versions import VersionGuard
 
 
@@ -99,11 +100,9 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
     committer = OffsetCommitter(consumer, durable.commit_interval_ms / 1000, delivery)           # 8 commit
     # The breaker (3) counts the dead letters the chunk and sink steps make too (late ones).
     breaker = DlqLimit(durable.dlq_max_consecutive, durable.dlq_max_ratio, durable.dlq_ratio_window)
-    targets = {n: ModelTarget(stores[n], m.model_id, m.dim, caches[n], m.sparse)
-               for n, m in handles.items()}
-    guard = VersionGuard(topic_ids, lookup_ids)
-    sink = SinkStep(targets, delivery, fence=fence,
-                    guard=guard, output_topic=topics.output_topic, dlq_topic=topics.dlq_topic,
+    targets = {n: ModelTarget(stores[n], m.model_id, m.dim, caches[n], m.sparse) for n, m in handles.items()}
+    sink = SinkStep(targets, delivery, fence=fence, guard=VersionGuard(topic_ids, lookup_ids),
+                    output_topic=topics.output_topic, dlq_topic=topics.dlq_topic,
                     delivery_timeout_s=topics.kafka_timeout_seconds,
                     output=output_format(records.output_format, topics.output_topic, registry), limits=limits,
                     dead_lettered=breaker.record_late, dead_letters=dead_letters)
@@ -112,21 +111,16 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
     # Past this many characters a text may make too many chunks for some model: its record is kept.
     safe_chars = min(c.safe_chars for c in chunkers.values())
     steps = {n: EmbedStep(m, caches[n], model=n) for n, m in handles.items()}
-    prepare = Stage("prepare", embed_by_model({                                      # 5 per model: chunk
-        n: in_turn(chunkers[n].process, steps[n].prepare)                            #   + cache + token ids
-        for n in handles}, models.loaded))                                           #   (tokenizer: here only)
-    embed = Stage("embed", embed_by_model({n: steps[n].embed for n in handles},      # 6 the model's passes
-                                          models.loaded))
-    pipeline = Pipeline([
-        prepare,
-        embed,
-        Stage("sink", sink.process),                                                 # 7 Milvus + topics
-    ], backoff_max=s.section(OperationsSettings).retry_backoff_max_seconds, release=sink.close)
+    prepare = Stage("prepare", embed_by_model({n: in_turn(chunkers[n].process, steps[n].prepare)  # 5 per model:
+                                               for n in handles}, models.loaded))  # chunk, cache, token ids
+    embed = Stage("embed", embed_by_model({n: steps[n].embed for n in handles}, models.loaded))  # 6 the passes
+    pipeline = Pipeline([prepare, embed, Stage("sink", sink.process)],              # 7 Milvus + topics
+                        backoff_max=s.section(OperationsSettings).retry_backoff_max_seconds, release=sink.close)
     intake = Intake(
         Validator(records.max_text_bytes, models.resolve,                            # 1 Item | Delete | DeadLetter
                   lambda chars: chars > safe_chars,                                  #   (key = identity,
                   registry=registry, key_field=records.key_field,                    #   model by name)
-                  keep_large=min(sink.output_rooms.values()),
+                  keep_large=min(sink.planner.output_rooms.values()),
                   forward=records.forwarded_headers),
         lambda texts, model: handles[model].estimate_tokens(                         # 2 token estimate
             texts, chunked=chunking.chunking == "tokens"),

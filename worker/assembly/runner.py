@@ -252,24 +252,17 @@ def topic_limits(s: Settings) -> TopicLimits:
     return limits
 
 
-def build_worker(settings: Settings, embedder: Embedder | None = None,
-                 on_progress: Callable[[RunStats], None] | None = None,
-                 store_factory: Callable[[Settings, str], MilvusStore] | None = None,
-                 dead_letters: bool = True, stats: RunStats | None = None) -> Worker:
-    """Check the settings against the real systems, open them, and assemble the worker around the
-    chain of ``worker.assembly.chain.build_chain``. ``store_factory(settings, collection)`` stands in for
-    Milvus (the bench's instant sink); ``dead_letters=False``: records that cannot succeed are skipped,
-    not written to the DLQ topic (a migration's backfill); ``stats``: the run's counters (the
-    bench's also read the CPU clock). Raises ConfigError."""
-    s = settings
+def require_connections(s: Settings) -> None:
+    """ConfigError unless the broker and Milvus are named (they have no default)."""
     try:
         s.require("kafka_bootstrap_servers", "milvus_uri")
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    check_broker(s.kafka_common())
-    check_topics(s)
-    models = load_models(s, embedder)
-    log.info("models: %s", describe(models))
+
+
+def open_stores(s: Settings, models: ModelSet, store_factory: Callable[[Settings, str], MilvusStore] | None = None,
+                ) -> tuple[dict[str, MilvusStore], dict[str, RedisCache | None]]:
+    """Each model's collection (made ready behind its alias, or ``store_factory``'s stand-in) and cache."""
     stores, caches = {}, {}
     for name, model in models.handles.items():
         collection = collection_of(s, name, model)
@@ -280,6 +273,25 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
         else:
             stores[name] = store_factory(s, collection)
         caches[name] = open_cache(s, model)
+    return stores, caches
+
+
+def build_worker(settings: Settings, embedder: Embedder | None = None,
+                 on_progress: Callable[[RunStats], None] | None = None,
+                 store_factory: Callable[[Settings, str], MilvusStore] | None = None,
+                 dead_letters: bool = True, stats: RunStats | None = None) -> Worker:
+    """Check the settings against the real systems, open them, and assemble the worker around the
+    chain of ``worker.assembly.chain.build_chain``. ``store_factory(settings, collection)`` stands in for
+    Milvus (the bench's instant sink); ``dead_letters=False``: records that cannot succeed are skipped,
+    not written to the DLQ topic (a migration's backfill); ``stats``: the run's counters (the
+    bench's also read the CPU clock). Raises ConfigError."""
+    s = settings
+    require_connections(s)
+    check_broker(s.kafka_common())
+    check_topics(s)
+    models = load_models(s, embedder)
+    log.info("models: %s", describe(models))
+    stores, caches = open_stores(s, models, store_factory)
     heap.settle()  # the models' objects out of the collector's walks (worker.process.heap)
     heap.keep_pages()  # a group's megabyte buffers reuse the heap's pages (worker.process.heap)
     health = metrics.Health(s.healthz_max_tick_age_seconds)

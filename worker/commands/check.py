@@ -9,9 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
 
 from schemas.errors import ConfigError
 from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from worker.embedding.base import Embedder
 
 
 @dataclass
@@ -36,37 +41,15 @@ def _attempt(checks: list[Check], part: str, step: Callable[[], str], outage_is_
 def run_checks(s: Settings) -> list[Check]:
     """The checks of ``s``, in the order a worker meets them at start-up; the later ones are skipped
     where they need what failed (no topics without a broker, no collection without a model)."""
-    from connectors.kafka import check_broker
-    from connectors.milvus import MilvusReader
-    from connectors.milvus.schema import check_shape
     from worker.assembly.naming import collection_of
-    from worker.assembly.runner import check_topics, load_models, open_cache, open_milvus, open_registry, topic_limits
+    from worker.assembly.runner import load_models
     from worker.embedding.models import describe
 
     checks: list[Check] = []
-
-    def required() -> str:
-        try:
-            s.require("kafka_bootstrap_servers", "milvus_uri")
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        return "EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS and EMBEDSTREAM_MILVUS_URI are set"
-
-    if not _attempt(checks, "settings", required):
+    if not _attempt(checks, "settings", partial(_required, s)):
         return checks
-
-    def broker() -> str:
-        check_broker(s.kafka_common())
-        return f"a broker answered at {s.kafka_bootstrap_servers}"
-
-    def topics() -> str:
-        check_topics(s)
-        limits = topic_limits(s)
-        return (f"{s.input_topic}, {s.output_topic} and {s.dlq_topic} exist; records up to {limits.output:,} bytes "
-                f"to the output, {limits.dlq:,} to the DLQ")
-
-    if _attempt(checks, "kafka", broker):
-        _attempt(checks, "topics", topics)
+    if _attempt(checks, "kafka", partial(_broker, s)):
+        _attempt(checks, "topics", partial(_topics, s))
     models = None
 
     def load() -> str:
@@ -77,36 +60,66 @@ def run_checks(s: Settings) -> list[Check]:
     _attempt(checks, "model", load)
     handles = models.handles if models is not None else {}
     for name, model in handles.items():
-        collection = collection_of(s, name, model)
         of = f" ({name})" if len(handles) > 1 else ""
-
-        def milvus(collection: str = collection, model=model) -> str:
-            reader = open_milvus(s, MilvusReader, collection)
-            try:
-                if not reader.exists():
-                    return f"reached; {collection} does not exist yet: the worker creates it at its first start"
-                check_shape(collection, reader.describe(), model.dim, model.sparse.kind)
-                return f"{collection} exists, {model.dim} dimensions, as this model writes"
-            finally:
-                reader.close()
-
-        _attempt(checks, f"milvus{of}", milvus)
-
-        def cache(model=model) -> str:
-            if s.redis_url is None:
-                return "EMBEDSTREAM_REDIS_URL unset: the worker runs without the cache"
-            c = open_cache(s, model)
-            if c is not None and c.errors:
-                raise ConnectionError("Redis did not answer: the worker runs without hits until it does")
-            return "Redis answered"
-
-        _attempt(checks, f"redis{of}", cache, outage_is_warning=True)
-
-    def registry() -> str:
-        reg = open_registry(s)
-        if reg is None:
-            return "EMBEDSTREAM_SCHEMA_REGISTRY_URL unset: no registry-framed records"
-        return f"{len(reg.client.get_subjects())} subjects at {reg.url}"
-
-    _attempt(checks, "schema registry", registry, outage_is_warning=True)
+        _attempt(checks, f"milvus{of}", partial(_milvus, s, collection_of(s, name, model), model))
+        _attempt(checks, f"redis{of}", partial(_cache, s, model), outage_is_warning=True)
+    _attempt(checks, "schema registry", partial(_registry, s), outage_is_warning=True)
     return checks
+
+
+def _required(s: Settings) -> str:
+    from worker.assembly.runner import require_connections
+
+    require_connections(s)
+    return "EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS and EMBEDSTREAM_MILVUS_URI are set"
+
+
+def _broker(s: Settings) -> str:
+    from connectors.kafka import check_broker
+
+    check_broker(s.kafka_common())
+    return f"a broker answered at {s.kafka_bootstrap_servers}"
+
+
+def _topics(s: Settings) -> str:
+    from worker.assembly.runner import check_topics, topic_limits
+
+    check_topics(s)
+    limits = topic_limits(s)
+    return (f"{s.input_topic}, {s.output_topic} and {s.dlq_topic} exist; records up to {limits.output:,} bytes "
+            f"to the output, {limits.dlq:,} to the DLQ")
+
+
+def _milvus(s: Settings, collection: str, model: Embedder) -> str:
+    from connectors.milvus import MilvusReader
+    from connectors.milvus.schema import check_shape
+    from worker.assembly.runner import open_milvus
+
+    reader = open_milvus(s, MilvusReader, collection)
+    try:
+        if not reader.exists():
+            return f"reached; {collection} does not exist yet: the worker creates it at its first start"
+        check_shape(collection, reader.describe(), model.dim, model.sparse.kind)
+        return f"{collection} exists, {model.dim} dimensions, as this model writes"
+    finally:
+        reader.close()
+
+
+def _cache(s: Settings, model: Embedder) -> str:
+    from worker.assembly.runner import open_cache
+
+    if s.redis_url is None:
+        return "EMBEDSTREAM_REDIS_URL unset: the worker runs without the cache"
+    c = open_cache(s, model)
+    if c is not None and c.errors:
+        raise ConnectionError("Redis did not answer: the worker runs without hits until it does")
+    return "Redis answered"
+
+
+def _registry(s: Settings) -> str:
+    from worker.assembly.runner import open_registry
+
+    reg = open_registry(s)
+    if reg is None:
+        return "EMBEDSTREAM_SCHEMA_REGISTRY_URL unset: no registry-framed records"
+    return f"{len(reg.client.get_subjects())} subjects at {reg.url}"

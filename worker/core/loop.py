@@ -6,8 +6,7 @@ check for idle. The parts each own one thing: ``Intake`` the batching, ``Pipelin
 ``OffsetCommitter`` what is committed and when, ``Assignment`` the partitions with their pause and
 end state, ``RunStats`` the counting. The chain is assembled in ``worker.assembly.chain.build_chain``.
 
-Rebalance callbacks and signal handlers run on this thread too. On revoke the loop finishes the
-in-flight batches (within a budget) and commits synchronously; on *lost* it commits nothing.
+Rebalance call-backs (``worker.core.rebalance``) and signal handlers run on this thread too.
 """
 
 from __future__ import annotations
@@ -18,17 +17,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
 
 from schemas.errors import DlqLimitExceeded, RecordRefused, TransientError
 from worker.core.assignment import Assignment
 from worker.core.fence import Fence
 from worker.core.offsets import OffsetCommitter
 from worker.core.pipeline import Pipeline
+from worker.core.rebalance import Rebalance
 from worker.core.records import TopicPartitionKey
 from worker.core.stats import RunStats
 from worker.process.heap import IdleTrim
-from worker.process.metrics import ASSIGNED_PARTITIONS, REBALANCES, Health, forget_lag
+from worker.process.metrics import Health
 from worker.process.signals import GracefulStop
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,6 @@ class Chain:
 #: Records taken from the consumer per call when some are at hand (at least a batch's worth; never
 #: more than the batches still allowed in flight hold: ``Worker._chunk``).
 CONSUME_CHUNK = 500
-#: Longest a revoke waits for in-flight batches (the rebalance waits for it).
-REVOKE_BUDGET_S = 20.0
 #: Longest a stop waits, after giving up on unfinished batches, for a stage to leave its step.
 ABORT_WAIT_S = 30.0
 
@@ -105,7 +103,8 @@ class Held:
             log.info("schema registry answers again")
         self._delay = 0.0
 
-    def drop(self, tps: set) -> None:
+    def drop(self, tps: Iterable[TopicPartitionKey]) -> None:
+        tps = set(tps)
         self.msgs = [m for m in self.msgs if (m.topic(), m.partition()) not in tps]
 
 
@@ -125,103 +124,29 @@ class Worker:
         self.on_progress = on_progress
         #: The run's counters (``stats``: a caller's own, e.g. one that also reads a CPU clock).
         self.stats = stats if stats is not None else RunStats()
+        #: Set by SIGTERM/SIGINT once ``stop.install()`` ran (the command does; tests stop it by hand).
         self.stop = GracefulStop()
         self.held = Held(backoff_max)
         #: Hands the heap's free pages back once the input has been quiet a while (``worker.process.heap``).
         self.idle_trim = IdleTrim()
         #: Where /metrics, /healthz and /readyz are served (None: not served).
         self.metrics_port: int | None = None
-
-    def install_signal_handlers(self) -> None:
-        self.stop.install()
-
-    # -- rebalance callbacks (run inside consume(), on this thread) ----------------------------
-    def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self.assignment.add(consumer, partitions)
-        # Inside close() (another member left at the same time) the read of the committed offsets
-        # times out after 10 s on Tansu. Skipping it there once left close() hung for over a minute
-        # in a zombie scenario (in librdkafka, after the revoke): it stays, a known 10 s.
-        self.chain.committer.new_generation(self.assignment.partitions)
-        self.chain.fence.publish(self.assignment.partitions)
-        self._owned(len(self.assignment), "assigned")
-        log.info("assigned %s", sorted(p.partition for p in partitions))
-
-    def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Finish what is in flight (within a budget) and commit it before the partitions go. After a
-        stall (the fence is closed) nothing in flight can be written: give them up at once."""
-        # The in-flight transactions commit under the generation that revokes (the one they began
-        # under is refused now): without this they failed until the budget ran out, 20 s a revoke.
-        self.chain.committer.refresh_generation()
-        if not self.chain.fence.suspect:
-            self._wait_inflight(min(self.shutdown_grace, REVOKE_BUDGET_S))
-        self.chain.committer.commit(sync=True)
-        dropped = self._forget(partitions, lost=False)
-        REBALANCES.labels("revoked").inc()
-        log.info("revoked %s (dropped %d uncommitted records still batching)",
-                 sorted(p.partition for p in partitions), dropped)
-
-    def on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Another member may own them already: commit nothing for them."""
-        self._forget(partitions, lost=True)
-        REBALANCES.labels("lost").inc()
-        log.warning("lost %s: committing nothing for them", sorted(p.partition for p in partitions))
-
-    def _forget(self, partitions: list[TopicPartition], lost: bool) -> int:
-        """Drop what is batching for ``partitions`` and stop owning them; returns the entries dropped."""
-        tps = {(p.topic, p.partition) for p in partitions}
-        dropped = self.chain.intake.drop(tps)
-        self.held.drop(tps)
-        for topic in {t for t, _ in tps}:
-            forget_lag(topic, [p for t, p in tps if t == topic])
-        self.assignment.remove(tps, lost=lost)
-        self.chain.fence.publish(self.assignment.partitions)
-        # Exactly-once: a transaction that checked the ownership before it shrank finishes now; any
-        # later one sees the smaller ownership and leaves these partitions out (worker.steps.writing.sink).
-        self.chain.committer.barrier()
-        self.chain.committer.forget(tps)
-        self._owned(len(self.assignment))
-        return dropped
-
-    def _owned(self, count: int, event: str | None = None) -> None:
-        """How many partitions this member owns now, for /readyz and the gauge; ``event``: the
-        rebalance event that made it so, counted."""
-        self.health.assigned = count
-        ASSIGNED_PARTITIONS.set(count)
-        if event is not None:
-            REBALANCES.labels(event).inc()
+        #: The group's rebalance call-backs (``worker.core.rebalance``), on this thread.
+        self.rebalance = Rebalance(chain, assignment, health, grace=shutdown_grace,
+                                   finish_inflight=self._wait_inflight, drop_held=self.held.drop)
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, stop_when_idle: float | None = None) -> RunStats:
-        chain = self.chain
-        self.consumer.subscribe([self.topic], on_assign=self.on_assign, on_revoke=self.on_revoke,
-                                on_lost=self.on_lost)
+        """Join the group and turn the loop until a stop is asked, the input is idle ``stop_when_idle``
+        seconds (None: never), or something raises; then stop in the one order (:meth:`_stop`)."""
+        rebalance = self.rebalance
+        self.consumer.subscribe([self.topic], on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke,
+                                on_lost=rebalance.on_lost)
         log.info("joining the group on %s: waiting for partitions", self.topic)
-        chain.fence.start()
+        self.chain.fence.start()
         try:
-            while not self.stop.requested:
-                self.health.tick()
-                chain.fence.tick(self._membership_proven)
-                # A full pipeline holds off consuming for ``pause_after`` before it pauses: pausing
-                # drops what librdkafka prefetched, and after a resume the first record came back only
-                # 0.7-0.8 s later (measured on Tansu). Holding serves no callbacks meanwhile.
-                waiting = self._full() or bool(self.held)
-                holding = waiting and not self.assignment.paused
-                self._take([] if holding else self._consume())
-                # A batch past its deadline closes only when the model is free: until then it keeps
-                # growing instead of queueing as many small batches (continuous batching).
-                if chain.model_free():
-                    chain.intake.poll()
-                self._collect(0.02 if holding else 0.0)
-                self.assignment.update_pause(self.consumer, waiting)
-                quiet = not len(chain.intake) and not chain.pipeline.inflight and not self.held
-                if quiet:
-                    self._step_past_markers()
-                self.idle_trim.tick(quiet)
-                chain.committer.tick()
-                if stop_when_idle is not None and self.assignment.idle_for(
-                        stop_when_idle, quiet, self.health.last_kafka_error):
-                    log.info("idle for %.1fs: stopping", stop_when_idle)
-                    break
+            while not self.stop.requested and not self._turn(stop_when_idle):
+                pass
             self._stop(self.shutdown_grace, flush=True, commit=10)
         except DlqLimitExceeded:
             # Finish and commit the batches already in flight (all before the bad run), then halt;
@@ -239,9 +164,38 @@ class Worker:
             self._stop(0)
             raise
         finally:
-            chain.fence.stop()
+            self.chain.fence.stop()
             self.consumer.close()
         return self.stats
+
+    def _turn(self, stop_when_idle: float | None) -> bool:
+        """One turn of the loop (the module doc); True when the input has been idle ``stop_when_idle``
+        seconds (then the loop stops)."""
+        chain = self.chain
+        self.health.tick()
+        chain.fence.tick(self._membership_proven)
+        # A full pipeline holds off consuming for ``pause_after`` before it pauses: pausing drops what
+        # librdkafka prefetched, and after a resume the first record came back only 0.7-0.8 s later
+        # (measured on Tansu). Holding serves no callbacks meanwhile.
+        waiting = chain.pipeline.inflight >= self.max_inflight or bool(self.held)  # full: consume no more
+        holding = waiting and not self.assignment.paused
+        self._take([] if holding else self._consume())
+        # A batch past its deadline closes only when the model is free: until then it keeps growing
+        # instead of queueing as many small batches (continuous batching).
+        if chain.model_free():
+            chain.intake.poll()
+        self._collect(0.02 if holding else 0.0)
+        self.assignment.update_pause(self.consumer, waiting)
+        quiet = not len(chain.intake) and not chain.pipeline.inflight and not self.held
+        if quiet:
+            self._step_past_markers()
+        self.idle_trim.tick(quiet)
+        chain.committer.tick()
+        if stop_when_idle is not None and self.assignment.idle_for(stop_when_idle, quiet,
+                                                                   self.health.last_kafka_error):
+            log.info("idle for %.1fs: stopping", stop_when_idle)
+            return True
+        return False
 
     def _membership_proven(self) -> bool:
         """After a stall: the proof ``worker.core.fence`` asks for before writes resume (same member id,
@@ -313,10 +267,6 @@ class Worker:
         room = (self.max_inflight - self.chain.pipeline.inflight) * max_size - len(self.chain.intake)
         return max(1, min(max(CONSUME_CHUNK, max_size), room))
 
-    def _full(self) -> bool:
-        """As many batches in flight as allowed: consume nothing more for now."""
-        return self.chain.pipeline.inflight >= self.max_inflight
-
     def _stop(self, grace: float, *, flush: bool = False, commit: int = 0) -> None:
         """The one stop order, whatever ended the loop. With ``flush`` (a graceful stop) the partitions
         are paused and the open batch closes; the batches in flight are finished within ``grace``
@@ -337,9 +287,13 @@ class Worker:
             if not chain.pipeline.abort(wait=ABORT_WAIT_S):
                 log.warning("a stage is still inside a step after %.0fs", ABORT_WAIT_S)
         if commit and chain.committer.commit(sync=True, attempts=commit) and flush and len(self.assignment):
-            committed = self.consumer.committed(self.consumer.assignment(), timeout=10)
-            # A partition the group never committed reads back as OFFSET_INVALID (-1001): not an offset.
-            done = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
-            never = sorted(tp.partition for tp in committed if tp.offset < 0)
-            log.info("shutdown: committed %s%s", done or "nothing",
-                     f"; nothing yet for partitions {never}" if never else "")
+            log_committed(self.consumer)
+
+
+def log_committed(consumer: Consumer) -> None:
+    """Say what the group has committed for ``consumer``'s partitions (at a graceful stop)."""
+    committed = consumer.committed(consumer.assignment(), timeout=10)
+    # A partition the group never committed reads back as OFFSET_INVALID (-1001): not an offset.
+    done = {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
+    never = sorted(tp.partition for tp in committed if tp.offset < 0)
+    log.info("shutdown: committed %s%s", done or "nothing", f"; nothing yet for partitions {never}" if never else "")

@@ -132,7 +132,12 @@ def entry_size(entry: Item | Delete | DeadLetter) -> int:
 
 @dataclass
 class Batch:
-    """Entries in consumption order, plus the next offset to commit per partition they touched."""
+    """Entries in consumption order, plus the next offset to commit per partition they touched.
+
+    A batch is held by one thread at a time: the polling thread fills it, then each stage in turn
+    (the pipeline's queues hand it on), then the polling thread again once it is completed. Each
+    stage forms its own groups of the batches waiting for it, so what one stage leaves for the next
+    rides on the batch: each field below says which thread writes it and which reads it."""
 
     entries: list[Entry] = field(default_factory=list)
     offsets: dict[TopicPartitionKey, int] = field(default_factory=dict)
@@ -140,20 +145,23 @@ class Batch:
     #: Bytes of the record values in the batch (bounds the memory a batch holds).
     size: int = 0
     opened_at: float = field(default_factory=time.monotonic)
-    #: Vectors computed by the models for this batch, by model name, then chunk hash (written back
-    #: to each model's cache); with a learned sparse side, ``(vector, sparse vector)``.
+    #: Written by the embed thread, read by the sink thread (which fills each model's cache with it):
+    #: the vectors the models computed for this batch, by model name, then chunk hash; with a learned
+    #: sparse side, ``(vector, sparse vector)``.
     fresh: dict[str, dict[str, np.ndarray | tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]]] = field(
         default_factory=dict)
-    #: What its chunks still need of each model, between the prepare and embed stages: by model
-    #: name, then chunk hash, what the model takes for that text (``Embedder.prepare``: token ids).
+    #: Written by the prepare thread, read and emptied by the embed thread: what its chunks still need
+    #: of each model, by model name, then chunk hash (``Embedder.prepare``: token ids).
     pending: dict[str, dict[str, object]] = field(default_factory=dict)
-    #: Its output and dead-letter records were acknowledged (a retry for Milvus skips them).
+    #: Written and read by the sink thread (through the delivery's attempt): its output and dead-letter
+    #: records were acknowledged, so a retry for Milvus skips them.
     delivered: bool = False
-    #: Partitions whose entries the sink left unwritten: this member no longer owns them (or owns them
-    #: again, in another tenure than the batch was read in).
+    #: Written by the sink thread, read by the polling thread once the batch completes: partitions whose
+    #: entries the sink left unwritten, because this member no longer owns them (or owns them again, in
+    #: another tenure than the batch was read in); their offsets are not stored.
     fenced: set[TopicPartitionKey] = field(default_factory=set)
-    #: Per partition, the fence's tenure the batch's records were read in (``Fence.stamp``); None:
-    #: never stamped.
+    #: Written by the polling thread when the batch closes (``Fence.stamp``), read by the sink thread:
+    #: per partition, the fence's tenure the records were read in; None: never stamped.
     tenure: dict[TopicPartitionKey, int] | None = None
 
     def add(self, entry: Entry) -> None:

@@ -4,11 +4,13 @@ Precision ``auto``: fp16 on CUDA; on a CPU with VNNI where OpenVINO is installed
 (``worker.embedding.int8``: static int8, about 1.5x bf16 and 2.5x fp32, gated against fp32 at
 start-up); else bf16 on a CPU with avx512_bf16 or AMX (about 2.5x fp32 there, with cosine ≥ 0.998 to
 fp32); else on CPUs with VNNI int8 by onnxruntime where it is installed (about 2x fp32), else fp32 (fp16 on a CPU is
-slower than fp32). Whatever the precision, the pooled output is cast to float32 *before* it is normalised:
-normalising in bf16 leaves norms off by up to ~0.4 %.
+slower than fp32).
 
-Texts are run in forward passes cut from the length-sorted list within a token budget
-(``worker.embedding.passes``), so short texts are not padded to the longest one of the batch.
+The model has two sides: :class:`TextSide`, the tokenizer, for the prepare thread; and
+``worker.embedding.forward.ForwardPasses``, the modules on the device, for the embed thread, which
+runs texts in forward passes cut from the length-sorted list within a token budget
+(``worker.embedding.passes``), so short texts are not padded to the longest one of the batch, and
+casts the pooled output to float32 before it normalises it.
 
 Prompts and truncation follow sentence-transformers' own ``encode_document`` / ``encode_query``: the
 document prompt is the model's ``document`` (else ``passage``, else ``corpus``) prompt; the query
@@ -30,8 +32,8 @@ from schemas.errors import ConfigError
 from schemas.sparse import SparseMode
 from worker.embedding import cpu
 from worker.embedding.base import Embedder, resolve_model_path, word_spans
-from worker.embedding.passes import PASS_TOKENS, split_by_budget, split_by_cost
-from worker.embedding.sparse import Embedded, LearnedSparse, Sparse, rows_of
+from worker.embedding.forward import ForwardPasses, pass_sizes
+from worker.embedding.sparse import Embedded, LearnedSparse, Sparse
 from worker.embedding.tokens import Tokens
 
 log = logging.getLogger(__name__)
@@ -160,12 +162,14 @@ class SentenceTransformerEmbedder(Embedder):
         #: (measured now: the embed thread never tokenizes a document).
         self.text_side = TextSide(self.tokens, self.document_prompt)
         self._document_extra = self._prompt_extra(self.document_prompt)
-        self._size_passes(sub_batch_size, sub_batch_tokens)
-        self._modules = self._modules_but_normalize()
+        #: The embed thread's side: the modules on the device, pass by pass (``worker.embedding.forward``).
+        self.forward = ForwardPasses(torch, self._modules_but_normalize(), self.tokens, self.device, self.precision,
+                                     self.dim, self.truncate_dim, pass_sizes(self.device, sub_batch_size,
+                                                                              sub_batch_tokens))
         self.sparse = SparseMode.of(sparse)
         #: The sparse model run beside the dense one (``worker.embedding.sparse``); None without one.
         self.learned_sparse = (LearnedSparse(self.sparse.setting, self.device, self.sentence_transformer.dtype,
-                                             self.sentence_transformer.tokenizer, self._modules)
+                                             self.sentence_transformer.tokenizer, self.forward.modules)
                                if self.sparse.learned else None)
         #: The int8 transformer this embedder runs (None at other precisions), for tools that run the
         #: library's own ``encode`` through it (the bench's raw encode).
@@ -221,18 +225,6 @@ class SentenceTransformerEmbedder(Embedder):
         self.truncate_dim = truncate_dim
         self.dim = truncate_dim or int(dim)
 
-    def _size_passes(self, sub_batch_size: int | None, sub_batch_tokens: int | None) -> None:
-        """The most texts and padded tokens of one forward pass, where not given.
-
-        Measured on a 2-core CPU (bf16): 4,096 padded tokens per forward pass beat 8,192 by ~25 % on
-        stdlib docstrings; up to 128 texts a pass (not 32) is ~20 % faster on one-sentence texts,
-        where the per-pass overhead weighs. A GPU wants far larger passes: on an H100 (fp16, one
-        run each), 262,144 tokens a pass embedded 1.9x the docstrings/s of 65,536 (5,500 vs 2,900).
-        The worker's batches (EMBEDSTREAM_MAX_BATCH_TOKENS) bound the passes too."""
-        gpu = self.device == "cuda"
-        self.sub_batch_size = sub_batch_size or (256 if gpu else 128)
-        self.sub_batch_tokens = sub_batch_tokens or (262_144 if gpu else 4096)
-
     def _modules_but_normalize(self) -> list:
         """The model's modules minus Normalize: we normalise in float32 (see the module doc)."""
         from sentence_transformers.models import Normalize
@@ -263,34 +255,9 @@ class SentenceTransformerEmbedder(Embedder):
     def offsets_over(self, texts: list[str], limit: int) -> list[list[tuple[int, int]] | None]:
         return self.text_side.offsets_over(texts, limit)
 
-    def pad(self, ids: list[list[int]]) -> dict:
-        """The model inputs of one forward pass (``Tokens.pad``), on the device. On CUDA each array
-        is copied from pinned host memory without waiting (PyTorch's pinned-block cache keeps the
-        block until its copy is done), so the CPU goes on padding the next pass meanwhile."""
-        arrays = self.tokens.pad(ids)
-        if self.device == "cuda":
-            return {k: self._torch.from_numpy(v).pin_memory().to(self.device, non_blocking=True)
-                    for k, v in arrays.items()}
-        return {k: self._torch.from_numpy(v).to(self.device) for k, v in arrays.items()}
-
     def _prompt_extra(self, prompt: str) -> dict:
         """What the pooling is told of ``prompt`` (its length, when there is one)."""
         return {"prompt_length": self.tokens.prompt_length(prompt)} if prompt else {}
-
-    def run(self, features: dict):
-        """Forward pass → pooled embeddings (a tensor in the model's dtype)."""
-        with self._torch.inference_mode():
-            for module in self._modules:
-                features = module(features)
-            return features["sentence_embedding"]
-
-    def normalise(self, pooled):
-        """Cast to float32, keep ``truncate_dim`` dimensions, then L2-normalise (in that order: see the
-        module doc); stays on the device."""
-        pooled = pooled.float()
-        if self.truncate_dim:
-            pooled = pooled[:, : self.truncate_dim]
-        return self._torch.nn.functional.normalize(pooled, p=2, dim=1)
 
     def warmup(self) -> None:
         """As :meth:`Embedder.warmup`; at int8 also one forward pass at each of the two largest shapes
@@ -300,25 +267,8 @@ class SentenceTransformerEmbedder(Embedder):
         smaller one), so a fresh worker's first few thousand documents ran ~15 % slower without
         it. About 0.3 s at start-up."""
         super().warmup()
-        if self.precision != "int8":
-            return
-        for count, length in self.largest_shapes():  # what the ids are does not matter, only the shape
-            self.run(self.pad([[self.tokens.pad_id] * length] * count))
-
-    def largest_shapes(self) -> list[tuple[int, int]]:
-        """``(texts, tokens each)`` of the two largest forward passes :meth:`passes` makes:
-        the longest texts the model takes, as many as the token budget holds; and the most texts a
-        pass takes, as long as the budget lets them be."""
-        longest = self.max_seq_length
-        return [(max(1, min(self.sub_batch_size, self.sub_batch_tokens // longest)), longest),
-                (self.sub_batch_size, max(2, min(longest, self.sub_batch_tokens // self.sub_batch_size)))]
-
-    def passes(self, lengths: list[int]) -> list[list[int]]:
-        """The forward passes of texts of ``lengths`` tokens (``worker.embedding.passes``): on a CPU the
-        cut of least cost at this precision, on CUDA the greedy one."""
-        if self.device == "cuda":
-            return split_by_budget(lengths, self.sub_batch_size, self.sub_batch_tokens)
-        return split_by_cost(lengths, self.sub_batch_size, self.sub_batch_tokens, PASS_TOKENS[self.precision])
+        if self.precision == "int8":
+            self.forward.warm_shapes()
 
     # -- the whole ---------------------------------------------------------------------------
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -336,50 +286,13 @@ class SentenceTransformerEmbedder(Embedder):
     def embed_prepared(self, prepared: list) -> Embedded:
         """The vectors of document texts :meth:`prepare` made into ids (and their learned sparse
         vectors with a learned sparse side): forward passes only."""
-        return self._run_ids(prepared, self._document_extra, self.learned_sparse)
+        return self.forward.embed_ids(prepared, self._document_extra, self.learned_sparse)
 
     def _embed(self, texts: list[str], prompt: str, learned: LearnedSparse | None = None) -> Embedded:
         """The vectors of ``texts`` (``prompt`` before each), and with ``learned`` each text's sparse
-        vector too (:meth:`_run_ids`). Tokenizes on the calling thread."""
-        return self._run_ids(self.tokens.with_prompt(texts, prompt), self._prompt_extra(prompt), learned)
+        vector too (``ForwardPasses.embed_ids``). Tokenizes on the calling thread."""
+        return self.forward.embed_ids(self.tokens.with_prompt(texts, prompt), self._prompt_extra(prompt), learned)
 
-    def _run_ids(self, ids: list[list[int]], extra: dict, learned: LearnedSparse | None = None) -> Embedded:
-        """The dense vectors of texts tokenized to ``ids`` (``extra``: what the pooling is told of
-        their prompt), and with ``learned`` (the model's sparse side) each text's sparse vector, from
-        the same padded ids pass by pass (the modules both models share run once:
-        ``LearnedSparse.shared``); None in its place without."""
-        out = np.empty((len(ids), self.dim), dtype=np.float32)
-        if not ids:
-            return out, ([] if learned is not None else None)
-        # Each forward pass pads its own length-sorted slice. Results are copied off the device only
-        # at the end: on a GPU the passes queue up and the CPU pads the next slice while the GPU
-        # computes this one (a copy per pass would wait for each). A sparse vector comes off as its
-        # largest weights only, not a row of the vocabulary's size.
-        done: list[tuple[list[int], Any, tuple | None]] = []
-        for group in self.passes([len(seq) for seq in ids]):
-            features = {**self.pad([ids[i] for i in group]), **extra}
-            if learned is None:
-                done.append((group, self.normalise(self.run(features)), None))
-                continue
-            pooled, kept = self.run_keeping(features, learned.shared)
-            done.append((group, self.normalise(pooled), learned.run(kept)))
-        by_text: dict[int, Sparse] = {}
-        for group, vectors, weights in done:
-            out[group] = vectors.cpu().numpy()
-            if weights is not None:
-                by_text.update(zip(group, rows_of(*(t.cpu().numpy() for t in weights))))
-        return out, ([by_text[i] for i in range(len(ids))] if learned is not None else None)
-
-    def run_keeping(self, features: dict, after: int) -> tuple:
-        """:meth:`run`, also handing back a copy of the features after the first ``after`` modules
-        (the pass's inputs when 0): what a sparse model sharing those modules goes on from."""
-        kept = dict(features)
-        with self._torch.inference_mode():
-            for i, module in enumerate(self._modules):
-                features = module(features)
-                if i + 1 == after:
-                    kept = dict(features)
-        return features["sentence_embedding"], kept
 
 
 def _int8_or_fallback(model: SentenceTransformerEmbedder, path: str, fall_back: bool) -> None:
@@ -390,7 +303,7 @@ def _int8_or_fallback(model: SentenceTransformerEmbedder, path: str, fall_back: 
     except ConfigError as exc:
         if not fall_back:
             raise
-        model.precision = fallback_precision()
+        model.precision = model.forward.precision = fallback_precision()
         log.warning("%s: auto runs %s instead", exc, model.precision)
         if model.precision == "bf16":
             model.sentence_transformer.to(model._torch.bfloat16)
@@ -403,14 +316,15 @@ def _swap_in_int8(model: SentenceTransformerEmbedder, path: str) -> None:
 
     fp32 = model._embed(int8.CHECK_TEXTS, "")[0]
     quantized = int8.load(model.sentence_transformer, path, model.max_seq_length)
-    original, model._modules[0] = model._modules[0], quantized
+    modules = model.forward.modules
+    original, modules[0] = modules[0], quantized
     quality = int8.check_quality(model._embed(int8.CHECK_TEXTS, "")[0], fp32)
     model.int8_quality = quality
     if not quality.passes:
-        model._modules[0] = original
+        modules[0] = original
         raise ConfigError(f"EMBEDSTREAM_PRECISION=int8: the int8 model drifts from float32 (cosine mean "
                           f"{quality.mean:.4f}, min {quality.min:.4f}; the gate is {int8.MIN_MEAN_COSINE} and "
                           f"{int8.MIN_COSINE}): use bf16 or fp32 for this model")
-    model.int8_transformer = model._modules[0]
+    model.int8_transformer = modules[0]
     log.info("int8 checked against fp32 on %d texts: cosine mean %.4f, min %.4f", quality.texts, quality.mean,
              quality.min)

@@ -17,42 +17,40 @@ from worker.commands.cli.app import (
     tool,
 )
 
+#: The options of ``bench`` (each a run of its own where it says "Only").
+Quick = Annotated[bool, typer.Option("--quick", help="Small workloads: the whole run in under 3 minutes")]
+PeerPython = Annotated[str | None, typer.Option(
+    help="Python of a virtualenv with infinity-emb[torch] (make bench-peer-env) to measure the peer")]
+Docs = Annotated[int | None, typer.Option(help="Override the documents per workload", min=10)]
+LatencySeconds = Annotated[float | None, typer.Option(help="Override the length of each S5 latency run", min=1)]
+Output = Annotated[Path, typer.Option(help="Where to write bench.json and bench.png")]
+Cpu = Annotated[bool, typer.Option("--cpu", help="Only the CPU/doc rows, each thread's share beside them: an instant "
+                                   "model, no model loaded, about a minute (--docs: documents a run, default 20,000; "
+                                   "a tenth of them first, unmeasured, to warm up). Writes cpu.json")]
+Processes = Annotated[str | None, typer.Option(
+    "--processes", help="Only R1 at these process counts, e.g. 1,2,4,8: for S1 and S2 the raw encode, then "
+    "`embedstream run --processes K` end to end for each K (cold cache; the best K of S2 once more without "
+    "Redis), with tokens/s and the GPU's utilisation (--docs: documents a run, default 20,000). Writes "
+    "processes.json")]
+Brokers = Annotated[str | None, typer.Option(
+    "--brokers", help="Only the broker rows, on each of these local brokers in turn, e.g. tansu,kafka: R1, Rio, "
+    "Reos and Rdup90, and how long partitions stand still while a second worker joins and leaves, under each "
+    "group protocol the broker serves (--docs: documents a workload, default 1,000). Writes brokers.json")]
+
 
 @app.command()
 @opt.with_settings("device", "precision")
-def bench(
-    quick: Annotated[bool, typer.Option("--quick", help="Small workloads: the whole run in under 3 minutes")] = False,
-    peer_python: Annotated[str | None, typer.Option(
-        help="Python of a virtualenv with infinity-emb[torch] (make bench-peer-env) to measure the peer")] = None,
-    docs: Annotated[int | None, typer.Option(help="Override the documents per workload", min=10)] = None,
-    latency_seconds: Annotated[float | None, typer.Option(help="Override the length of each S5 latency run",
-                                                          min=1)] = None,
-    output: Annotated[Path, typer.Option(help="Where to write bench.json and bench.png")] = Path("."),
-    state_dir: opt.StateDir = Path(".embedstream/bench"),
-    broker: opt.Broker = "tansu",
-    cpu: Annotated[bool, typer.Option("--cpu", help="Only the CPU/doc rows, each thread's share beside them: "
-                                      "an instant model, no model loaded, about a minute (--docs: documents a run, "
-                                      "default 20,000; a tenth of them first, unmeasured, to warm up). "
-                                      "Writes cpu.json")] = False,
-    processes: Annotated[str | None, typer.Option(
-        "--processes", help="Only R1 at these process counts, e.g. 1,2,4,8: for S1 and S2 the raw encode, then "
-        "`embedstream run --processes K` end to end for each K (cold cache; the best K of S2 once more without "
-        "Redis), with tokens/s and the GPU's utilisation (--docs: documents a run, default 20,000). Writes "
-        "processes.json")] = None,
-    brokers: Annotated[str | None, typer.Option(
-        "--brokers", help="Only the broker rows, on each of these local brokers in turn, e.g. tansu,kafka: R1, Rio, "
-        "Reos and Rdup90, and how long partitions stand still while a second worker joins and leaves, under each "
-        "group protocol the broker serves (--docs: documents a workload, default 1,000). Writes brokers.json")] = None,
-    overrides: dict[str, object] | None = None,
-) -> None:
+def bench(quick: Quick = False, peer_python: PeerPython = None, docs: Docs = None,
+          latency_seconds: LatencySeconds = None, output: Output = Path("."),
+          state_dir: opt.StateDir = Path(".embedstream/bench"), broker: opt.Broker = "tansu", cpu: Cpu = False,
+          processes: Processes = None, brokers: Brokers = None, overrides: dict[str, object] | None = None) -> None:
     """Measure the workloads of docs/benchmarks.md on a local stack of its own and print the ratio table.
 
     Every figure is a ratio to a denominator measured in the same run: raw SentenceTransformer.encode,
     an instant model (what Kafka + Redis + Milvus cost), Milvus bulk upserts, and optionally the
     infinity-emb engine. Writes bench.json and bench.png.
     """
-    report, bench_run = tool("bench.report"), tool("bench.run")
-
+    bench_run = tool("bench.run")
     s = None if cpu else settings_or_exit(overrides)
     if s is not None and s.models is not None:
         raise fail("bench measures one model (EMBEDSTREAM_MODEL); unset EMBEDSTREAM_MODELS")
@@ -77,26 +75,20 @@ def bench(
             out = bench_run.run_bench(quick=quick, device=s.device, precision=s.precision, peer_python=peer_python,
                                       docs=docs, latency_seconds=latency_seconds, state_dir=state_dir, say=say,
                                       model=s.model, broker=broker)
+    _write(out, output, "cpu" if s is None else "brokers" if broker_list else "processes" if counts else "bench")
+
+
+def _write(out: dict, output: Path, run: str) -> None:
+    """Write ``<run>.json`` (and the chart of the full run) under ``output``, and print its table."""
+    report = tool("bench.report")
     output.mkdir(parents=True, exist_ok=True)
-    if s is None:
-        report.write_json(out, output / "cpu.json")
-        console.print(report.cpu_table(out))
-        err.print(f"wrote {output / 'cpu.json'}")
-        return
-    if broker_list:
-        report.write_json(out, output / "brokers.json")
-        console.print(report.brokers_table(out))
-        err.print(f"wrote {output / 'brokers.json'}")
-        return
-    if counts:
-        report.write_json(out, output / "processes.json")
-        console.print(report.processes_table(out))
-        err.print(f"wrote {output / 'processes.json'}")
-        return
-    report.write_json(out, output / "bench.json")
-    report.write_chart(out, output / "bench.png")
-    console.print(report.ratio_table(out))
-    err.print(f"wrote {output / 'bench.json'} and {output / 'bench.png'}")
+    report.write_json(out, output / f"{run}.json")
+    if run == "bench":
+        report.write_chart(out, output / "bench.png")
+    tables = {"cpu": report.cpu_table, "brokers": report.brokers_table, "processes": report.processes_table,
+              "bench": report.ratio_table}
+    console.print(tables[run](out))
+    err.print(f"wrote {output / f'{run}.json'}" + (f" and {output / 'bench.png'}" if run == "bench" else ""))
 
 
 def _broker_list(value: str) -> list[str]:
@@ -106,6 +98,7 @@ def _broker_list(value: str) -> list[str]:
     if not names or unknown:
         raise fail(f"--brokers takes local brokers separated by commas (tansu, kafka, mock), not {value!r}")
     return names
+
 
 
 def _process_counts(value: str) -> list[int]:

@@ -17,26 +17,24 @@ from worker.commands.cli.app import (
     settings_or_exit,
 )
 
+NewModel = Annotated[str, typer.Option("--model", help="The new model (path or name) to re-embed every document "
+                                                        "with")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Show what would be done; change nothing")]
+MinOverlap = Annotated[float | None, typer.Option(
+    help="Refuse to switch when the mean top-10 neighbour overlap of the shadow check is below this", min=0, max=1)]
+DropOld = Annotated[bool, typer.Option(
+    "--drop-old", help="After the switch, drop the alias's other collections (once no worker writes them)")]
+Sample = Annotated[int, typer.Option(help="Documents sampled by the shadow check", min=1)]
+BackfillGroup = Annotated[str | None, typer.Option(
+    "--backfill-group", help="Consumer group of the backfill [default: <group id>.migrate.<new collection>]")]
+
 
 @app.command()
 @opt.with_settings("kafka_bootstrap_servers", "input_topic", "output_topic", "group_id", "precision", "device",
                    "redis_url", "milvus_uri", "milvus_collection", "milvus_alias")
-def migrate(
-    model: Annotated[str, typer.Option("--model", help="The new model (path or name) to re-embed every document "
-                                                       "with")],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be done; change nothing")] = False,
-    min_overlap: Annotated[float | None, typer.Option(
-        help="Refuse to switch when the mean top-10 neighbour overlap of the shadow check is below this", min=0,
-        max=1)] = None,
-    drop_old: Annotated[bool, typer.Option(
-        "--drop-old", help="After the switch, drop the alias's other collections (once no worker writes "
-        "them)")] = False,
-    sample: Annotated[int, typer.Option(help="Documents sampled by the shadow check", min=1)] = 50,
-    backfill_group: Annotated[str | None, typer.Option(
-        "--backfill-group",
-        help="Consumer group of the backfill [default: <group id>.migrate.<new collection>]")] = None,
-    overrides: dict[str, object] | None = None,
-) -> None:
+def migrate(model: NewModel, dry_run: DryRun = False, min_overlap: MinOverlap = None, drop_old: DropOld = False,
+            sample: Sample = 50, backfill_group: BackfillGroup = None,
+            overrides: dict[str, object] | None = None) -> None:
     """Re-embed the input topic into a new collection with --model while the live workers keep
     serving the old one; once caught up, compare the two and move the alias readers query.
 

@@ -17,21 +17,21 @@ from worker.commands.cli.app import (
     settings_or_exit,
 )
 
+File = Annotated[Path, typer.Argument(help="JSONL, CSV (id,text,...) or plain text (one document a line)",
+                                      exists=True, dir_okay=False, readable=True)]
+Formats = Annotated[list[str] | None, typer.Option(
+    "--format", help="The file's format, jsonl|csv|text (default: from the extension), and/or the records' format, "
+    "avro|avro-registry|json (default: avro, schemaless); give --format twice for both, e.g. --format csv --format "
+    "avro-registry")]
+Rate = Annotated[float | None, typer.Option(help="Produce at this many documents per second", min=0.001)]
+SkipBad = Annotated[bool, typer.Option("--skip-bad", help="Skip malformed lines (counted) instead of stopping at "
+                                       "the first")]
+
 
 @app.command()
 @opt.with_settings("kafka_bootstrap_servers", "input_topic", "schema_registry_url")
-def produce(
-    file: Annotated[Path, typer.Argument(help="JSONL, CSV (id,text,...) or plain text (one document a line)",
-                                         exists=True, dir_okay=False, readable=True)],
-    formats: Annotated[list[str] | None, typer.Option(
-        "--format", help="The file's format, jsonl|csv|text (default: from the extension), and/or the records' "
-        "format, avro|avro-registry|json (default: avro, schemaless); give --format twice for both, e.g. "
-        "--format csv --format avro-registry")] = None,
-    rate: Annotated[float | None, typer.Option(help="Produce at this many documents per second", min=0.001)] = None,
-    skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip malformed lines (counted) instead of "
-                                           "stopping at the first")] = False,
-    overrides: dict[str, object] | None = None,
-) -> None:
+def produce(file: File, formats: Formats = None, rate: Rate = None, skip_bad: SkipBad = False,
+            overrides: dict[str, object] | None = None) -> None:
     """Produce the documents of FILE to the input topic, keyed by id (idempotent producer).
 
     JSONL lines are {"id", "text", "metadata", "model", "event_time"}; CSV needs a text
@@ -73,7 +73,11 @@ def produce(
         raise fail(f"{file}: {exc} (use --skip-bad to skip such lines)") from None
     except (ValueError, TransientError) as exc:
         raise fail(str(exc)) from None
+    _say_produced(result, s.input_topic)
+
+
+def _say_produced(result, topic: str) -> None:
     rate_done = result.produced / result.seconds if result.seconds else float("inf")
-    err.print(f"produced [bold]{result.produced}[/] documents to [bold]{s.input_topic}[/] "
+    err.print(f"produced [bold]{result.produced}[/] documents to [bold]{topic}[/] "
               f"in {result.seconds:.1f}s ({rate_done:,.0f} docs/s)"
               + (f", skipped [yellow]{result.skipped}[/] malformed lines" if result.skipped else ""))

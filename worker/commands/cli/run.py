@@ -23,19 +23,19 @@ from worker.commands.cli.app import (
 )
 from worker.settings import Settings
 
+StopWhenIdle = Annotated[float | None, typer.Option(
+    "--stop-when-idle", help="Exit 0 once every assigned partition has been at its end for this many seconds "
+    "(backfill / batch mode)", min=0)]
+CheckOnly = Annotated[bool, typer.Option(
+    "--check", help="Only reach each dependency (brokers and topics, Milvus and the collection, Redis, the schema "
+    "registry) and load the model, print a table, and exit 0, or 2 with what is wrong; joins no group and creates "
+    "or writes nothing")]
+
 
 @app.command()
 @opt.with_settings(*opt.FLAGGED)
-def run(
-    stop_when_idle: Annotated[float | None, typer.Option(
-        "--stop-when-idle", help="Exit 0 once every assigned partition has been at its end for this many "
-        "seconds (backfill / batch mode)", min=0)] = None,
-    check: Annotated[bool, typer.Option(
-        "--check", help="Only reach each dependency (brokers and topics, Milvus and the collection, Redis, the "
-        "schema registry) and load the model, print a table, and exit 0, or 2 with what is wrong; joins no group "
-        "and creates or writes nothing")] = False,
-    overrides: dict[str, object] | None = None,
-) -> None:
+def run(stop_when_idle: StopWhenIdle = None, check: CheckOnly = False,
+        overrides: dict[str, object] | None = None) -> None:
     """The worker: consume documents, batch, cache, embed, upsert into Milvus, publish, commit.
 
     Runs until SIGTERM/SIGINT (finishes in-flight batches, commits, exits 0), or with
@@ -52,7 +52,6 @@ def run(
 
     from connectors.transactions import TransactionsFailed
     from schemas.errors import DlqLimitExceeded, RecordRefused
-    from worker.assembly.runner import build_worker
     from worker.process.logs import setup_logging
 
     s = settings_or_exit(overrides)
@@ -65,15 +64,8 @@ def run(
         children = Processes(s, dict(os.environ), stop_when_idle)
         children.forward_signals()
         raise typer.Exit(children.wait())
-    try:
-        worker = build_worker(s)
-    except ConfigError as exc:
-        raise fail(f"{exc}", 2) from None
-    except TransactionsFailed as exc:
-        raise fail(str(exc), 4) from None
-    except KafkaException as exc:
-        raise refused_property(exc) from None
-    worker.install_signal_handlers()
+    worker = _built(s)
+    worker.stop.install()
     try:
         stats = worker.run(stop_when_idle=stop_when_idle)
     except KafkaException as exc:  # the consumer died, or a client made after start-up refused its properties
@@ -87,6 +79,24 @@ def run(
                    "that committed. A newer worker with the same transactional.id (the same "
                    "EMBEDSTREAM_GROUP_INSTANCE_ID) fences this one: run each instance id once.", 4) from None
     say(_done_line(stats))
+
+
+def _built(s: Settings):
+    """The worker of ``s``; a start-up failure exits with its code (2 a setting, 4 fenced, or what the
+    refused client property says)."""
+    from confluent_kafka import KafkaException
+
+    from connectors.transactions import TransactionsFailed
+    from worker.assembly.runner import build_worker
+
+    try:
+        return build_worker(s)
+    except ConfigError as exc:
+        raise fail(f"{exc}", 2) from None
+    except TransactionsFailed as exc:
+        raise fail(str(exc), 4) from None
+    except KafkaException as exc:
+        raise refused_property(exc) from None
 
 
 

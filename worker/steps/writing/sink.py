@@ -18,87 +18,22 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 
-import numpy as np
 from confluent_kafka import Producer, TopicPartition
 
 from connectors.kafka import DeliveryBatch
-from connectors.milvus import MilvusStore
-from connectors.milvus.schema import EXCERPT_CHARS, ChunkRows, chunk_id
-from connectors.redis_cache import RedisCache
-from schemas import sparse as sparse_modes
 from schemas.errors import TransientError
-from schemas.sparse import SparseMode
 from worker.core.delivery import Delivery, Planned, written_offsets
 from worker.core.fence import Fence
-from worker.core.records import Batch, Chunk, DeadLetter, Delete, Entry, Item, Source, headers_size
+from worker.core.records import Batch, Delete, Item
 from worker.process import metrics
-from worker.steps.writing.fit import TopicLimits, dead_letter_record, output_room, record_size
+from worker.steps.writing.fit import TopicLimits, dead_letter_record
 from worker.steps.writing.output import OutputFormat
-from worker.steps.writing.versions import VersionGuard, final_operations
+from worker.steps.writing.planning import Plan, Planner
+from worker.steps.writing.targets import ModelTarget, write_collection
+from worker.steps.writing.versions import VersionGuard
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ModelTarget:
-    """Where a model's documents go: its collection, the model id and dim its records carry, its cache."""
-
-    store: MilvusStore
-    model_id: str
-    dim: int
-    cache: RedisCache | None = None
-    #: The model's sparse mode: what a row carries beside its dense vector (the chunk's text for BM25,
-    #: its sparse vector for a learned model) and how large an output record's sparse side can be.
-    sparse: SparseMode = sparse_modes.OFF
-    #: The headers of an output record, by whether it came from a cache (built once: the producer
-    #: copies them at each ``produce``).
-    headers: dict[bool, list[tuple[str, bytes]]] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.headers = {cached: [("embedstream.model", self.header), ("embedstream.cached", b"true" if cached
-                                                                        else b"false")] for cached in (True, False)}
-
-    @property
-    def header(self) -> bytes:
-        return self.model_id.encode()
-
-
-@dataclass
-class Plan:
-    """One model's share of a group: the final operations for its collection and what it holds."""
-
-    target: ModelTarget
-    upserts: dict[str, Item]
-    deletes: dict[str, Delete]
-    counts: dict[str, int]
-    stored: dict = field(default_factory=dict)
-
-
-def chunk_rows(items: list[Item], source: Callable[[Source], str], sparse: SparseMode = sparse_modes.OFF) -> ChunkRows:
-    """The Milvus rows of ``items``: one per chunk; ``source`` names where a record came from;
-    ``sparse``: the model's sparse mode (what else each row carries)."""
-    chunks = [(it, ch) for it in items for ch in it.chunks]
-    vectors = [ch.vector for _, ch in chunks if ch.vector is not None]
-    if len(vectors) != len(chunks):
-        raise RuntimeError("a chunk reached the sink without a vector")  # a bug of the embed step
-    return ChunkRows(
-        doc_ids=[it.id for it, _ in chunks], chunk_index=[ch.index for _, ch in chunks],
-        chunk_count=[len(it.chunks) for it, _ in chunks], span_start=[ch.start for _, ch in chunks],
-        span_end=[ch.end for _, ch in chunks], excerpts=[ch.text[:EXCERPT_CHARS] for _, ch in chunks],
-        vectors=np.array(vectors), hashes=[ch.hash for _, ch in chunks],
-        metadata=[it.metadata for it, _ in chunks], sources=[source(it.source) for it, _ in chunks],
-        offsets=[it.source.offset for it, _ in chunks],
-        texts=[ch.text for _, ch in chunks] if sparse.rows_carry_text else None,
-        sparse=_sparse_of(chunks) if sparse.learned else None)
-
-
-def _sparse_of(chunks: list[tuple[Item, Chunk]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    out = [ch.sparse for _, ch in chunks if ch.sparse is not None]
-    if len(out) != len(chunks):
-        raise RuntimeError("a chunk reached the sink without its sparse vector")  # a bug of the embed step
-    return out
 
 
 class SinkStep:
@@ -118,8 +53,6 @@ class SinkStep:
         #: Whether dead letters are written to the DLQ topic (a migration's backfill re-reads records
         #: the live worker dead-lettered already: it skips them, writing them nowhere).
         self.dead_letters = dead_letters
-        #: Told of each dead letter made here (``DlqLimit.record_late``: the breaker counts it).
-        self.dead_lettered = dead_lettered
         #: A tombstone's ``embedstream.model`` header: the model when there is one, else every one.
         self._delete_header = b",".join(t.header for t in targets.values())
         #: How the group becomes durable (``worker.core.delivery``): at-least-once or exactly-once.
@@ -127,21 +60,19 @@ class SinkStep:
         self.fence = fence
         #: How output values are encoded (EMBEDSTREAM_OUTPUT_FORMAT).
         self.output = output or OutputFormat()
-        self.guard = guard
         self.output_topic = output_topic
         self.dlq_topic = dlq_topic
         self.delivery_timeout_s = delivery_timeout_s
         #: The largest record each topic takes: dead letters are cut to fit, output records over it are
         #: dead-lettered (``worker.steps.writing.fit``).
         self.limits = limits or TopicLimits()
-        #: Per model, the bytes of id and metadata below which its output records always fit
-        #: (``worker.steps.writing.fit.output_room``): only a document past it is measured.
-        self.output_rooms = {name: output_room(t.dim, self.limits.output, t.sparse.output_dims)
-                             for name, t in targets.items()}
         #: Per model, the headers of an output record by whether it came from a cache: the model's and
         #: the format's (a document's forwarded input headers follow them).
         self._headers = {name: {cached: [*hs, *self.output.headers] for cached, hs in t.headers.items()}
                          for name, t in targets.items()}
+        #: What a group writes (``worker.steps.writing.planning``); ``dead_lettered`` is told of each
+        #: dead letter it makes (``DlqLimit.record_late``: the breaker counts it).
+        self.planner = Planner(targets, fence, guard, self.output, self.limits, self._headers, dead_lettered)
         self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
 
     def close(self) -> None:
@@ -183,39 +114,15 @@ class SinkStep:
             metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
 
     def plan(self, group: list[Batch]) -> Planned:
-        """Fence, oversized documents, version guard and each collection's final operations."""
-        now = int(time.time() * 1000)
-        self._dead_letter_oversized(group, now)
-        entries, plans = self._news(group)
-        self.fence.check()  # the Strong reads above may have taken a while
-        return Planned(group, entries, plans, now)
+        """The group's writes (``Planner.plan``)."""
+        return self.planner.plan(group)
 
     def _write_milvus(self, plans: list[Plan], now: int) -> float:
-        """Each model's collection, in turn (``_write_collection``); returns the seconds."""
+        """Each model's collection, in turn (``targets.write_collection``); returns the seconds."""
         t0 = time.perf_counter()
         for plan in plans:
-            self._write_collection(plan, now)
+            write_collection(plan, self.planner.guard.source, now)
         return time.perf_counter() - t0
-
-    def _write_collection(self, plan: Plan, now: int) -> None:
-        """Make a collection hold exactly the chunks of each document's final operation.
-
-        ``counts`` (how many chunks each document's rows say it has, read with the versions) names the
-        rows to remove: a deleted document's, and the chunks past the end of one that shrank. The
-        order keeps a crash at any point redoable by the replay: deletes are recorded first; a
-        document's chunk 0, which carries the count that names its other rows, goes last (deleted
-        after its other chunks, rewritten after its stale chunks are gone)."""
-        store, upserts, deletes, counts = plan.target.store, plan.upserts, plan.deletes, plan.counts
-        if deletes:
-            store.record_deletes(list(deletes), ([self.guard.source(d.source) for d in deletes.values()],
-                                                 [d.source.offset for d in deletes.values()]), now)
-        stale = [chunk_id(doc, k) for doc, it in upserts.items() for k in range(len(it.chunks), counts.get(doc, 0))]
-        stale += [chunk_id(doc, k) for doc in deletes for k in range(1, counts.get(doc, 1))]
-        store.delete(stale)
-        store.delete([chunk_id(doc, 0) for doc in deletes])
-        if upserts:
-            store.upsert_chunks(chunk_rows(list(upserts.values()), self.guard.source,
-                                            plan.target.sparse), plan.target.model_id, now)
 
     def produce(self, planned: Planned, producer: Producer) -> DeliveryBatch:
         """Hand every output and dead-letter record of the group to ``producer`` (not yet confirmed),
@@ -242,31 +149,6 @@ class SinkStep:
         self._fill_caches(planned.group)
         return delivery
 
-    def _dead_letter_oversized(self, group: list[Batch], now: int) -> None:
-        """Turn each item whose output record would be over the output topic's limit into a dead
-        letter (``output_too_large``), before anything of the group is written. Only a document whose
-        id and metadata are past ``output_room`` can be that large: only those are encoded here (the
-        validator kept their original record: ``keep_original``)."""
-        for batch in group:
-            for i, e in enumerate(batch.entries):
-                if not isinstance(e, Item) or e.original is None:
-                    continue
-                target = self.targets[e.model]
-                size = (len(e.id.encode()) + sum(len(k.encode()) + len(v.encode()) for k, v in e.metadata.items())
-                        + headers_size(e.headers))
-                if size <= self.output_rooms[e.model]:
-                    continue
-                self.output.ready()
-                key, headers = e.id.encode(), [*self._headers[e.model][False], *(e.headers or ())]
-                largest = max(record_size(key, v, headers)
-                              for v in self.output.values(e, target.model_id, target.dim, now))
-                if largest > self.limits.output:
-                    dead = batch.entries[i] = DeadLetter(
-                        e.source, *e.original, "output_too_large",
-                        f"its output record would be {largest:,} bytes (id, metadata and forwarded headers of "
-                        f"{size:,} bytes), over the output topic's limit of {self.limits.output:,}")
-                    self.dead_lettered(dead.reason, dead.message)
-
     def _fill_caches(self, group: list[Batch]) -> None:
         """Each model's fresh vectors into its cache. A vector depends only on the text and the model,
         so the cache may be filled before the batches are durable: it is, while Milvus writes."""
@@ -274,46 +156,6 @@ class SinkStep:
             fresh = {h: v for batch in group for h, v in batch.fresh.get(name, {}).items()}
             if target.cache is not None and fresh:
                 target.cache.set_many(fresh)
-
-    def _news(self, group: list[Batch]) -> tuple[list[Entry], list[Plan]]:
-        """The entries to write (owned partitions, not superseded) and, per model's collection, the
-        final operations and the chunk counts it holds for their documents. Marks each batch's
-        ``fenced`` partitions and each superseded entry (a tombstone: superseded in every collection)."""
-        mine: list[Entry] = []
-        for batch in group:
-            batch.fenced = self.fence.stale(batch)
-            mine += [e for e in batch.entries if e.source.tp not in batch.fenced] if batch.fenced else batch.entries
-        plans: dict[str, Plan] = {}
-        for name, target in self.targets.items():
-            ops = [e for e in mine if isinstance(e, Delete) or (isinstance(e, Item) and e.model == name)]
-            if not ops:
-                continue
-            upserts, deletes = final_operations(ops)
-            stored, counts = target.store.versions([*upserts, *deletes])
-            plans[name] = Plan(target, upserts, deletes, counts, dict(stored))
-        # A record that looks superseded may come from a topic re-created since its id was read: ask
-        # the broker once, and judge the group again under the new id (worker.steps.writing.versions).
-        if self._mark_superseded(mine, plans) and self.guard.refresh():
-            self._mark_superseded(mine, plans)
-        for e in mine:
-            if isinstance(e, (Item, Delete)) and e.superseded:
-                held = [p.stored[e.id][1] for p in plans.values() if e.id in p.stored]
-                self.guard.tell(e.source, max((o for o in held if o is not None), default=None))
-        for p in plans.values():
-            p.upserts = {i: e for i, e in p.upserts.items() if not e.superseded}
-            p.deletes = {i: e for i, e in p.deletes.items() if not self.guard.superseded(e, p.stored)}
-        return [e for e in mine if not getattr(e, "superseded", False)], list(plans.values())
-
-    def _mark_superseded(self, mine: list[Entry], plans: dict[str, Plan]) -> bool:
-        """Set each item's and tombstone's ``superseded`` (a tombstone: in every collection); True if any is."""
-        found = False
-        for e in mine:
-            if isinstance(e, Item):
-                e.superseded = self.guard.superseded(e, plans[e.model].stored)
-            elif isinstance(e, Delete):
-                e.superseded = all(self.guard.superseded(e, p.stored) for p in plans.values())
-            found = found or getattr(e, "superseded", False)
-        return found
 
     def owned_offsets(self, group: list[Batch]) -> list[TopicPartition]:
         """The group's ``written_offsets`` to commit; raises :class:`TransientError` when one of their

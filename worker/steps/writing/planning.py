@@ -1,0 +1,130 @@
+"""What a group writes, decided before anything is written: the sink's plan.
+
+The fence says which partitions are still this member's; documents whose output record would be over
+the output topic's limit become dead letters; the version guard drops what something newer already
+superseded (``worker.steps.writing.versions``); and each model's collection gets the final operation
+per document of the group, with the chunk counts it holds for them (what a shrunk or deleted
+document leaves to delete). The result is a :class:`~worker.core.delivery.Planned` value, which a
+retry of the same group carries over when its topics were already written.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from worker.core.delivery import Planned
+from worker.core.fence import Fence
+from worker.core.records import Batch, DeadLetter, Delete, Entry, Item, headers_size
+from worker.steps.writing.fit import TopicLimits, output_room, record_size
+from worker.steps.writing.output import OutputFormat
+from worker.steps.writing.targets import ModelTarget
+from worker.steps.writing.versions import VersionGuard, final_operations
+
+#: An output record's headers by whether its vectors came from a cache, per model name.
+Headers = dict[str, dict[bool, list[tuple[str, bytes]]]]
+
+
+@dataclass
+class Plan:
+    """One model's share of a group: the final operations for its collection and what it holds."""
+
+    target: ModelTarget
+    upserts: dict[str, Item]
+    deletes: dict[str, Delete]
+    counts: dict[str, int]
+    stored: dict = field(default_factory=dict)
+
+
+class Planner:
+    """``plan(group)``: the group's :class:`Planned` writes. Sink thread. Marks each batch's
+    ``fenced`` partitions and each superseded entry; turns an oversized document into a dead letter
+    in its batch, in place (``dead_lettered`` is told of each)."""
+
+    def __init__(self, targets: dict[str, ModelTarget], fence: Fence, guard: VersionGuard, output: OutputFormat,
+                 limits: TopicLimits, headers: Headers, dead_lettered: Callable[[str, str], None]) -> None:
+        self.targets = targets
+        self.fence = fence
+        self.guard = guard
+        self.output = output
+        self.limits = limits
+        self.headers = headers
+        self.dead_lettered = dead_lettered
+        #: Per model, the bytes of id and metadata below which its output records always fit
+        #: (``worker.steps.writing.fit.output_room``): only a document past it is measured.
+        self.output_rooms = {name: output_room(t.dim, limits.output, t.sparse.output_dims)
+                             for name, t in targets.items()}
+
+    def plan(self, group: list[Batch]) -> Planned:
+        """Fence, oversized documents, version guard and each collection's final operations."""
+        now = int(time.time() * 1000)
+        self._dead_letter_oversized(group, now)
+        entries, plans = self._news(group)
+        self.fence.check()  # the Strong reads above may have taken a while
+        return Planned(group, entries, plans, now)
+
+    def _dead_letter_oversized(self, group: list[Batch], now: int) -> None:
+        """Turn each item whose output record would be over the output topic's limit into a dead
+        letter (``output_too_large``), before anything of the group is written. Only a document whose
+        id and metadata are past ``output_room`` can be that large: only those are encoded here (the
+        validator kept their original record: ``keep_original``)."""
+        for batch in group:
+            for i, e in enumerate(batch.entries):
+                if not isinstance(e, Item) or e.original is None:
+                    continue
+                target = self.targets[e.model]
+                size = (len(e.id.encode()) + sum(len(k.encode()) + len(v.encode()) for k, v in e.metadata.items())
+                        + headers_size(e.headers))
+                if size <= self.output_rooms[e.model]:
+                    continue
+                self.output.ready()
+                key, headers = e.id.encode(), [*self.headers[e.model][False], *(e.headers or ())]
+                largest = max(record_size(key, v, headers)
+                              for v in self.output.values(e, target.model_id, target.dim, now))
+                if largest > self.limits.output:
+                    dead = batch.entries[i] = DeadLetter(
+                        e.source, *e.original, "output_too_large",
+                        f"its output record would be {largest:,} bytes (id, metadata and forwarded headers of "
+                        f"{size:,} bytes), over the output topic's limit of {self.limits.output:,}")
+                    self.dead_lettered(dead.reason, dead.message)
+
+    def _news(self, group: list[Batch]) -> tuple[list[Entry], list[Plan]]:
+        """The entries to write (owned partitions, not superseded) and, per model's collection, the
+        final operations and the chunk counts it holds for their documents. Marks each batch's
+        ``fenced`` partitions and each superseded entry (a tombstone: superseded in every collection)."""
+        mine: list[Entry] = []
+        for batch in group:
+            batch.fenced = self.fence.stale(batch)
+            mine += [e for e in batch.entries if e.source.tp not in batch.fenced] if batch.fenced else batch.entries
+        plans: dict[str, Plan] = {}
+        for name, target in self.targets.items():
+            ops = [e for e in mine if isinstance(e, Delete) or (isinstance(e, Item) and e.model == name)]
+            if not ops:
+                continue
+            upserts, deletes = final_operations(ops)
+            stored, counts = target.store.versions([*upserts, *deletes])
+            plans[name] = Plan(target, upserts, deletes, counts, dict(stored))
+        # A record that looks superseded may come from a topic re-created since its id was read: ask
+        # the broker once, and judge the group again under the new id (worker.steps.writing.versions).
+        if self._mark_superseded(mine, plans) and self.guard.refresh():
+            self._mark_superseded(mine, plans)
+        for e in mine:
+            if isinstance(e, (Item, Delete)) and e.superseded:
+                held = [p.stored[e.id][1] for p in plans.values() if e.id in p.stored]
+                self.guard.tell(e.source, max((o for o in held if o is not None), default=None))
+        for p in plans.values():
+            p.upserts = {i: e for i, e in p.upserts.items() if not e.superseded}
+            p.deletes = {i: e for i, e in p.deletes.items() if not self.guard.superseded(e, p.stored)}
+        return [e for e in mine if not getattr(e, "superseded", False)], list(plans.values())
+
+    def _mark_superseded(self, mine: list[Entry], plans: dict[str, Plan]) -> bool:
+        """Set each item's and tombstone's ``superseded`` (a tombstone: in every collection); True if any is."""
+        found = False
+        for e in mine:
+            if isinstance(e, Item):
+                e.superseded = self.guard.superseded(e, plans[e.model].stored)
+            elif isinstance(e, Delete):
+                e.superseded = all(self.guard.superseded(e, p.stored) for p in plans.values())
+            found = found or getattr(e, "superseded", False)
+        return found
