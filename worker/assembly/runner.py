@@ -45,6 +45,7 @@ from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet, ModelSpec, describe, parse_models
 from worker.process import heap, metrics
 from worker.process.gpu_metrics import register_gpu_metrics
+from worker.process.startup import StartClock
 from worker.settings import Settings
 from worker.steps.writing.fit import DEFAULT_MESSAGE_MAX_BYTES, TopicLimits
 
@@ -276,22 +277,37 @@ def open_stores(s: Settings, models: ModelSet, store_factory: Callable[[Settings
     return stores, caches
 
 
+def open_consumer(s: Settings, health: metrics.Health) -> Consumer:
+    """The group's consumer, reporting lag to the gauge and its errors to ``health``."""
+    return make_consumer(s.kafka_common(), s.group_id, s.group_instance_id, s.group_protocol, **{
+        # the lag gauge's period: a passthrough value is taken (EMBEDSTREAM_KAFKA__STATISTICS_INTERVAL_MS)
+        "statistics.interval.ms": int(s.kafka.get("statistics.interval.ms", 5000)),
+        "stats_cb": metrics.record_lag_from_stats,
+        "error_cb": health.on_kafka_error})
+
+
 def build_worker(settings: Settings, embedder: Embedder | None = None,
                  on_progress: Callable[[RunStats], None] | None = None,
                  store_factory: Callable[[Settings, str], MilvusStore] | None = None,
-                 dead_letters: bool = True, stats: RunStats | None = None) -> Worker:
+                 dead_letters: bool = True, stats: RunStats | None = None, startup: StartClock | None = None
+                 ) -> Worker:
     """Check the settings against the real systems, open them, and assemble the worker around the
     chain of ``worker.assembly.chain.build_chain``. ``store_factory(settings, collection)`` stands in for
     Milvus (the bench's instant sink); ``dead_letters=False``: records that cannot succeed are skipped,
     not written to the DLQ topic (a migration's backfill); ``stats``: the run's counters (the
-    bench's also read the CPU clock). Raises ConfigError."""
-    s = settings
+    bench's also read the CPU clock); ``startup``: the process's start-up clock (``embedstream run``),
+    read out at the first assignment. Raises ConfigError."""
+    s, clock = settings, startup or StartClock()  # a caller's clock is read out at the first assignment
+    clock.mark("python, imports and settings")
     require_connections(s)
     check_broker(s.kafka_common())
     check_topics(s)
+    clock.mark("Kafka and its topics")
     models = load_models(s, embedder)
     log.info("models: %s", describe(models))
+    clock.mark("models")
     stores, caches = open_stores(s, models, store_factory)
+    clock.mark("Milvus and Redis")
     heap.settle()  # the models' objects out of the collector's walks (worker.process.heap)
     heap.keep_pages()  # a group's megabyte buffers reuse the heap's pages (worker.process.heap)
     health = metrics.Health(s.healthz_max_tick_age_seconds)
@@ -304,11 +320,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     # A record still queued in librdkafka when the process froze must time out on waking rather than
     # be sent after the new owner's records (worker/core/fence.py): deliveries never outlast the lease.
     delivery_timeout_s = min(s.kafka_timeout_seconds, fence.lease_s)
-    consumer = make_consumer(s.kafka_common(), s.group_id, s.group_instance_id, s.group_protocol, **{
-        # the lag gauge's period: a passthrough value is taken (EMBEDSTREAM_KAFKA__STATISTICS_INTERVAL_MS)
-        "statistics.interval.ms": int(s.kafka.get("statistics.interval.ms", 5000)),
-        "stats_cb": metrics.record_lag_from_stats,
-        "error_cb": health.on_kafka_error})
+    consumer = open_consumer(s, health)
     chain = build_chain(s, consumer, open_delivery(s, consumer, delivery_timeout_s), models, caches, stores, fence,
                         input_topic_ids(s), open_registry(s), topic_limits(s), dead_letters=dead_letters,
                         lookup_ids=lambda: topic_ids(s.kafka_common(), [s.input_topic]))
@@ -322,4 +334,5 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
                     shutdown_grace=s.shutdown_grace_seconds, health=health, backoff_max=s.retry_backoff_max_seconds,
                     on_progress=on_progress, stats=stats)
     worker.metrics_port = metrics_port
+    worker.rebalance.startup = startup
     return worker

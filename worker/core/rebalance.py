@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 from worker.core.assignment import Assignment
 from worker.core.records import TopicPartitionKey
 from worker.process.metrics import ASSIGNED_PARTITIONS, REBALANCES, Health, forget_lag
+from worker.process.startup import StartClock
 
 if TYPE_CHECKING:
     from worker.core.loop import Chain
@@ -43,6 +44,8 @@ class Rebalance:
         self.grace = grace
         self._finish_inflight = finish_inflight
         self._drop_held = drop_held
+        #: Read out once, at the first assignment (``worker.process.startup``); None: not timed.
+        self.startup: StartClock | None = None
 
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.assignment.add(consumer, partitions)
@@ -53,6 +56,10 @@ class Rebalance:
         self.chain.fence.publish(self.assignment.partitions)
         self._owned(len(self.assignment), "assigned")
         log.info("assigned %s", sorted(p.partition for p in partitions))
+        if self.startup is not None and partitions:
+            self.startup.mark("the rest, and joining the group")
+            log.info("%s", self.startup.account())
+            self.startup = None
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Finish what is in flight (within a budget) and commit it before the partitions go. After a

@@ -21,6 +21,7 @@ from worker.commands.cli.app import (
     say,
     settings_or_exit,
 )
+from worker.process.startup import StartClock
 from worker.settings import Settings
 
 StopWhenIdle = Annotated[float | None, typer.Option(
@@ -54,6 +55,7 @@ def run(stop_when_idle: StopWhenIdle = None, check: CheckOnly = False,
     from schemas.errors import DlqLimitExceeded, RecordRefused
     from worker.process.logs import setup_logging
 
+    startup = StartClock()  # from the process's start: a pod's whole start-up
     s = settings_or_exit(overrides)
     setup_logging(s)
     if check:
@@ -64,7 +66,7 @@ def run(stop_when_idle: StopWhenIdle = None, check: CheckOnly = False,
         children = Processes(s, dict(os.environ), stop_when_idle)
         children.forward_signals()
         raise typer.Exit(children.wait())
-    worker = _built(s)
+    worker = _built(s, startup)
     worker.stop.install()
     try:
         stats = worker.run(stop_when_idle=stop_when_idle)
@@ -81,7 +83,7 @@ def run(stop_when_idle: StopWhenIdle = None, check: CheckOnly = False,
     say(_done_line(stats))
 
 
-def _built(s: Settings):
+def _built(s: Settings, startup: StartClock):
     """The worker of ``s``; a start-up failure exits with its code (2 a setting, 4 fenced, or what the
     refused client property says)."""
     from confluent_kafka import KafkaException
@@ -90,7 +92,7 @@ def _built(s: Settings):
     from worker.assembly.runner import build_worker
 
     try:
-        return build_worker(s)
+        return build_worker(s, startup=startup)
     except ConfigError as exc:
         raise fail(f"{exc}", 2) from None
     except TransactionsFailed as exc:
