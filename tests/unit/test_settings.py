@@ -144,7 +144,7 @@ def test_a_property_librdkafka_refuses_is_one_line_and_exit_2(monkeypatch):
 
     import worker.assembly.runner as runner
 
-    def refuse(_s):
+    def refuse(_s, **_kw):
         raise KafkaException(KafkaError(KafkaError._INVALID_ARG, 'No such configuration property: "sasl.mechanizm"'))
 
     monkeypatch.setattr(runner, "build_worker", refuse)
