@@ -79,6 +79,49 @@ def consumer_conf(common: Conf, group_id: str, group_instance_id: str | None = N
     return conf
 
 
+#: Properties librdkafka refuses on a share consumer (the broker keeps a share group's session, and a
+#: share group has no offsets to reset or commit, no isolation level and no prefetch queue of its own).
+SHARE_REFUSED = ("enable.auto.commit", "auto.offset.reset", "isolation.level", "queued.", "session.timeout.ms",
+                 "heartbeat.interval.ms", "group.protocol", "partition.assignment.strategy", "group.instance.id",
+                 "enable.partition.eof", "auto.commit.")
+
+
+def make_share_consumer(common: Conf, group_id: str, **overrides: object):
+    """A member of the share group ``group_id`` (KIP-932) that acknowledges each record itself
+    (``share.acknowledgement.mode=explicit``). Properties of ``common`` a share consumer refuses
+    (:data:`SHARE_REFUSED`) are left out, with one warning naming them."""
+    from confluent_kafka import ShareConsumer
+
+    given = sorted(k for k in common if k.startswith(SHARE_REFUSED))
+    if given:
+        log.warning("share group: %s left out (a share consumer refuses them: the broker keeps the group's session "
+                    "and its records' delivery state)", ", ".join(given))
+    conf: dict[str, object] = {"group.id": group_id, "share.acknowledgement.mode": "explicit",
+                               "fetch.wait.max.ms": 100}
+    conf.update({k: v for k, v in common.items() if not k.startswith(SHARE_REFUSED)})
+    conf.update(overrides)
+    return ShareConsumer(logged(conf))
+
+
+def share_group_starts_at_earliest(common: Conf, group_id: str) -> None:
+    """Set the share group's ``share.auto.offset.reset`` to ``earliest`` unless it is set already: a
+    new share group starts at the end of the topic by default, and would skip every document
+    produced before its first member joined (a consumer group of this worker starts at the
+    beginning). Raises ``KafkaException`` where the broker refuses (an ACL)."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = make_admin(common)
+    resource = ConfigResource(ConfigResource.Type.GROUP, group_id)
+    found = admin.describe_configs([resource])[resource].result(timeout=30)
+    entry = found.get("share.auto.offset.reset")
+    if entry is not None and not entry.is_default:
+        return
+    change = ConfigResource(ConfigResource.Type.GROUP, group_id, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([change])[change].result(timeout=30)
+    log.info("share group %s starts at the beginning of its topic (share.auto.offset.reset=earliest)", group_id)
+
+
 #: Consumer-only librdkafka properties, kept out of producers (librdkafka warns about each one).
 CONSUMER_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms", "group.",
                  "partition.assignment.strategy", "auto.offset.reset", "isolation.level", "enable.auto.",

@@ -17,9 +17,15 @@ from confluent_kafka import KafkaError, TopicPartition
 class MemoryMessage:
     """What the loop reads of a consumed message (confluent-kafka's ``Message`` methods)."""
 
-    def __init__(self, key, value, partition=0, offset=0, topic="docs", headers=None, ts=1_700_000_000_000):
+    def __init__(self, key, value, partition=0, offset=0, topic="docs", headers=None, ts=1_700_000_000_000,
+                 deliveries=None):
         self._key, self._value, self._partition, self._offset = key, value, partition, offset
         self._topic, self._headers, self._ts = topic, headers, ts
+        self._deliveries = deliveries
+
+    def delivery_count(self):
+        """How often a share group delivered it (None: read by a consumer group)."""
+        return self._deliveries
 
     def key(self):
         return self._key

@@ -108,6 +108,14 @@ class KafkaSettings(BaseModel):
                    "broker assigns, and the group's session and heartbeat are the broker's: "
                    "group.consumer.session.timeout.ms)",
         flag=True)
+    group_type: Literal["consumer", "share"] = setting(
+        "consumer", "consumer|share: share joins a KIP-932 share group (Kafka 4.2+): any number of workers read "
+                    "each partition, each record is acknowledged once durable, and a record delivered too often is "
+                    "dead-lettered (delivery_count_exceeded); at-least-once only, no per-key order", flag=True)
+    share_max_deliveries: int = setting(
+        4, "share groups: a record delivered more times than this goes to the DLQ (delivery_count_exceeded) "
+           "before it is processed again; keep it below the group's share.delivery.count.limit (the broker's "
+           "default 5), which archives a record without a trace", ge=1)
     # repr=False: the passthrough may hold secrets (sasl.password); redacted() shows it masked.
     kafka: dict[str, str] = setting(dict, "librdkafka passthrough properties (EMBEDSTREAM_KAFKA__<NAME>)",
                                     repr=False)
@@ -322,6 +330,14 @@ class Settings(BaseSettings, OperationsSettings, MilvusSettings, CacheSettings, 
                 "EMBEDSTREAM_INPUT_TOPIC, EMBEDSTREAM_OUTPUT_TOPIC and EMBEDSTREAM_DLQ_TOPIC must be "
                 f"three different topics (got {self.input_topic!r}, {self.output_topic!r}, {self.dlq_topic!r})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _share_without_transactions(self) -> Settings:
+        if self.group_type == "share" and self.delivery == "exactly-once":
+            raise ValueError("EMBEDSTREAM_GROUP_TYPE=share with EMBEDSTREAM_DELIVERY=exactly-once: share groups have "
+                             "no transactions; use at-least-once (Milvus' writes converge on a replay) or a consumer "
+                             "group")
         return self
 
     @model_validator(mode="after")

@@ -11,7 +11,7 @@ from worker.commands.cli import app
 from worker.settings import Settings
 
 ENV_SETTINGS = ["kafka_bootstrap_servers", "input_topic", "output_topic", "dlq_topic", "group_id",
-                "group_instance_id", "group_protocol", "model", "precision", "device", "max_batch_size",
+                "group_instance_id", "group_protocol", "group_type", "model", "precision", "device", "max_batch_size",
                 "max_batch_tokens", "max_batch_wait_ms", "redis_url", "cache_ttl_seconds", "milvus_uri",
                 "milvus_collection",
                 "milvus_alias", "metrics_port", "schema_registry_url", "output_format", "key_field",

@@ -193,6 +193,21 @@ def test_group_protocol_reaches_the_worker_and_a_typo_is_refused():
         render(merge(BASE, {"kafka": {"groupProtocol": "cooperative"}}))
 
 
+def test_a_share_group_reaches_the_worker_is_not_capped_by_partitions_and_refuses_exactly_once():
+    env = env_of(render(BASE))
+    assert env["EMBEDSTREAM_GROUP_TYPE"]["value"] == "consumer" and "EMBEDSTREAM_SHARE_MAX_DELIVERIES" not in env
+    wide = {"kafka": {"groupType": "share", "shareMaxDeliveries": 3}, "keda": {"partitions": 2, "maxReplicaCount": 8}}
+    env = env_of(render(merge(BASE, wide)))  # 8 replicas on 2 partitions: a share group reads each one wider
+    assert env["EMBEDSTREAM_GROUP_TYPE"]["value"] == "share" and env["EMBEDSTREAM_SHARE_MAX_DELIVERIES"]["value"] == "3"
+    assert "EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS" not in env  # the broker keeps a share group's session
+    with pytest.raises(helm_python.HelmError, match="partitions"):
+        render(merge(BASE, {"keda": {"partitions": 2, "maxReplicaCount": 8}}))  # a consumer group: capped
+    with pytest.raises(helm_python.HelmError, match="share groups have no transactions"):
+        render(merge(BASE, {"kafka": {"groupType": "share", "delivery": "exactly-once"}}))
+    with pytest.raises(Exception, match="groupType"):
+        render(merge(BASE, {"kafka": {"groupType": "queue"}}))
+
+
 def test_schema_registry_settings_and_secrets_reach_the_worker():
     objs = render(merge(BASE, VALUE_SETS["schema registry, basic auth over TLS"]))
     env = env_of(objs)

@@ -422,7 +422,8 @@ def test_output_records_carry_the_models_headers_the_schema_and_the_forwarded_on
     model = [("embedstream.model", b"m"), ("embedstream.cached", b"false")]
     assert ha == [*model, ("embedstream.schema", EMBEDDING_FINGERPRINT.encode()), *trace]
     assert hb == [*model, ("embedstream.schema", EMBEDDING_FINGERPRINT.encode())]
-    assert gone is None and hc == [("embedstream.model", b"m"), *trace]
+    source = [("embedstream.source.partition", b"0"), ("embedstream.source.offset", b"2")]  # which version
+    assert gone is None and hc == [("embedstream.model", b"m"), *source, *trace]
     assert decode_embedding(a, ha)["event_time"] == 1_600_000_000_000 and decode_embedding(b, hb)["event_time"] is None
 
 

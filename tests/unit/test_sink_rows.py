@@ -164,7 +164,9 @@ def test_a_tombstone_goes_to_the_output_topic_naming_every_model():
     batch = Batch()
     batch.add(Delete(Source("docs", 0, 1), "gone"))
     sink.process([batch])
-    assert producer.records == [("embeddings", b"gone", None, [("embedstream.model", b"org/small,org/big")])]
+    assert producer.records == [("embeddings", b"gone", None, [("embedstream.model", b"org/small,org/big"),
+                                                               ("embedstream.source.partition", b"0"),
+                                                               ("embedstream.source.offset", b"1")])]
 
 
 def test_a_bm25_collections_rows_carry_each_chunks_whole_text_through_the_sink():

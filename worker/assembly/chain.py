@@ -120,8 +120,8 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
         Validator(records.max_text_bytes, models.resolve,                            # 1 Item | Delete | DeadLetter
                   lambda chars: chars > safe_chars,                                  #   (key = identity,
                   registry=registry, key_field=records.key_field,                    #   model by name)
-                  keep_large=min(sink.planner.output_rooms.values()),
-                  forward=records.forwarded_headers),
+                  keep_large=min(sink.planner.output_rooms.values()), forward=records.forwarded_headers,
+                  max_deliveries=topics.share_max_deliveries if topics.group_type == "share" else None),
         lambda texts, model: handles[model].estimate_tokens(                         # 2 token estimate
             texts, chunked=chunking.chunking == "tokens"),
         breaker,                                                                     # 3 halt a bad deploy

@@ -23,6 +23,8 @@ from connectors.kafka import (
     make_admin,
     make_consumer,
     make_output_producer,
+    make_share_consumer,
+    share_group_starts_at_earliest,
     topic_ids,
     topic_max_bytes,
 )
@@ -38,8 +40,10 @@ from worker.assembly.chain import build_chain
 from worker.assembly.naming import alias_of, collection_of
 from worker.core.assignment import Assignment
 from worker.core.delivery import AtLeastOnce, Delivery, ExactlyOnce
+from worker.core.delivery.share import ShareAcks
 from worker.core.fence import Fence, lease_seconds
-from worker.core.loop import Worker
+from worker.core.loop import Chain, Worker
+from worker.core.share_loop import ShareWorker
 from worker.core.stats import RunStats
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet, ModelSpec, describe, parse_models
@@ -171,13 +175,14 @@ def serve_metrics(settings: Settings, health: metrics.Health) -> int | None:
     return port
 
 
-def open_delivery(s: Settings, consumer: Consumer, delivery_timeout_s: float) -> Delivery:
-    """The delivery of ``EMBEDSTREAM_DELIVERY`` (``worker.core.delivery``): the one place that asks which.
-    At-least-once records may wait ``delivery_timeout_s`` in librdkafka (the fence's lease bounds it)."""
+def open_delivery(s: Settings, consumer, delivery_timeout_s: float) -> Delivery:
+    """The delivery of ``EMBEDSTREAM_DELIVERY`` and ``EMBEDSTREAM_GROUP_TYPE`` (``worker.core.delivery``):
+    the one place that asks which. At-least-once records (a share group's too) may wait
+    ``delivery_timeout_s`` in librdkafka (the fence's lease bounds it)."""
     if s.delivery == "exactly-once":
         return ExactlyOnce(open_transactions(s), s.kafka_timeout_seconds)
-    return AtLeastOnce(consumer, lambda: make_output_producer(s.kafka_common(), delivery_timeout_s),
-                       s.kafka_timeout_seconds)
+    kind = ShareAcks if s.group_type == "share" else AtLeastOnce
+    return kind(consumer, lambda: make_output_producer(s.kafka_common(), delivery_timeout_s), s.kafka_timeout_seconds)
 
 
 def open_transactions(s: Settings) -> Transactions:
@@ -277,6 +282,25 @@ def open_stores(s: Settings, models: ModelSet, store_factory: Callable[[Settings
     return stores, caches
 
 
+def open_share_consumer(s: Settings, health: metrics.Health, max_inflight: int):
+    """A member of the share group ``EMBEDSTREAM_GROUP_ID`` (``worker.core.share_loop``), which starts at
+    the beginning of the topic; a poll acquires at most the batches allowed in flight."""
+    try:
+        share_group_starts_at_earliest(s.kafka_common(), s.group_id)
+    except Exception as exc:  # an ACL, or a broker without share groups: say what that means
+        log.warning("could not set share.auto.offset.reset=earliest on share group %s (%s): a new group then "
+                    "starts at the end of the topic; set it with kafka-configs.sh --entity-type groups", s.group_id,
+                    exc)
+    return make_share_consumer(s.kafka_common(), s.group_id, error_cb=health.on_kafka_error,
+                               **{"max.poll.records": max_inflight * s.max_batch_size})
+
+
+def input_partitions(s: Settings) -> list[tuple[str, int]]:
+    """Every partition of the input topic (``check_topics`` made sure it exists)."""
+    meta = make_admin(s.kafka_common()).list_topics(s.input_topic, timeout=s.kafka_timeout_seconds)
+    return [(s.input_topic, p) for p in sorted(meta.topics[s.input_topic].partitions)]
+
+
 def open_consumer(s: Settings, health: metrics.Health) -> Consumer:
     """The group's consumer, reporting lag to the gauge and its errors to ``health``."""
     return make_consumer(s.kafka_common(), s.group_id, s.group_instance_id, s.group_protocol, **{
@@ -290,7 +314,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
                  on_progress: Callable[[RunStats], None] | None = None,
                  store_factory: Callable[[Settings, str], MilvusStore] | None = None,
                  dead_letters: bool = True, stats: RunStats | None = None, startup: StartClock | None = None
-                 ) -> Worker:
+                 ) -> Worker | ShareWorker:
     """Check the settings against the real systems, open them, and assemble the worker around the
     chain of ``worker.assembly.chain.build_chain``. ``store_factory(settings, collection)`` stands in for
     Milvus (the bench's instant sink); ``dead_letters=False``: records that cannot succeed are skipped,
@@ -320,19 +344,33 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     # A record still queued in librdkafka when the process froze must time out on waking rather than
     # be sent after the new owner's records (worker/core/fence.py): deliveries never outlast the lease.
     delivery_timeout_s = min(s.kafka_timeout_seconds, fence.lease_s)
-    consumer = open_consumer(s, health)
-    chain = build_chain(s, consumer, open_delivery(s, consumer, delivery_timeout_s), models, caches, stores, fence,
-                        input_topic_ids(s), open_registry(s), topic_limits(s), dead_letters=dead_letters,
+    max_inflight = inflight_limit(s, models)
+    log.info("up to %d batches in flight (%d a model served)", max_inflight, s.max_inflight_batches)
+    share = s.group_type == "share"
+    consumer = open_share_consumer(s, health, max_inflight) if share else open_consumer(s, health)
+    delivery = open_delivery(s, consumer, delivery_timeout_s)
+    chain = build_chain(s, consumer, delivery, models, caches, stores, fence, input_topic_ids(s), open_registry(s),
+                        topic_limits(s), dead_letters=dead_letters,
                         lookup_ids=lambda: topic_ids(s.kafka_common(), [s.input_topic]))
+    worker = member(s, consumer, chain, delivery, max_inflight, session_s, startup, dict(
+        shutdown_grace=s.shutdown_grace_seconds, health=health, backoff_max=s.retry_backoff_max_seconds,
+        on_progress=on_progress, stats=stats))
+    worker.metrics_port = metrics_port
+    return worker
+
+
+def member(s: Settings, consumer, chain: Chain, delivery: Delivery, max_inflight: int, session_s: float,
+           startup: StartClock | None, run: dict) -> Worker | ShareWorker:
+    """The loop of the group's member around ``chain``: a share group's (``worker.core.share_loop``),
+    else a consumer group's (``worker.core.loop``); ``run``: what both take."""
+    if s.group_type == "share":
+        share = ShareWorker(consumer, s.input_topic, chain, delivery, input_partitions(s), **run)  # type: ignore[arg-type]
+        share.startup = startup
+        return share
     max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
     # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without
     # partitions waits two session timeouts (a rejoin) before it counts as idle.
     assignment = Assignment(pause_after=min(5.0, max_poll_s / 3), join_grace=max(10.0, 2 * session_s))
-    max_inflight = inflight_limit(s, models)
-    log.info("up to %d batches in flight (%d a model served)", max_inflight, s.max_inflight_batches)
-    worker = Worker(consumer, s.input_topic, chain, assignment, max_inflight=max_inflight,
-                    shutdown_grace=s.shutdown_grace_seconds, health=health, backoff_max=s.retry_backoff_max_seconds,
-                    on_progress=on_progress, stats=stats)
-    worker.metrics_port = metrics_port
+    worker = Worker(consumer, s.input_topic, chain, assignment, max_inflight=max_inflight, **run)
     worker.rebalance.startup = startup
     return worker

@@ -186,9 +186,14 @@ class Backfill:
 
     def __init__(self, settings: Settings) -> None:
         from worker.assembly.runner import build_worker
+        from worker.core.loop import Worker
 
-        # The live worker dead-lettered the records that cannot succeed already: not twice.
-        self.worker = build_worker(settings, dead_letters=False)
+        # The live worker dead-lettered the records that cannot succeed already: not twice. The backfill
+        # reads the topic from its start in a consumer group of its own, whatever group the live workers
+        # form: its progress is the group's offsets against the partitions' ends.
+        worker = build_worker(settings.model_copy(update={"group_type": "consumer"}), dead_letters=False)
+        assert isinstance(worker, Worker)
+        self.worker = worker
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="backfill", daemon=True)
 

@@ -53,7 +53,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "keda.enabled is true but the cluster serves no keda.sh/v1alpha1 (KEDA's CRDs): install KEDA first (https://keda.sh), or set keda.enabled=false (an HPA on CPU then). Rendering offline with helm template: pass --api-versions keda.sh/v1alpha1, or set keda.checkCRDs=false" -}}
 {{- end -}}
 {{- $processes := int (include "embedstream.processes" .) -}}
-{{- if and .Values.keda.enabled (gt (mul (int .Values.keda.maxReplicaCount) $processes) (int .Values.keda.partitions)) -}}
+{{- if and (eq (.Values.kafka.groupType | default "consumer") "share") (eq .Values.kafka.delivery "exactly-once") -}}
+{{- fail "kafka.groupType=share with kafka.delivery=exactly-once: share groups have no transactions; use at-least-once" -}}
+{{- end -}}
+{{- if and .Values.keda.enabled (ne (.Values.kafka.groupType | default "consumer") "share") (gt (mul (int .Values.keda.maxReplicaCount) $processes) (int .Values.keda.partitions)) -}}
 {{- fail (printf "keda.maxReplicaCount (%d) x %d worker processes a pod exceeds keda.partitions (%d): each process reads partitions of its own, so the extra ones would sit idle; raise the input topic's partitions or lower maxReplicaCount" (int .Values.keda.maxReplicaCount) $processes (int .Values.keda.partitions)) -}}
 {{- end -}}
 {{- if and .Values.keda.enabled (gt (int .Values.keda.minReplicaCount) (int .Values.keda.maxReplicaCount)) -}}
@@ -101,8 +104,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: {{ .Values.kafka.delivery | quote }}
 - name: EMBEDSTREAM_GROUP_PROTOCOL
   value: {{ .Values.kafka.groupProtocol | default "classic" | quote }}
+- name: EMBEDSTREAM_GROUP_TYPE
+  value: {{ .Values.kafka.groupType | default "consumer" | quote }}
+{{- if eq (.Values.kafka.groupType | default "consumer") "share" }}
+- name: EMBEDSTREAM_SHARE_MAX_DELIVERIES
+  value: {{ .Values.kafka.shareMaxDeliveries | default 4 | quote }}
+{{- else }}
 - name: EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS
   value: {{ .Values.kafka.sessionTimeoutMs | quote }}
+{{- end }}
 {{- range $k, $v := .Values.kafka.extraProperties }}
 - name: {{ printf "EMBEDSTREAM_KAFKA__%s" ($k | replace "." "_" | upper) }}
   value: {{ $v | toString | quote }}

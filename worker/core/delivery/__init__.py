@@ -1,8 +1,8 @@
 """Delivery: how a group's writes and its input offsets become durable, and in what order.
 
-One interface (:class:`~worker.core.delivery.base.Delivery`), two implementations, chosen once at
-assembly (``worker.assembly.runner.open_delivery``, from ``EMBEDSTREAM_DELIVERY``); nothing else asks which
-one runs. This docstring is the one place the commit order is told.
+One interface (:class:`~worker.core.delivery.base.Delivery`), three implementations, chosen once at
+assembly (``worker.assembly.runner.open_delivery``, from ``EMBEDSTREAM_DELIVERY`` and
+``EMBEDSTREAM_GROUP_TYPE``); nothing else asks which one runs. This docstring is the one place the commit order is told.
 
 For each group of batches, on the sink thread (``worker.steps.writing.sink.SinkStep.process`` writes it,
 one way for both deliveries; the delivery hands it an :class:`~worker.core.delivery.base.Attempt` that
@@ -37,6 +37,9 @@ says what each mode does at each step):
      the smaller ownership, then takes that lock once (``barrier``): no transaction commits offsets
      of a partition given away. What the polling thread stores past the transactions' offsets (a
      drained partition's end past a commit marker) is committed by a transaction of offsets alone.
+   - *share group* (:class:`~worker.core.delivery.share.ShareAcks`): records go out as at-least-once's
+     do; when the group leaves the pipeline, the polling thread acknowledges each of its input records
+     (``worker.core.share_loop``) and sends the acknowledgements; there are no offsets.
 """
 
 from worker.core.delivery.at_least_once import AtLeastOnce

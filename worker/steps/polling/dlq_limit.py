@@ -38,6 +38,8 @@ HINTS = {
                        "or split them upstream",
     "output_too_large": "is the documents' metadata larger than the output topic takes? raise its "
                         "max.message.bytes (and EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES), or trim the metadata",
+    "delivery_count_exceeded": "do workers of the share group crash or stall on these records, or is Milvus or "
+                               "Kafka out for longer than a record's lock?",
 }
 
 

@@ -29,7 +29,8 @@ class Validator:
     def __init__(self, max_bytes: int, resolve_model: Callable[[str | None], str | None],
                  keep_original: Callable[[int], bool] = lambda chars: False, *,
                  registry: SchemaRegistry | None = None, key_field: str | None = None,
-                 keep_large: int | None = None, forward: Iterable[str] = ()) -> None:
+                 keep_large: int | None = None, forward: Iterable[str] = (),
+                 max_deliveries: int | None = None) -> None:
         self.max_bytes = max_bytes
         self.resolve_model = resolve_model
         #: Reads registry-framed keys and values; None: no registry configured.
@@ -44,6 +45,9 @@ class Validator:
         #: Names of the input headers copied to the output records (``EMBEDSTREAM_FORWARD_HEADERS``),
         #: matched without regard to case (HTTP's, whence the trace context comes, are case-insensitive).
         self.forward = frozenset(name.lower() for name in forward)
+        #: Share groups: a record the broker delivered more times than this is dead-lettered
+        #: (``delivery_count_exceeded``) before anything else is done with it; None: a consumer group.
+        self.max_deliveries = max_deliveries
 
     def resolve_schemas(self, msgs: list) -> None:
         """Look up the writer schemas of the framed records in ``msgs`` that the registry has not
@@ -58,6 +62,12 @@ class Validator:
         ts_type, ts = msg.timestamp()
         source = Source(msg.topic(), msg.partition(), msg.offset(), ts if ts_type and ts > 0 else None)
         key, value = msg.key(), msg.value()
+        if self.max_deliveries is not None and (msg.delivery_count() or 0) > self.max_deliveries:
+            return _dead(source, msg, "delivery_count_exceeded",
+                         f"delivered {msg.delivery_count()} times, over EMBEDSTREAM_SHARE_MAX_DELIVERIES="
+                         f"{self.max_deliveries}: each delivery before ended without an acknowledgement (a worker "
+                         "that crashed or stalled on it, or an outage longer than its lock); replay it from the DLQ "
+                         "once the cause is fixed")
         if value is not None and len(value) > self.max_bytes:
             return _dead(source, msg, "text_too_long", f"value is {len(value):,} bytes, over the limit of "
                                                        f"{self.max_bytes:,} (EMBEDSTREAM_MAX_TEXT_BYTES)")

@@ -141,7 +141,8 @@ class SinkStep:
                     delivery.produce(self.output_topic, key, encoded, [*hs, *e.headers] if e.headers else hs)
             elif isinstance(e, Delete):
                 delivery.produce(self.output_topic, e.id.encode(), None,
-                                 [("embedstream.model", self._delete_header), *(e.headers or ())])
+                                 [("embedstream.model", self._delete_header), *_source_headers(e.source),
+                                  *(e.headers or ())])
             elif self.dead_letters:
                 dlq_key, value, headers = dead_letter_record(e, self.limits.dlq)
                 delivery.produce(self.dlq_topic, dlq_key, value, headers, what=f"the dead letter ({e.reason}) of "
@@ -167,3 +168,10 @@ class SinkStep:
             raise TransientError("fence", f"partitions {gone} were revoked or lost during the transaction: "
                                  "redoing the group without them")
         return [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+
+
+def _source_headers(source) -> list[tuple[str, bytes]]:
+    """Which input record a tombstone came from (an embedding says it in its fields): a reader of a
+    share group's output, where a key's versions may arrive out of order, keeps the highest."""
+    return [("embedstream.source.partition", b"%d" % source.partition), ("embedstream.source.offset",
+                                                                          b"%d" % source.offset)]

@@ -1,0 +1,148 @@
+"""Share groups (``EMBEDSTREAM_GROUP_TYPE=share``, KIP-932) on Apache Kafka: workers wider than the
+topic, a kill -9 among them, and a record that never succeeds.
+
+A share group keeps no per-key order, so the documents arrive in several versions close together and
+the check is that Milvus ends at the newest version of every one (the version guard), with nothing
+lost. Apache Kafka 4.2 acquires whole record batches for a poll (until ``max.poll.records`` is
+reached), so the input here is produced in small batches: one member then cannot take the whole
+topic in one poll.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+from connectors.kafka import make_admin
+from schemas.codec import Document
+from tests.faults.harness import (
+    Expected,
+    WorkerProcess,
+    check_nothing_lost,
+    record_row,
+    short_docs,
+    wait_until,
+)
+from tests.helpers import fresh_settings, read_topic
+from worker.commands.produce import document_record, produce_records
+from worker.settings import Settings
+
+pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
+
+#: Seconds a record stays locked to the member it was delivered to (the share group's own setting):
+#: short, so a killed member's records come back soon.
+LOCK_MS = 4000
+
+
+@pytest.fixture(autouse=True)
+def _on_kafka():
+    from tests.conftest import TEST_BROKER
+
+    if TEST_BROKER != "kafka":
+        pytest.skip(f"share groups are Apache Kafka's (KIP-932); the test broker is {TEST_BROKER}")
+
+
+def _share_settings(fault_stack, **overrides) -> Settings:
+    _, env = fault_stack
+    s = fresh_settings(env, partitions=1, group_type="share", kafka={}, max_batch_size=8, max_inflight_batches=2,
+                       shutdown_grace_seconds=20, milvus_timeout_seconds=5, retry_backoff_max_seconds=2,
+                       **overrides)
+    admin = make_admin(s.kafka_common())
+    group = ConfigResource(ConfigResource.Type.GROUP, s.group_id, incremental_configs=[
+        ConfigEntry("share.record.lock.duration.ms", str(LOCK_MS), incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([group])[group].result(timeout=30)
+    return s
+
+
+def _produce_small_batches(s: Settings, docs: list[Document], expected: Expected) -> None:
+    """``docs`` in record batches of 4 (the spread of a share group is a batch: the module doc)."""
+    produce_records(s.kafka_common(), s.input_topic, (document_record(d, stamp=False) for d in docs),
+                    **{"batch.num.messages": 4, "linger.ms": 2})
+    for d in docs:
+        expected.good[d.id] = d.text
+    expected.records += len(docs)
+
+
+def test_four_workers_share_one_partition_end_at_the_newest_versions_and_lose_nothing_to_a_kill_9(
+        fault_stack, model, tmp_path):
+    s = _share_settings(fault_stack)
+    expected = Expected()
+    workers = [WorkerProcess(s, tmp_path, f"w{i}", ("--stop-when-idle", "12")) for i in range(4)]
+    for w in workers:
+        wait_until(lambda w=w: "joining the share group" in w.log(), 120, what=f"{w.log_path.stem} to join")
+    base = short_docs(40, "share")
+    t0 = time.monotonic()
+    # Three versions of every document, each version right after the one before: workers take them
+    # in any order, and Milvus must still end at the third.
+    for version in range(3):
+        _produce_small_batches(s, [Document(d.id, f"{d.text} (version {version})", None, d.metadata)
+                                   for d in base], expected)
+    wait_until(lambda: len(read_topic(s, s.output_topic, expect=30, idle=0.5)) >= 30, 180,
+               what="the first output records")
+    workers[0].kill9()  # what it had acquired comes back to the group when its locks run out
+    for w in workers[1:]:
+        assert w.wait(300) == 0, w.log()[-3000:]
+    embedded = []
+    for w in workers[1:]:
+        done = [line for line in w.log().splitlines() if "done:" in line]
+        assert done, w.log()[-2000:]
+        embedded.append(int(done[-1].split("done: ")[1].split()[0]))
+    # the one partition was read by more members than it has partitions (the killed one's share unknown)
+    assert sum(1 for n in embedded if n > 0) >= 2, embedded
+    report = check_nothing_lost(s, model, expected, partitions=1, lag=False)
+    assert report.documents == 40
+    record_row("share 4 on 1 partition", f"3 versions a document, kill -9 of one of 4; embedded {embedded}",
+               report, time.monotonic() - t0)
+
+
+def test_a_record_that_never_finishes_within_its_lock_reaches_the_dlq_after_its_deliveries(fault_stack, model):
+    """A record whose batch always outlives its lock (a model that stalls on it, crashing nothing) is
+    delivered again and again; past ``EMBEDSTREAM_SHARE_MAX_DELIVERIES`` it is dead-lettered
+    (``delivery_count_exceeded``) before anything else is done with it, and acknowledged."""
+    from worker.assembly.runner import build_worker
+
+    s = _share_settings(fault_stack, share_max_deliveries=2, redis_url=None)
+    marker = f"quagmire{uuid.uuid4().hex[:6]}"
+    stall_on = set(model.tokenize([marker])[0][1:-1])  # the marker's word pieces
+
+    class StallOnMarker:
+        """The real model, stalling past the record lock on any text with the marker in it."""
+
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def embed_prepared(self, prepared):
+            if any(stall_on <= set(ids) for ids in prepared):
+                time.sleep(LOCK_MS / 1000 + 1.5)
+            return model.embed_prepared(prepared)
+
+    expected = Expected()
+    worker = build_worker(s, embedder=StallOnMarker())  # type: ignore[arg-type]
+    ran: list = []
+    runner = threading.Thread(target=lambda: ran.append(worker.run(stop_when_idle=LOCK_MS / 1000 + 4)))
+    runner.start()
+    _produce_small_batches(s, short_docs(12, "fine"), expected)
+    # The records of one poll travel together (a stage takes its waiting batches as one group): the
+    # stalling record comes once the others are written, in a poll of its own.
+    wait_until(lambda: len(read_topic(s, s.output_topic, expect=12, idle=0.3)) >= 12, 120,
+               what="the fine documents")
+    poison = Document("poison-1", f"a document that never finishes {marker}", None, {})
+    produce_records(s.kafka_common(), s.input_topic, [document_record(poison, stamp=False)])
+    expected.records += 1
+    expected.bad["poison-1"] = (None, "delivery_count_exceeded")
+    runner.join(240)
+    stats = ran[0]
+    assert stats.dead_lettered == 1
+    dlq = read_topic(s, s.dlq_topic, expect=1, idle=2.0)
+    assert [m.key() for m in dlq] == [b"poison-1"]
+    headers = dict(dlq[0].headers())
+    assert headers["embedstream.error.reason"] == b"delivery_count_exceeded"
+    assert b"delivered 3 times" in headers["embedstream.error.message"]
+    # the fine documents are in Milvus; the stalled one was written by the deliveries that outlived
+    # their locks (each a whole, idempotent write) before it was dead-lettered: not counted as lost
+    expected.good["poison-1"] = poison.text
+    check_nothing_lost(s, model, expected, partitions=1, lag=False)

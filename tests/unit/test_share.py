@@ -1,0 +1,77 @@
+"""Share groups: a record delivered too often is dead-lettered first; a finished batch's records are
+acknowledged one by one (released where the sink left them unwritten); exactly-once is refused."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import AcknowledgeType
+
+from schemas.codec import Document, encode_document
+from worker.core.delivery.share import ShareAcks
+from worker.core.records import Batch, DeadLetter, Item
+from worker.settings import Settings
+from worker.steps.polling.validate import Validator
+
+from .fakes import FakeMessage, RecordingProducer
+
+
+def _record(offset: int, deliveries: int | None, partition: int = 0) -> FakeMessage:
+    return FakeMessage(b"d", encode_document(Document("d", "some text")), partition=partition, offset=offset,
+                       deliveries=deliveries)
+
+
+def test_a_record_delivered_more_than_the_limit_is_dead_lettered_before_it_is_read():
+    share = Validator(1000, lambda name: "", max_deliveries=2)
+    assert isinstance(share.validate(_record(0, 1)), Item) and isinstance(share.validate(_record(1, 2)), Item)
+    dead = share.validate(_record(2, 3))
+    assert isinstance(dead, DeadLetter) and dead.reason == "delivery_count_exceeded"
+    assert "delivered 3 times" in dead.message and "EMBEDSTREAM_SHARE_MAX_DELIVERIES=2" in dead.message
+    assert dead.value == _record(2, 3).value()  # the original bytes, as every dead letter keeps them
+    assert isinstance(Validator(1000, lambda name: "").validate(_record(3, 9)), Item)  # a consumer group: no limit
+
+
+class _ShareConsumer:
+    def __init__(self, refused: bool = False) -> None:
+        self.acks: list[tuple[str, int, int, AcknowledgeType]] = []
+        self.sent: list[str] = []
+        self.refused = refused
+
+    def acknowledge_offset(self, topic, partition, offset, kind):
+        self.acks.append((topic, partition, offset, kind))
+
+    def commit_async(self):
+        self.sent.append("async")
+
+    def commit_sync(self, timeout):
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+        self.sent.append("sync")
+        error = KafkaException(KafkaError(KafkaError.INVALID_RECORD_STATE)) if self.refused else None
+        return {TopicPartition("docs", 0): error}
+
+
+def test_a_finished_batch_is_accepted_record_by_record_and_what_the_sink_left_is_released(caplog):
+    consumer = _ShareConsumer()
+    acks = ShareAcks(consumer, RecordingProducer, 5.0)
+    batch = Batch()
+    for offset, partition in ((4, 0), (9, 0), (2, 1)):
+        v = Validator(1000, lambda name: "")
+        batch.add(v.validate(_record(offset, 1, partition)))
+    batch.fenced = {("docs", 1)}
+    assert acks.commit(sync=False) and consumer.sent == []  # nothing acknowledged: nothing to send
+    assert acks.acknowledge(batch) == 1
+    assert consumer.acks == [("docs", 0, 4, AcknowledgeType.ACCEPT), ("docs", 0, 9, AcknowledgeType.ACCEPT),
+                             ("docs", 1, 2, AcknowledgeType.RELEASE)]
+    assert acks.commit(sync=False) and consumer.sent == ["async"]
+    assert acks.commit(sync=True) and consumer.sent == ["async"]  # sent already
+    refusing = ShareAcks(_ShareConsumer(refused=True), RecordingProducer, 5.0)
+    refusing.acknowledge(batch)
+    assert refusing.commit(sync=True) and "refused acknowledgements of ['docs[0]']" in caplog.text
+    with pytest.raises(TypeError, match="stores no offsets"):
+        acks.store([])
+
+
+def test_a_share_group_refuses_exactly_once_at_start_up():
+    with pytest.raises(ValueError, match="share groups have no transactions"):
+        Settings(group_type="share", delivery="exactly-once")
+    assert Settings(group_type="share").share_max_deliveries == 4

@@ -1,0 +1,77 @@
+"""Share groups (``EMBEDSTREAM_GROUP_TYPE=share``, KIP-932): the records go out as at-least-once's do,
+and the input is acknowledged record by record instead of committed by offset.
+
+A record is acknowledged ACCEPT once its batch has left the pipeline: its output records (or its
+dead letter) acknowledged by the broker and its Milvus writes done (``worker.core.delivery`` tells
+that order). A record the sink left unwritten (``Batch.fenced``: this member stalled past its lease)
+is RELEASEd for another delivery. What is acknowledged goes to the broker with the next
+:meth:`ShareAcks.commit` (the share consumer sends acknowledgements with its commits and polls); a
+record never acknowledged (a crash, a stop before its batch finished) goes back to the group when
+its lock expires or its member leaves, and is delivered again, its delivery count one higher.
+
+Share groups have no transactions (exactly-once is refused at start-up) and no offsets to commit:
+the offset calls of :class:`~worker.core.delivery.base.Delivery` are refused here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import AcknowledgeType, KafkaException, Producer, TopicPartition
+
+from schemas.errors import TransientError
+from worker.core.delivery.at_least_once import AtLeastOnce
+from worker.core.records import Batch
+
+log = logging.getLogger(__name__)
+
+
+class ShareAcks(AtLeastOnce):
+    """The delivery of a share-group member; ``acknowledge`` and ``commit`` run on the polling thread
+    (the share consumer is not thread-safe)."""
+
+    def __init__(self, consumer, new_producer: Callable[[], Producer], timeout_s: float) -> None:
+        super().__init__(consumer, new_producer, timeout_s)
+        #: The share consumer (``confluent_kafka.ShareConsumer``): acknowledged through, sent by its commits.
+        self.share: Any = consumer
+        self._unsent = 0
+
+    def acknowledge(self, batch: Batch) -> int:
+        """Acknowledge every record of ``batch``, which has left the pipeline: ACCEPT, or RELEASE for
+        a partition the sink left unwritten. Returns how many were released."""
+        released = 0
+        for e in batch.entries:
+            src = e.source
+            kind = AcknowledgeType.RELEASE if src.tp in batch.fenced else AcknowledgeType.ACCEPT
+            released += kind == AcknowledgeType.RELEASE
+            self.share.acknowledge_offset(src.topic, src.partition, src.offset, kind)
+        self._unsent += len(batch.entries)
+        return released
+
+    def commit(self, sync: bool) -> bool:
+        """Send the acknowledgements made since the last call; with ``sync``, wait for the broker's
+        answer (a refused acknowledgement is logged: its record comes back, to this member or
+        another). True when nothing is left to send."""
+        if not self._unsent:
+            return True
+        try:
+            if sync:
+                answers = self.share.commit_sync(self.timeout_s)
+                refused = {tp: exc for tp, exc in answers.items() if exc is not None}
+                if refused:
+                    log.warning("the broker refused acknowledgements of %s: those records are delivered again",
+                                sorted(f"{tp.topic}[{tp.partition}]" for tp in refused))
+            else:
+                self.share.commit_async()
+        except KafkaException as exc:
+            raise TransientError("kafka", f"acknowledging records: {exc}") from None
+        self._unsent = 0
+        return True
+
+    def store(self, offsets: list[TopicPartition]) -> None:
+        raise TypeError("a share group acknowledges records (ShareAcks.acknowledge); it stores no offsets")
+
+    def recommit(self, offsets: list[TopicPartition]) -> None:
+        raise TypeError("a share group has no committed offsets to commit again")

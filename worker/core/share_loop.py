@@ -1,0 +1,167 @@
+"""The polling loop of a share-group member (``EMBEDSTREAM_GROUP_TYPE=share``, KIP-932).
+
+A share group has no partition assignment of the kind a consumer group has: the broker hands each
+member records of any partition, locked to it for a while (``share.record.lock.duration.ms``), and
+counts their deliveries. So there are no rebalances, no offsets and no pausing here; the chain is the
+same (intake, the pipeline's stages, the sink), and the input is acknowledged record by record
+(``worker.core.delivery.share``).
+
+Each turn: when every record of the last poll is acknowledged (the share consumer polls again only
+then), poll the next records (at most ``max.poll.records``: the in-flight bound), take them into
+intake and close their batches at once (nothing more can arrive before they are acknowledged, so a
+batch's deadline would only wait); collect finished batches and acknowledge their records; send the
+acknowledgements. A record delivered more than ``EMBEDSTREAM_SHARE_MAX_DELIVERIES`` times becomes a
+dead letter in intake (``delivery_count_exceeded``), acknowledged once the DLQ has it.
+
+Ordering is not kept across a share group (two versions of a document may be embedded by two
+workers at once): Milvus ends at the newest version by the version guard
+(``worker.steps.writing.versions``), and each output record names the input offset it came from.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from schemas.errors import DlqLimitExceeded, RecordRefused, TransientError
+from worker.core.delivery.share import ShareAcks
+from worker.core.loop import ABORT_WAIT_S, Chain, Held
+from worker.core.records import TopicPartitionKey
+from worker.core.stats import RunStats
+from worker.process.heap import IdleTrim
+from worker.process.metrics import ASSIGNED_PARTITIONS, Health
+from worker.process.signals import GracefulStop
+from worker.process.startup import StartClock
+
+log = logging.getLogger(__name__)
+
+
+class ShareWorker:
+    """One share-group member. ``run()`` blocks until stopped, idle (if asked), or a bug.
+    ``partitions``: the input topic's, every one of which this member may be handed records of."""
+
+    def __init__(self, consumer, topic: str, chain: Chain, acks: ShareAcks, partitions: list[TopicPartitionKey],
+                 *, shutdown_grace: float, health: Health, backoff_max: float = 10.0,
+                 on_progress: Callable[[RunStats], None] | None = None, stats: RunStats | None = None) -> None:
+        self.consumer = consumer
+        self.topic = topic
+        self.chain = chain
+        self.acks = acks
+        self.partitions = partitions
+        self.shutdown_grace = shutdown_grace
+        self.health = health
+        self.on_progress = on_progress
+        self.stats = stats if stats is not None else RunStats()
+        #: Set by SIGTERM/SIGINT once ``stop.install()`` ran.
+        self.stop = GracefulStop()
+        self.held = Held(backoff_max)
+        self.idle_trim = IdleTrim()
+        self.metrics_port: int | None = None
+        #: Read out at the first poll (``worker.process.startup``); None: not timed.
+        self.startup: StartClock | None = None
+        #: Records polled and not yet acknowledged (the next poll waits for 0).
+        self.outstanding = 0
+
+    def run(self, stop_when_idle: float | None = None) -> RunStats:
+        """Join the share group and turn the loop until a stop is asked, nothing has arrived for
+        ``stop_when_idle`` seconds with nothing left in flight (None: never), or something raises."""
+        chain = self.chain
+        self.consumer.subscribe([self.topic])
+        chain.fence.publish(self.partitions)  # any partition's records may be handed to this member
+        chain.fence.start()
+        log.info("joining the share group on %s", self.topic)
+        quiet_since = time.monotonic()
+        try:
+            while not self.stop.requested:
+                self.health.tick()
+                chain.fence.tick(lambda: True)  # no partition is ever taken from a share member
+                got = self._poll() if not self.outstanding else self._take(self.held.take([]) if self.held else [])
+                chain.intake.flush()  # nothing more arrives before these are acknowledged
+                self._collect(0.05 if self.outstanding else 0.0)
+                quiet = not self.outstanding and not got
+                quiet_since = quiet_since if quiet else time.monotonic()
+                self.idle_trim.tick(quiet)
+                if stop_when_idle is not None and quiet and time.monotonic() - quiet_since >= stop_when_idle:
+                    log.info("idle for %.1fs: stopping", stop_when_idle)
+                    break
+            self._stop(self.shutdown_grace, flush=True)
+        except DlqLimitExceeded:
+            self._stop(self.shutdown_grace)
+            raise
+        except RecordRefused:
+            self._stop(0)
+            raise
+        except BaseException:
+            self._stop(0, send=False)
+            raise
+        finally:
+            chain.fence.stop()
+            self.consumer.close()  # leaves the group: what is not acknowledged goes back to it
+        return self.stats
+
+    def _poll(self) -> int:
+        """Poll the next records (the acknowledgements made so far go with the poll); how many came."""
+        msgs = self.consumer.poll(0.2)
+        if self.startup is not None:
+            self.startup.mark("the rest, and joining the share group")
+            log.info("%s", self.startup.account())
+            self.startup = None
+        if not self.health.assigned:
+            self.health.assigned = len(self.partitions)
+            ASSIGNED_PARTITIONS.set(len(self.partitions))
+        good = []
+        for m in msgs:
+            if m.error() is not None:
+                log.warning("share consumer: %s", m.error())
+            else:
+                good.append(m)
+        self.outstanding += len(good)
+        return self._take(good)
+
+    def _take(self, msgs: list) -> int:
+        if not msgs:
+            return 0
+        self.stats.arrived()
+        try:
+            self.chain.intake.add(msgs)
+        except TransientError as exc:  # the schema registry is out: intake took none of them
+            self.held.hold(msgs, exc)
+            return len(msgs)
+        self.held.taken()
+        return len(msgs)
+
+    def _collect(self, timeout: float = 0.0) -> None:
+        """Acknowledge the records of finished batches and send the acknowledgements."""
+        done = False
+        for batch in self.chain.pipeline.completed(timeout):
+            self.stats.account(batch)
+            released = self.acks.acknowledge(batch)
+            if released:
+                log.warning("%d records left unwritten after a stall: released for another delivery", released)
+            self.outstanding -= len(batch.entries)
+            done = True
+            if self.on_progress:
+                self.on_progress(self.stats)
+        if done:
+            self.acks.commit(sync=False)
+
+    def _stop(self, grace: float, *, flush: bool = False, send: bool = True) -> None:
+        """Finish the batches in flight within ``grace`` seconds (with ``flush``, the open batch too),
+        acknowledge them and send the acknowledgements (unless ``send`` is False: the consumer
+        failed); what did not finish goes back to the group when this member leaves."""
+        pipeline = self.chain.pipeline
+        if flush:
+            self.chain.intake.flush()
+        deadline = time.monotonic() + grace
+        while pipeline.inflight and not pipeline.aborted and time.monotonic() < deadline:
+            self._collect(timeout=0.1)
+        if pipeline.inflight == 0:
+            pipeline.close()
+        else:
+            log.warning("%d batches unfinished after %.0fs grace: their records go back to the share group",
+                        pipeline.inflight, grace)
+            if not pipeline.abort(wait=ABORT_WAIT_S):
+                log.warning("a stage is still inside a step after %.0fs", ABORT_WAIT_S)
+        if send:
+            self.acks.commit(sync=True)
