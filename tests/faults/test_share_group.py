@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 
 #: Seconds a record stays locked to the member it was delivered to (the share group's own setting):
 #: short, so a killed member's records come back soon.
-LOCK_MS = 4000
+LOCK_MS = 2500
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +71,7 @@ def test_four_workers_share_one_partition_end_at_the_newest_versions_and_lose_no
         fault_stack, model, tmp_path):
     s = _share_settings(fault_stack)
     expected = Expected()
-    workers = [WorkerProcess(s, tmp_path, f"w{i}", ("--stop-when-idle", "12")) for i in range(4)]
+    workers = [WorkerProcess(s, tmp_path, f"w{i}", ("--stop-when-idle", "8")) for i in range(4)]
     for w in workers:
         wait_until(lambda w=w: "joining the share group" in w.log(), 120, what=f"{w.log_path.stem} to join")
     base = short_docs(40, "share")
