@@ -122,6 +122,20 @@ def share_group_starts_at_earliest(common: Conf, group_id: str) -> None:
     log.info("share group %s starts at the beginning of its topic (share.auto.offset.reset=earliest)", group_id)
 
 
+def share_lock_seconds(common: Conf, group_id: str) -> float | None:
+    """How long the broker locks a record to the member it hands it to, for the share group
+    ``group_id`` (its ``share.record.lock.duration.ms``, else the broker's default); None when the
+    broker does not say."""
+    from confluent_kafka.admin import ConfigResource
+
+    admin = make_admin(common)
+    resource = ConfigResource(ConfigResource.Type.GROUP, group_id)
+    entry = admin.describe_configs([resource])[resource].result(timeout=30).get("share.record.lock.duration.ms")
+    if entry is not None and entry.value is not None:
+        return int(entry.value) / 1000
+    return None
+
+
 #: Consumer-only librdkafka properties, kept out of producers (librdkafka warns about each one).
 CONSUMER_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "max.poll.interval.ms", "group.",
                  "partition.assignment.strategy", "auto.offset.reset", "isolation.level", "enable.auto.",

@@ -99,7 +99,8 @@ def test_four_workers_share_one_partition_end_at_the_newest_versions_and_lose_no
                report, time.monotonic() - t0)
 
 
-def test_a_record_that_never_finishes_within_its_lock_reaches_the_dlq_after_its_deliveries(fault_stack, model):
+def test_a_record_that_never_finishes_within_its_lock_reaches_the_dlq_after_its_deliveries(fault_stack, model,
+                                                                                            caplog):
     """A record whose batch always outlives its lock (a model that stalls on it, crashing nothing) is
     delivered again and again; past ``EMBEDSTREAM_SHARE_MAX_DELIVERIES`` it is dead-lettered
     (``delivery_count_exceeded``) before anything else is done with it, and acknowledged."""
@@ -137,6 +138,7 @@ def test_a_record_that_never_finishes_within_its_lock_reaches_the_dlq_after_its_
     runner.join(240)
     stats = ran[0]
     assert stats.dead_lettered == 1
+    assert "over half their 2.5s lock: poll fewer at a time" in caplog.text  # the stall was said, with what to do
     dlq = read_topic(s, s.dlq_topic, expect=1, idle=2.0)
     assert [m.key() for m in dlq] == [b"poison-1"]
     headers = dict(dlq[0].headers())

@@ -25,6 +25,7 @@ from connectors.kafka import (
     make_output_producer,
     make_share_consumer,
     share_group_starts_at_earliest,
+    share_lock_seconds,
     topic_ids,
     topic_max_bytes,
 )
@@ -366,6 +367,9 @@ def member(s: Settings, consumer, chain: Chain, delivery: Delivery, max_inflight
     if s.group_type == "share":
         share = ShareWorker(consumer, s.input_topic, chain, delivery, input_partitions(s), **run)  # type: ignore[arg-type]
         share.startup = startup
+        share.lock_s = share_lock_seconds(s.kafka_common(), s.group_id)
+        log.info("share group %s: records locked to a member for %s, up to %d records a poll", s.group_id,
+                 "an unknown time" if share.lock_s is None else f"{share.lock_s:.1f}s", max_inflight * s.max_batch_size)
         return share
     max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
     # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without

@@ -62,6 +62,11 @@ class ShareWorker:
         self.startup: StartClock | None = None
         #: Records polled and not yet acknowledged (the next poll waits for 0).
         self.outstanding = 0
+        #: How long the broker locks a record to this member (None: not known); a poll whose records
+        #: take more than half of it to acknowledge is said (``_acknowledged``).
+        self.lock_s: float | None = None
+        self._polled_at = 0.0
+        self._said_at = float("-inf")
 
     def run(self, stop_when_idle: float | None = None) -> RunStats:
         """Join the share group and turn the loop until a stop is asked, nothing has arrived for
@@ -110,6 +115,7 @@ class ShareWorker:
         if not self.health.assigned:
             self.health.assigned = len(self.partitions)
             ASSIGNED_PARTITIONS.set(len(self.partitions))
+        self._polled_at = time.monotonic()
         good = []
         for m in msgs:
             if m.error() is not None:
@@ -145,6 +151,20 @@ class ShareWorker:
                 self.on_progress(self.stats)
         if done:
             self.acks.commit(sync=False)
+            if not self.outstanding:
+                self._acknowledged(time.monotonic() - self._polled_at)
+
+    def _acknowledged(self, took: float) -> None:
+        """A poll's records are all acknowledged, ``took`` seconds after it: past half their lock, a
+        slower one would lose its locks (its records delivered again, and dead-lettered after
+        EMBEDSTREAM_SHARE_MAX_DELIVERIES): say what to change, at most once a minute."""
+        now = time.monotonic()
+        if self.lock_s is None or took <= self.lock_s / 2 or now - self._said_at < 60:
+            return
+        self._said_at = now
+        log.warning("a poll's records took %.1fs to acknowledge, over half their %.1fs lock: poll fewer at a time "
+                    "(EMBEDSTREAM_MAX_INFLIGHT_BATCHES x EMBEDSTREAM_MAX_BATCH_SIZE records a poll) or lock them "
+                    "longer (the group's share.record.lock.duration.ms)", took, self.lock_s)
 
     def _stop(self, grace: float, *, flush: bool = False, send: bool = True) -> None:
         """Finish the batches in flight within ``grace`` seconds (with ``flush``, the open batch too),
