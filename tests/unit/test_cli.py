@@ -146,3 +146,10 @@ def test_json_logs_carry_an_iso_8601_timestamp_with_its_zone():
     assert abs(ts.timestamp() - record.created) < 0.001
     assert (line["level"], line["logger"], line["message"]) == ("INFO", "worker.core.loop", "assigned [0, 1]")
     assert line["process"] == 0 and json.loads(JsonFormatter(process=3).format(record))["process"] == 3
+
+
+def test_lag_says_a_share_group_has_no_lag_to_compute(monkeypatch):
+    monkeypatch.setenv("EMBEDSTREAM_GROUP_TYPE", "share")
+    monkeypatch.setenv("EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    result = CliRunner().invoke(app, ["lag"])
+    assert result.exit_code == 2 and "share group commits no offsets" in result.output

@@ -18,7 +18,7 @@ from worker.commands.cli.app import (
 
 
 @app.command()
-@opt.with_settings("kafka_bootstrap_servers", "input_topic", "group_id")
+@opt.with_settings("kafka_bootstrap_servers", "input_topic", "group_id", "group_type")
 def lag(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False,
     offset_reset_policy: Annotated[str, typer.Option(
@@ -39,6 +39,9 @@ def lag(
     if offset_reset_policy not in ("latest", "earliest"):
         raise fail("--offset-reset-policy must be latest or earliest", 2)
     s = settings_or_exit(overrides)
+    if s.group_type == "share":
+        raise fail("a share group commits no offsets, so it has no lag to compute this way (its backlog is the "
+                   "broker's share-partition start offsets, which confluent-kafka 2.16 does not read)", 2)
     try:
         s.require("kafka_bootstrap_servers")
         lags = group_lag(make_admin(s.kafka_common()), s.group_id, s.input_topic, offset_reset_policy,
