@@ -136,8 +136,8 @@ def collection_schema(dim: int, sparse: SparseKind = SparseKind.OFF) -> Any:
     if sparse is not SparseKind.OFF:
         schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
     if sparse is SparseKind.BM25:
-        schema.add_function(Function(name="bm25", function_type=FunctionType.BM25, input_field_names=["text"],
-                                     output_field_names=["sparse"]))
+        schema.add_function(Function(name=SparseKind.BM25.value, function_type=FunctionType.BM25,
+                                     input_field_names=["text"], output_field_names=["sparse"]))
     return schema
 
 
