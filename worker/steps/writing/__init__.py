@@ -1,2 +1,4 @@
-"""Steps on the sink thread: the version guard, record sizes, the output format, and the sink that
-writes Milvus, the output and dead-letter topics and the cache."""
+"""Steps on the sink thread: what a group writes (``planning``: the fence, oversized documents, the
+version guard of ``versions``), a model's collection and its rows (``targets``), record sizes
+(``fit``), the output format (``output``), and the sink that writes Milvus, the output and
+dead-letter topics and the cache (``sink``)."""
