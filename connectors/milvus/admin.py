@@ -7,6 +7,7 @@ start-up are :class:`ConfigError` naming the setting to check; the calls ``migra
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from connectors.milvus.connection import MilvusConnection, missing, transient
@@ -26,27 +27,41 @@ class MilvusAdmin(MilvusConnection):
         """Whether ``name`` answers as a collection: an alias of one does too (Milvus resolves it)."""
         return bool(self._client.has_collection(name, timeout=self.timeout))
 
+    #: How long a start-up keeps trying while another worker is half-way through creating the same
+    #: collection (milvus-lite makes the directory before the schema file that ``has_collection``
+    #: looks for, so the loser of the race first sees "File exists" and then no collection).
+    RACE_WINDOW_S = 10.0
+
     def ensure_collection(self, dim: int, sparse: SparseKind = SparseKind.OFF) -> None:
         """Create the collection for ``dim`` with the sparse side ``sparse`` (and its companion) if
         missing. Raise :class:`ConfigError` when it exists with another dim (the model changed), another
         sparse side, or in the shape from before chunking (a row per document). Workers starting
-        together may race to create it: the loser uses the winner's."""
+        together may race to create it: the loser uses the winner's, trying again for up to
+        :attr:`RACE_WINDOW_S` while the winner finishes (every step is idempotent)."""
+        deadline = time.monotonic() + self.RACE_WINDOW_S
+        while True:
+            try:
+                return self._ensure_once(dim, sparse)
+            except ConfigError:
+                raise
+            except Exception as exc:
+                if time.monotonic() >= deadline:
+                    raise ConfigError(f"Milvus at {self.uri!r} did not answer ({type(exc).__name__}: {exc}). "
+                                      "Check EMBEDSTREAM_MILVUS_URI and EMBEDSTREAM_MILVUS_TOKEN.") from None
+                log.info("Milvus: %s while preparing %r; another worker may be creating it, trying again",
+                         type(exc).__name__, self.collection)
+                time.sleep(0.5)
+
+    def _ensure_once(self, dim: int, sparse: SparseKind) -> None:
         c = self._client
-        try:
-            index = add_indexes(c.prepare_index_params(), sparse)
-            if not self._create(self.collection, collection_schema(dim, sparse), index):
-                check_shape(self.collection, c.describe_collection(self.collection, timeout=self.timeout), dim,
-                            sparse)
-                c.load_collection(self.collection, timeout=self.timeout)
-            marker = c.prepare_index_params()
-            marker.add_index(field_name="marker", index_type="AUTOINDEX", metric_type="L2")
-            if not self._create(self.tombstones, tombstone_schema(), marker):
-                c.load_collection(self.tombstones, timeout=self.timeout)
-        except ConfigError:
-            raise
-        except Exception as exc:
-            raise ConfigError(f"Milvus at {self.uri!r} did not answer ({type(exc).__name__}: {exc}). "
-                              "Check EMBEDSTREAM_MILVUS_URI and EMBEDSTREAM_MILVUS_TOKEN.") from None
+        index = add_indexes(c.prepare_index_params(), sparse)
+        if not self._create(self.collection, collection_schema(dim, sparse), index):
+            check_shape(self.collection, c.describe_collection(self.collection, timeout=self.timeout), dim, sparse)
+            c.load_collection(self.collection, timeout=self.timeout)
+        marker = c.prepare_index_params()
+        marker.add_index(field_name="marker", index_type="AUTOINDEX", metric_type="L2")
+        if not self._create(self.tombstones, tombstone_schema(), marker):
+            c.load_collection(self.tombstones, timeout=self.timeout)
 
     def _create(self, name: str, schema: Any, index: Any) -> bool:
         """Create collection ``name`` (loaded) unless it exists; True when this call created it. A

@@ -287,6 +287,77 @@ def test_a_worker_starting_beside_another_never_mistakes_its_alias_for_a_collect
     assert client.collections == {"old__m_1"} and client.aliases == {"old": "old__m_1"}
 
 
+class _HalfCreatedClient:
+    """milvus-lite as the loser of a start-up race sees it: the other worker has made each collection's
+    directory but not yet its schema file, so ``create_collection`` fails with "File exists" while
+    ``has_collection`` still answers no; the other worker finishes after ``lag`` more calls."""
+
+    def __init__(self, lag: int) -> None:
+        self.lag, self.ready, self.half = lag, set(), {}
+
+    def _tick(self) -> None:
+        for name in list(self.half):
+            self.half[name] -= 1
+            if self.half[name] <= 0:
+                self.ready.add(name)
+                del self.half[name]
+
+    def prepare_index_params(self):
+        from pymilvus import MilvusClient
+
+        return MilvusClient.prepare_index_params()
+
+    def has_collection(self, name, timeout=None):
+        self._tick()
+        return name in self.ready
+
+    def create_collection(self, name, schema=None, timeout=None):
+        self._tick()
+        self.half.setdefault(name, self.lag)  # the other worker got there first
+        raise OSError(f"[Errno 17] File exists: '/milvus/collections/{name}'")
+
+    def describe_collection(self, name, timeout=None):
+        self._tick()
+        return _info(*CURRENT_FIELDS)
+
+    def load_collection(self, name, timeout=None):
+        self._tick()
+        if name not in self.ready:
+            raise RuntimeError(f"collection {name} does not exist")
+
+
+def test_a_worker_that_loses_the_race_to_create_its_collection_waits_for_the_winner(monkeypatch):
+    """CI saw `run --processes 2` exit 2: both processes created the companion of deletes at once, and
+    milvus-lite answered the loser "File exists" while the winner had not yet written the schema that
+    ``has_collection`` looks for. The loser now tries again until the winner's collection answers."""
+    monkeypatch.setattr("connectors.milvus.admin.time.sleep", lambda s: None)
+    client = _HalfCreatedClient(lag=3)
+    MilvusAdmin("fake", "c", timeout=5.0, client=client).ensure_collection(4)
+    assert client.ready == {"c", "c_deleted"}
+    never = _HalfCreatedClient(lag=10**9)
+    monkeypatch.setattr(MilvusAdmin, "RACE_WINDOW_S", 0.05)
+    with pytest.raises(ConfigError, match="did not answer .*File exists"):
+        MilvusAdmin("fake", "c", timeout=5.0, client=never).ensure_collection(4)
+
+
+@pytest.mark.integration
+def test_workers_creating_the_same_collections_at_once_all_start(stack):
+    """Four workers' start-ups at once against the real server, three times: each ends with the
+    collection and its companion, and none raises."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    uri = stack["EMBEDSTREAM_MILVUS_URI"]
+    for _ in range(3):
+        name = f"race_{uuid.uuid4().hex[:8]}"
+        admins = [MilvusAdmin(uri, name, timeout=30) for _ in range(4)]
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda a: a.ensure_collection(4), admins))
+        assert admins[0].collections(name) == [name, f"{name}_deleted"]
+        admins[0].drop()
+        for a in admins:
+            a.close()
+
+
 def test_the_public_upsert_takes_over_when_the_private_call_moves(kind, stack_env, caplog):
     """pymilvus without the private call the columnar upsert uses (or with another signature): the
     rows go through ``MilvusClient.upsert`` instead, read back the same (sparse vectors too), with

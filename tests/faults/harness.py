@@ -314,12 +314,18 @@ def committed_reader(s: Settings, partitions: int):
         c.close()
 
 
-def wait_until(predicate, timeout: float, every: float = 0.25, what: str = "condition") -> float:
-    """Wait for ``predicate()``; return the seconds it took; AssertionError on timeout."""
+def wait_until(predicate, timeout: float, every: float = 0.25, what: str = "condition",
+               running: tuple[WorkerProcess, ...] = ()) -> float:
+    """Wait for ``predicate()``; return the seconds it took; AssertionError on timeout, or at once when
+    one of the workers in ``running`` has exited (a worker that died at start-up fails its test in
+    seconds, not at the timeout)."""
     start = time.monotonic()
     while time.monotonic() - start < timeout:
         if predicate():
             return time.monotonic() - start
+        for w in running:
+            if w.proc.poll() is not None:
+                raise AssertionError(f"{w.log_path.stem} exited with code {w.proc.returncode} while waiting for {what}")
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 

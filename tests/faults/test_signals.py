@@ -35,7 +35,7 @@ def test_a_second_signal_exits_at_once_and_commits_nothing_more(fs, model, parts
     expected = Expected()
     produce_docs(fs, short_docs(400, "second-signal", unseen=True), expected)
     w = WorkerProcess(fs, tmp_path, "w")
-    wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.1 * expected.records, 180, what="10% committed")
+    wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.1 * expected.records, 180, what="10% committed", running=(w,))
     with frozen(parts["milvus"]):
         time.sleep(1.0)  # the batches in flight reach the sink and wait on Milvus
         w.terminate()
@@ -65,7 +65,7 @@ def test_sigterm_to_run_processes_stops_each_process_cleanly(fs, model, tmp_path
     produce_docs(fs, short_docs(1200, "processes-term", unseen=True), expected)
     w = WorkerProcess(fs, tmp_path, "w", EMBEDSTREAM_PROCESSES="2")
     wait_until(lambda: len(GIVEN.findall(w.log())) >= 2 and committed_total(fs, PARTITIONS) >= 0.3 * expected.records,
-               240, what="both processes given partitions, 30% committed")
+               240, what="both processes given partitions, 30% committed", running=(w,))
     t0 = time.monotonic()
     w.terminate()
     at_stop = committed_total(fs, PARTITIONS)
