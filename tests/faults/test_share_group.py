@@ -10,8 +10,11 @@ topic in one poll.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -26,8 +29,10 @@ from tests.faults.harness import (
     record_row,
     short_docs,
     wait_until,
+    worker_env,
 )
-from tests.helpers import fresh_settings, read_topic
+from tests.helpers import CLI, fresh_settings, read_topic
+from tools.dev import free_port
 from worker.commands.produce import document_record, produce_records
 from worker.settings import Settings
 
@@ -148,3 +153,49 @@ def test_a_record_that_never_finishes_within_its_lock_reaches_the_dlq_after_its_
     # their locks (each a whole, idempotent write) before it was dead-lettered: not counted as lost
     expected.good["poison-1"] = poison.text
     check_nothing_lost(s, model, expected, partitions=1, lag=False)
+
+
+def _get(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+        return reply.read().decode()
+
+
+def test_the_backlog_kedas_trigger_reads_rises_with_the_input_and_drains_to_zero(fault_stack, model, tmp_path):
+    """``embedstream lag --serve`` (what the chart runs for KEDA's metrics-api trigger) on a share group
+    no member has joined yet: /backlog and /metrics count every record produced, rise as more
+    arrive, and reach 0 once a worker has drained the topic; nothing is lost."""
+    from worker.assembly.runner import build_worker
+
+    s = _share_settings(fault_stack)
+    port = free_port()
+    log = (tmp_path / "backlog.log").open("wb")
+    exporter = subprocess.Popen([*CLI, "lag", "--serve", str(port), "--interval", "1"], env=worker_env(s),
+                                stdout=log, stderr=subprocess.STDOUT)
+    seen: list[int] = []
+
+    def backlog() -> int | None:
+        try:
+            found = json.loads(_get(port, "/backlog"))["backlog"]
+        except OSError:  # not serving yet, or 503 while a read fails
+            return None
+        seen.append(found)
+        return found
+
+    try:
+        expected = Expected()
+        _produce_small_batches(s, short_docs(40, "backlog"), expected)
+        wait_until(lambda: backlog() == 40, 60, what="a backlog of 40")
+        _produce_small_batches(s, short_docs(20, "backlog-more"), expected)
+        wait_until(lambda: backlog() == 60, 30, what="the backlog to rise to 60")
+        total = f'embedstream_share_backlog_total{{group="{s.group_id}",topic="{s.input_topic}"}} 60.0'
+        assert total in _get(port, "/metrics")
+        stats = build_worker(s, embedder=model).run(stop_when_idle=3)
+        assert stats.embedded == 60
+        wait_until(lambda: backlog() == 0, 30, what="the backlog to drain to 0")
+        assert total.replace(" 60.0", " 0.0") in _get(port, "/metrics")
+        assert max(seen) == 60 and seen[-1] == 0 and seen.index(40) < seen.index(60), seen  # 0 before the first
+    finally:
+        exporter.terminate()
+        assert exporter.wait(15) == 0, (tmp_path / "backlog.log").read_text()[-2000:]
+    report = check_nothing_lost(s, model, expected, partitions=1, lag=False)
+    assert report.documents == 60

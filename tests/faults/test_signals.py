@@ -35,7 +35,8 @@ def test_a_second_signal_exits_at_once_and_commits_nothing_more(fs, model, parts
     expected = Expected()
     produce_docs(fs, short_docs(400, "second-signal", unseen=True), expected)
     w = WorkerProcess(fs, tmp_path, "w")
-    wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.1 * expected.records, 180, what="10% committed", running=(w,))
+    wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.1 * expected.records, 180, what="10% committed",
+               running=(w,))
     with frozen(parts["milvus"]):
         time.sleep(1.0)  # the batches in flight reach the sink and wait on Milvus
         w.terminate()

@@ -37,8 +37,9 @@ def render(values: dict) -> dict[str, dict]:
         if name.endswith("NOTES.txt"):
             continue
         for doc in yaml.safe_load_all(text):
-            if doc:
-                objs[doc["kind"]] = doc
+            if doc:  # the backlog exporter's objects under "<kind>/backlog", the workers' under their kind
+                backlog = doc["metadata"]["name"].endswith("-backlog")
+                objs[f"{doc['kind']}/backlog" if backlog else doc["kind"]] = doc
     return objs
 
 
@@ -206,6 +207,49 @@ def test_a_share_group_reaches_the_worker_is_not_capped_by_partitions_and_refuse
         render(merge(BASE, {"kafka": {"groupType": "share", "delivery": "exactly-once"}}))
     with pytest.raises(Exception, match="groupType"):
         render(merge(BASE, {"kafka": {"groupType": "queue"}}))
+
+
+SHARE = {"kafka": {"groupType": "share", "groupId": "emb", "inputTopic": "docs"},
+         "keda": {"partitions": 2, "maxReplicaCount": 16, "lagThreshold": 500, "activationLagThreshold": 5}}
+
+
+def test_a_share_group_scales_on_the_backlog_the_exporter_serves():
+    """Share mode: KEDA's metrics-api trigger reads /backlog of a Deployment running `embedstream lag
+    --serve` (its Service beside it), with the chart's target and activation; its labels are apart
+    from the workers' (no worker Service or PDB picks it); no Kafka trigger, no TriggerAuthentication."""
+    objs = render(merge(BASE, merge(SHARE, {"kafka": {"tls": {"enabled": True, "existingSecret": "kafka-ca"}}})))
+    so = objs["ScaledObject"]
+    [trigger] = so["spec"]["triggers"]
+    assert trigger["type"] == "metrics-api" and trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"] == {"url": "http://es-embedstream-backlog.ml.svc:9400/backlog",
+                                   "valueLocation": "backlog", "targetValue": "500", "activationTargetValue": "5"}
+    assert so["spec"]["minReplicaCount"] == 0 and so["spec"]["maxReplicaCount"] == 16  # not capped at 2 partitions
+    assert "TriggerAuthentication" not in objs
+    exporter, service = objs["Deployment/backlog"], objs["Service/backlog"]
+    for obj in (exporter, service):
+        kubernetes_validate.validate(obj, "1.30", strict=True)
+    pod = exporter["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    assert c["args"] == ["lag", "--serve", "9400", "--interval", "10"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["EMBEDSTREAM_GROUP_TYPE"]["value"] == "share" and env["EMBEDSTREAM_GROUP_ID"]["value"] == "emb"
+    assert env["EMBEDSTREAM_KAFKA__SSL_CA_LOCATION"]["value"].startswith("/etc/embedstream/kafka-tls/")
+    assert [v["secret"]["secretName"] for v in pod["volumes"]] == ["kafka-ca"]
+    labels = exporter["spec"]["template"]["metadata"]["labels"]
+    pdb = objs["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"]
+    for selector in (objs["Service"]["spec"]["selector"], pdb, objs["Deployment"]["spec"]["selector"]["matchLabels"]):
+        assert not selector.items() <= labels.items(), selector
+    assert service["spec"]["selector"].items() <= labels.items()
+    prom = render(merge(BASE, merge(SHARE, {"keda": {"share": {"trigger": "prometheus", "prometheus": {
+        "serverAddress": "http://prometheus.monitoring:9090"}}}})))
+    [trigger] = prom["ScaledObject"]["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "500"
+    assert trigger["metadata"]["query"] == 'sum(embedstream_share_backlog_total{group="emb",topic="docs"})'
+    with pytest.raises(helm_python.HelmError, match="serverAddress"):
+        render(merge(BASE, merge(SHARE, {"keda": {"share": {"trigger": "prometheus"}}})))
+    with pytest.raises(helm_python.HelmError, match="OAUTHBEARER"):
+        render(merge(BASE, merge(SHARE, VALUE_SETS["OAUTHBEARER (OIDC) and mutual TLS"])))
+    assert "Deployment/backlog" not in render(BASE)  # consumer mode: KEDA's Kafka scaler reads the lag
 
 
 def test_schema_registry_settings_and_secrets_reach_the_worker():

@@ -59,6 +59,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and .Values.keda.enabled (ne (.Values.kafka.groupType | default "consumer") "share") (gt (mul (int .Values.keda.maxReplicaCount) $processes) (int .Values.keda.partitions)) -}}
 {{- fail (printf "keda.maxReplicaCount (%d) x %d worker processes a pod exceeds keda.partitions (%d): each process reads partitions of its own, so the extra ones would sit idle; raise the input topic's partitions or lower maxReplicaCount" (int .Values.keda.maxReplicaCount) $processes (int .Values.keda.partitions)) -}}
 {{- end -}}
+{{- if and .Values.keda.enabled (eq (include "embedstream.shareGroup" .) "true") .Values.kafka.sasl.enabled (eq .Values.kafka.sasl.mechanism "OAUTHBEARER") -}}
+{{- fail "kafka.groupType=share with KEDA reads the share group's backlog with SASL PLAIN or SCRAM; OAUTHBEARER is not spoken there: give it a SCRAM user, or set keda.enabled=false (an HPA on CPU then)" -}}
+{{- end -}}
+{{- if and .Values.keda.enabled (eq (include "embedstream.shareGroup" .) "true") (eq .Values.keda.share.trigger "prometheus") (not .Values.keda.share.prometheus.serverAddress) -}}
+{{- fail "keda.share.trigger=prometheus needs keda.share.prometheus.serverAddress (your Prometheus, which must scrape the <release>-backlog Service); or use trigger metrics-api" -}}
+{{- end -}}
 {{- if and .Values.keda.enabled (gt (int .Values.keda.minReplicaCount) (int .Values.keda.maxReplicaCount)) -}}
 {{- fail "keda.minReplicaCount must not exceed keda.maxReplicaCount" -}}
 {{- end -}}
@@ -381,3 +387,23 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "embedstream.processes" -}}
 {{- if .Values.gpu.enabled }}{{ mul (.Values.gpu.workersPerGpu | default 1) (.Values.gpu.count | default 1) }}{{ else }}1{{ end -}}
 {{- end }}
+
+{{/* "true" when the workers join a share group (kafka.groupType=share). */}}
+{{- define "embedstream.shareGroup" -}}
+{{- eq (.Values.kafka.groupType | default "consumer") "share" -}}
+{{- end }}
+
+{{/* The backlog exporter's labels: apart from the workers', so that no worker selector (Service,
+     PodDisruptionBudget, ServiceMonitor) picks it. */}}
+{{- define "embedstream.backlogSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "embedstream.name" . }}-backlog
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "embedstream.backlogLabels" -}}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
+{{ include "embedstream.backlogSelectorLabels" . }}
+app.kubernetes.io/component: backlog
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}

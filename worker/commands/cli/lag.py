@@ -1,4 +1,5 @@
-"""``embedstream lag``: the group's lag, as KEDA computes it."""
+"""``embedstream lag``: the group's lag, as KEDA computes it; for a share group its backlog, and
+``--serve`` to export that backlog for KEDA's metrics-api scaler."""
 
 from __future__ import annotations
 
@@ -28,10 +29,16 @@ def lag(
         help="Count partitions without a committed offset as 0 (KEDA's scaleToZeroOnInvalidOffset)")] = False,
     lag_threshold: Annotated[int | None, typer.Option(
         help="Also show the replicas KEDA would ask for at this lagThreshold", min=1)] = None,
+    serve: Annotated[int | None, typer.Option(
+        help="Share groups: keep reading the backlog and serve it on this port (/backlog as JSON for KEDA's "
+        "metrics-api scaler, /metrics for Prometheus, /healthz) until stopped", min=1, max=65535)] = None,
+    interval: Annotated[float, typer.Option(help="With --serve: seconds between reads of the backlog",
+                                            min=1.0)] = 10.0,
     overrides: dict[str, object] | None = None,
 ) -> None:
     """Per-partition and total lag of the worker's group, computed as KEDA's Kafka scaler computes it
-    (end offset − committed offset)."""
+    (end offset − committed offset). For a share group (EMBEDSTREAM_GROUP_TYPE=share), which commits no
+    offsets: its backlog, the records the broker says it has not finished (Apache Kafka 4.2+)."""
     from connectors.kafka import make_admin
     from connectors.lag import as_json as lag_json
     from connectors.lag import desired_replicas, group_lag
@@ -40,8 +47,9 @@ def lag(
         raise fail("--offset-reset-policy must be latest or earliest", 2)
     s = settings_or_exit(overrides)
     if s.group_type == "share":
-        raise fail("a share group commits no offsets, so it has no lag to compute this way (its backlog is the "
-                   "broker's share-partition start offsets, which confluent-kafka 2.16 does not read)", 2)
+        return share_backlog(s, as_json, lag_threshold, serve, interval)
+    if serve is not None:
+        raise fail("--serve is for share groups: KEDA's Kafka scaler reads a consumer group's lag itself", 2)
     try:
         s.require("kafka_bootstrap_servers")
         lags = group_lag(make_admin(s.kafka_common()), s.group_id, s.input_topic, offset_reset_policy,
@@ -52,12 +60,13 @@ def lag(
         raise fail(f"could not read offsets from {s.kafka_bootstrap_servers}: {exc}") from None
     replicas = desired_replicas(lags, lag_threshold) if lag_threshold else None
     if as_json:
-        out = lag_json(lags)
-        out.update(group=s.group_id, topic=s.input_topic)
-        if replicas is not None:
-            out["desired_replicas"] = replicas
-        print(json.dumps(out))
-        return
+        return print_json(lag_json(lags), s, replicas)
+    print_lag_table(lags, s)
+    if replicas is not None:
+        console.print(f"KEDA would ask for [bold]{replicas}[/] replica(s) at lagThreshold {lag_threshold}")
+
+
+def print_lag_table(lags, s) -> None:
     table = Table("partition", "end offset", "committed", "lag", title=f"group [bold]{s.group_id}[/] on "
                   f"[bold]{s.input_topic}[/]", title_justify="left")
     for p in lags:
@@ -66,5 +75,73 @@ def lag(
     table.add_section()
     table.add_row("total", "", "", f"[bold]{sum(p.lag for p in lags):,}[/]")
     console.print(table)
+
+
+def print_json(out: dict, s, replicas: int | None) -> None:
+    out.update(group=s.group_id, topic=s.input_topic)
     if replicas is not None:
-        console.print(f"KEDA would ask for [bold]{replicas}[/] replica(s) at lagThreshold {lag_threshold}")
+        out["desired_replicas"] = replicas
+    print(json.dumps(out))
+
+
+def share_backlog(s, as_json: bool, lag_threshold: int | None, serve: int | None, interval: float) -> None:
+    """``lag`` for a share group: print its backlog once, or serve it (``--serve``)."""
+    from connectors.kafka import make_admin
+    from connectors.kafka_wire import check_supported
+    from connectors.share_backlog import as_json as backlog_json
+    from connectors.share_backlog import group_backlog
+
+    try:
+        s.require("kafka_bootstrap_servers")
+        props = s.kafka_common()
+        check_supported(props)
+    except Exception as exc:
+        raise fail(str(exc), 2) from None
+    admin = make_admin(props)
+
+    def read():
+        return group_backlog(admin, props, s.group_id, s.input_topic)
+
+    if serve is not None:
+        return serve_backlog(read, s.group_id, s.input_topic, serve, interval)
+    try:
+        found = read()
+    except Exception as exc:
+        raise fail(f"could not read the backlog of share group {s.group_id} from {s.kafka_bootstrap_servers}: "
+                   f"{exc}") from None
+    total = sum(p.backlog for p in found)
+    replicas = -(-total // lag_threshold) if lag_threshold else None  # no partition cap in a share group
+    if as_json:
+        return print_json(backlog_json(found), s, replicas)
+    table = Table("partition", "end offset", "start offset", "backlog", title=f"share group [bold]{s.group_id}[/] "
+                  f"on [bold]{s.input_topic}[/]", title_justify="left")
+    for p in found:
+        table.add_row(str(p.partition), f"{p.end_offset:,}", "— (not started)" if p.start_offset is None
+                      else f"{p.start_offset:,}", f"{p.backlog:,}")
+    table.add_section()
+    table.add_row("total", "", "", f"[bold]{total:,}[/]")
+    console.print(table)
+    if replicas is not None:
+        console.print(f"KEDA would ask for [bold]{replicas}[/] replica(s) at a target of {lag_threshold} a replica")
+
+
+def serve_backlog(read, group: str, topic: str, port: int, interval: float) -> None:
+    """Serve the backlog until SIGTERM or Ctrl-C."""
+    import signal
+    import threading
+
+    from worker.process.backlog_server import BacklogExporter
+
+    exporter = BacklogExporter(read, group, topic, interval)
+    server = exporter.serve(port)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    console.print(f"serving the backlog of share group [bold]{group}[/] on :{port} (/backlog, /metrics, /healthz), "
+                  f"read every {interval:g}s")
+    try:
+        while not done.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    exporter.stop()
+    server.shutdown()
