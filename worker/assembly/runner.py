@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from confluent_kafka import Consumer
 from confluent_kafka.schema_registry import SchemaRegistryError
@@ -42,6 +42,7 @@ from worker.assembly.naming import alias_of, collection_of
 from worker.core.assignment import Assignment
 from worker.core.delivery import AtLeastOnce, Delivery, ExactlyOnce
 from worker.core.delivery.share import ShareAcks
+from worker.core.early_join import EarlyJoin
 from worker.core.fence import Fence, lease_seconds
 from worker.core.loop import Chain, Worker
 from worker.core.share_loop import ShareWorker
@@ -328,6 +329,25 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     check_broker(s.kafka_common())
     check_topics(s)
     clock.mark("Kafka and its topics")
+    health = metrics.Health(s.healthz_max_tick_age_seconds)
+    # A consumer group's member joins while its models load (worker.core.early_join); a share
+    # group's member joins at its first poll, and is left as it is.
+    early = None if s.group_type == "share" else EarlyJoin(open_consumer(s, health), s.input_topic)
+    try:
+        return assemble(s, clock, health, early, embedder, store_factory, dead_letters, startup, dict(
+            shutdown_grace=s.shutdown_grace_seconds, health=health, backoff_max=s.retry_backoff_max_seconds,
+            on_progress=on_progress, stats=stats))
+    except BaseException:
+        if early is not None:
+            early.consumer.close()  # leave the group now rather than at the end of the session
+        raise
+
+
+def assemble(s: Settings, clock: StartClock, health: metrics.Health, early: EarlyJoin | None,
+             embedder: Embedder | None, store_factory: Callable[[Settings, str], MilvusStore] | None,
+             dead_letters: bool, startup: StartClock | None, run: dict) -> Worker | ShareWorker:
+    """``build_worker`` past the checks: the models, the stores, the delivery and the chain, around
+    ``early`` (a consumer group's member, joining meanwhile) or a new share consumer."""
     models = load_models(s, embedder)
     log.info("models: %s", describe(models))
     clock.mark("models")
@@ -335,7 +355,6 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     clock.mark("Milvus and Redis")
     heap.settle()  # the models' objects out of the collector's walks (worker.process.heap)
     heap.keep_pages()  # a group's megabyte buffers reuse the heap's pages (worker.process.heap)
-    health = metrics.Health(s.healthz_max_tick_age_seconds)
     health.model_loaded = True
     metrics_port = serve_metrics(s, health)
     if any(m.device == "cuda" for m in models.handles.values()):
@@ -347,15 +366,13 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     delivery_timeout_s = min(s.kafka_timeout_seconds, fence.lease_s)
     max_inflight = inflight_limit(s, models)
     log.info("up to %d batches in flight (%d a model served)", max_inflight, s.max_inflight_batches)
-    share = s.group_type == "share"
-    consumer = open_share_consumer(s, health, max_inflight) if share else open_consumer(s, health)
+    # EarlyJoin passes every call on to its consumer: the chain takes it for one
+    consumer = cast(Consumer, early) if early is not None else open_share_consumer(s, health, max_inflight)
     delivery = open_delivery(s, consumer, delivery_timeout_s)
     chain = build_chain(s, consumer, delivery, models, caches, stores, fence, input_topic_ids(s), open_registry(s),
                         topic_limits(s), dead_letters=dead_letters,
                         lookup_ids=lambda: topic_ids(s.kafka_common(), [s.input_topic]))
-    worker = member(s, consumer, chain, delivery, max_inflight, session_s, startup, dict(
-        shutdown_grace=s.shutdown_grace_seconds, health=health, backoff_max=s.retry_backoff_max_seconds,
-        on_progress=on_progress, stats=stats))
+    worker = member(s, consumer, chain, delivery, max_inflight, session_s, startup, run)
     worker.metrics_port = metrics_port
     return worker
 
