@@ -42,6 +42,17 @@ def _get(port: int, path: str) -> int | None:
         return None
 
 
+def _committed(watcher, tp) -> int:
+    """The group's committed offset of ``tp``; -1 while the coordinator is still settling (a fresh
+    broker answers NOT_COORDINATOR for a moment)."""
+    from confluent_kafka import KafkaException
+
+    try:
+        return watcher.committed([tp], timeout=5)[0].offset
+    except KafkaException:
+        return -1
+
+
 def one_start(base: Settings, log_path: Path, timeout_s: float = 120.0) -> dict:
     """One cold start (the module doc); returns its times in seconds and the worker's own account."""
     from confluent_kafka import Consumer, TopicPartition
@@ -66,7 +77,7 @@ def one_start(base: Settings, log_path: Path, timeout_s: float = 120.0) -> dict:
                                        f"see {log_path}")
                 if "ready_s" not in out and _get(port, "/readyz") == 200:
                     out["ready_s"] = now
-                if watcher.committed([TopicPartition(s.input_topic, 0)], timeout=5)[0].offset >= 1:
+                if _committed(watcher, TopicPartition(s.input_topic, 0)) >= 1:
                     out["first_record_s"] = now
                     out.setdefault("ready_s", now)
                 time.sleep(0.02)
