@@ -18,17 +18,37 @@ from worker.process import gpu_metrics, metrics
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "metrics.md"
 
 
+def _row(value: MetricWrapperBase) -> tuple[str, str, tuple[str, ...], str]:
+    name = value._name + ("_total" if value._type == "counter" else "")
+    return name, value._type, tuple(value._labelnames), value._documentation
+
+
 def declared() -> list[tuple[str, str, tuple[str, ...], str]]:
     """Every metric of the worker: (name as scraped, type, labels, help), by name."""
     out = []
     for value in [*vars(metrics).values(), *vars(writes).values()]:
         if isinstance(value, MetricWrapperBase):
-            name = value._name + ("_total" if value._type == "counter" else "")
-            out.append((name, value._type, tuple(value._labelnames), value._documentation))
+            out.append(_row(value))
         elif isinstance(value, metrics.BatchHistogram):
             out.append((value.name, "histogram", (), value.documentation))
     out += [(name, "gauge", ("gpu",), text) for name, text in gpu_metrics.GAUGES.items()]
     return sorted(out)
+
+
+def exporter_declared() -> list[tuple[str, str, tuple[str, ...], str]]:
+    """The metrics of ``embedstream lag --serve`` (``worker.process.backlog_server``), by name."""
+    from worker.process.backlog_server import BacklogExporter
+
+    exporter = BacklogExporter(list, "group", "topic")
+    return sorted(_row(v) for v in vars(exporter).values() if isinstance(v, MetricWrapperBase))
+
+
+def _table(rows: list[tuple[str, str, tuple[str, ...], str]]) -> list[str]:
+    out = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for name, kind, labels, text in rows:
+        out.append(f"| `{name}` | {kind} | {', '.join(f'`{label}`' for label in labels)} | "
+                   f"{text.replace('|', '/')} |")
+    return out
 
 
 def page() -> str:
@@ -39,10 +59,12 @@ def page() -> str:
            "`EMBEDSTREAM_METRICS_PORT` at `/metrics` (Prometheus' text format), beside `/healthz` (the polling "
            "loop turned lately) and `/readyz` (model loaded, partitions assigned). A histogram is scraped as "
            "`<name>_bucket`, `_count` and `_sum`. With `run --processes N`, process i serves on the port + i.", "",
-           "| metric | type | labels | meaning |", "|---|---|---|---|"]
-    for name, kind, labels, text in declared():
-        out.append(f"| `{name}` | {kind} | {', '.join(f'`{label}`' for label in labels)} | "
-                   f"{text.replace('|', '/')} |")
+           *_table(declared()), "",
+           "## A share group's backlog", "",
+           "Served by `embedstream lag --serve PORT` (`worker/process/backlog_server.py`; the chart's "
+           "`<release>-backlog` Deployment in share mode) at `/metrics`, beside `/backlog` (JSON, for KEDA's "
+           "`metrics-api` trigger) and `/healthz` (the last read succeeded).", "",
+           *_table(exporter_declared())]
     return "\n".join(out) + "\n"
 
 
