@@ -103,37 +103,28 @@ def make_share_consumer(common: Conf, group_id: str, **overrides: object):
     return ShareConsumer(logged(conf))
 
 
-def share_group_starts_at_earliest(common: Conf, group_id: str) -> None:
-    """Set the share group's ``share.auto.offset.reset`` to ``earliest`` unless it is set already: a
-    new share group starts at the end of the topic by default, and would skip every document
-    produced before its first member joined (a consumer group of this worker starts at the
-    beginning). Raises ``KafkaException`` where the broker refuses (an ACL)."""
+def prepare_share_group(common: Conf, group_id: str) -> float | None:
+    """Read the share group ``group_id``'s configuration once, set its ``share.auto.offset.reset`` to
+    ``earliest`` unless it is set already (a new share group starts at the end of the topic by
+    default, and would skip every document produced before its first member joined; a consumer group
+    of this worker starts at the beginning), and return how long the broker locks a record to the
+    member it hands it to (``share.record.lock.duration.ms``, else the broker's default) in seconds;
+    None when the broker does not say. Raises ``KafkaException`` where the broker refuses (an ACL)."""
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
     admin = make_admin(common)
     resource = ConfigResource(ConfigResource.Type.GROUP, group_id)
     found = admin.describe_configs([resource])[resource].result(timeout=30)
-    entry = found.get("share.auto.offset.reset")
-    if entry is not None and not entry.is_default:
-        return
+    lock = found.get("share.record.lock.duration.ms")
+    lock_s = int(lock.value) / 1000 if lock is not None and lock.value is not None else None
+    reset = found.get("share.auto.offset.reset")
+    if reset is not None and not reset.is_default:
+        return lock_s
     change = ConfigResource(ConfigResource.Type.GROUP, group_id, incremental_configs=[
         ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
     admin.incremental_alter_configs([change])[change].result(timeout=30)
     log.info("share group %s starts at the beginning of its topic (share.auto.offset.reset=earliest)", group_id)
-
-
-def share_lock_seconds(common: Conf, group_id: str) -> float | None:
-    """How long the broker locks a record to the member it hands it to, for the share group
-    ``group_id`` (its ``share.record.lock.duration.ms``, else the broker's default); None when the
-    broker does not say."""
-    from confluent_kafka.admin import ConfigResource
-
-    admin = make_admin(common)
-    resource = ConfigResource(ConfigResource.Type.GROUP, group_id)
-    entry = admin.describe_configs([resource])[resource].result(timeout=30).get("share.record.lock.duration.ms")
-    if entry is not None and entry.value is not None:
-        return int(entry.value) / 1000
-    return None
+    return lock_s
 
 
 #: Consumer-only librdkafka properties, kept out of producers (librdkafka warns about each one).

@@ -24,8 +24,7 @@ from connectors.kafka import (
     make_consumer,
     make_output_producer,
     make_share_consumer,
-    share_group_starts_at_earliest,
-    share_lock_seconds,
+    prepare_share_group,
     topic_ids,
     topic_max_bytes,
 )
@@ -286,15 +285,18 @@ def open_stores(s: Settings, models: ModelSet, store_factory: Callable[[Settings
 
 def open_share_consumer(s: Settings, health: metrics.Health, max_inflight: int):
     """A member of the share group ``EMBEDSTREAM_GROUP_ID`` (``worker.core.share_loop``), which starts at
-    the beginning of the topic; a poll acquires at most the batches allowed in flight."""
+    the beginning of the topic; a poll acquires at most the batches allowed in flight. Returns it and
+    the group's record lock in seconds (None: unknown)."""
+    lock_s = None
     try:
-        share_group_starts_at_earliest(s.kafka_common(), s.group_id)
+        lock_s = prepare_share_group(s.kafka_common(), s.group_id)
     except Exception as exc:  # an ACL, or a broker without share groups: say what that means
-        log.warning("could not set share.auto.offset.reset=earliest on share group %s (%s): a new group then "
-                    "starts at the end of the topic; set it with kafka-configs.sh --entity-type groups", s.group_id,
-                    exc)
-    return make_share_consumer(s.kafka_common(), s.group_id, error_cb=health.on_kafka_error,
-                               **{"max.poll.records": max_inflight * s.max_batch_size})
+        log.warning("could not read or set share.auto.offset.reset=earliest on share group %s (%s): a new group "
+                    "then starts at the end of the topic; set it with kafka-configs.sh --entity-type groups",
+                    s.group_id, exc)
+    consumer = make_share_consumer(s.kafka_common(), s.group_id, error_cb=health.on_kafka_error,
+                                   **{"max.poll.records": max_inflight * s.max_batch_size})
+    return consumer, lock_s
 
 
 def input_partitions(s: Settings) -> list[tuple[str, int]]:
@@ -367,24 +369,26 @@ def assemble(s: Settings, clock: StartClock, health: metrics.Health, early: Earl
     max_inflight = inflight_limit(s, models)
     log.info("up to %d batches in flight (%d a model served)", max_inflight, s.max_inflight_batches)
     # EarlyJoin passes every call on to its consumer: the chain takes it for one
-    consumer = cast(Consumer, early) if early is not None else open_share_consumer(s, health, max_inflight)
+    consumer, lock_s = (cast(Consumer, early), None) if early is not None else open_share_consumer(s, health,
+                                                                                                   max_inflight)
     delivery = open_delivery(s, consumer, delivery_timeout_s)
     chain = build_chain(s, consumer, delivery, models, caches, stores, fence, input_topic_ids(s), open_registry(s),
                         topic_limits(s), dead_letters=dead_letters,
                         lookup_ids=lambda: topic_ids(s.kafka_common(), [s.input_topic]))
-    worker = member(s, consumer, chain, delivery, max_inflight, session_s, startup, run)
+    worker = member(s, consumer, chain, delivery, max_inflight, session_s, startup, run, lock_s)
     worker.metrics_port = metrics_port
     return worker
 
 
 def member(s: Settings, consumer, chain: Chain, delivery: Delivery, max_inflight: int, session_s: float,
-           startup: StartClock | None, run: dict) -> Worker | ShareWorker:
-    """The loop of the group's member around ``chain``: a share group's (``worker.core.share_loop``),
-    else a consumer group's (``worker.core.loop``); ``run``: what both take."""
+           startup: StartClock | None, run: dict, lock_s: float | None = None) -> Worker | ShareWorker:
+    """The loop of the group's member around ``chain``: a share group's (``worker.core.share_loop``; its
+    records locked for ``lock_s``), else a consumer group's (``worker.core.loop``); ``run``: what both
+    take."""
     if s.group_type == "share":
         share = ShareWorker(consumer, s.input_topic, chain, delivery, input_partitions(s), **run)  # type: ignore[arg-type]
         share.startup = startup
-        share.lock_s = share_lock_seconds(s.kafka_common(), s.group_id)
+        share.lock_s = lock_s
         log.info("share group %s: records locked to a member for %s, up to %d records a poll", s.group_id,
                  "an unknown time" if share.lock_s is None else f"{share.lock_s:.1f}s", max_inflight * s.max_batch_size)
         return share
