@@ -67,17 +67,21 @@ def check_topics(settings: Settings) -> None:
 
 
 def load_embedder(settings: Settings, spec: ModelSpec | None = None) -> Embedder:
-    """The model of ``spec`` (one of EMBEDSTREAM_MODELS), else of EMBEDSTREAM_MODEL and its neighbours."""
+    """The model of ``spec`` (one of EMBEDSTREAM_MODELS), else of EMBEDSTREAM_MODEL and its neighbours:
+    at int8 on a CPU built without torch where it can be (``worker.embedding.lite``), else loaded whole."""
+    from worker.embedding.lite import lite_model
     from worker.embedding.sentence import SentenceTransformerEmbedder
 
     if spec is not None:
-        return SentenceTransformerEmbedder(spec.path, spec.precision or settings.precision,
-                                           spec.device or settings.device, document_prompt=spec.document_prompt,
-                                           query_prompt=spec.query_prompt, truncate_dim=spec.truncate_dim,
-                                           sparse=SparseMode.of(spec.sparse or settings.sparse))
-    return SentenceTransformerEmbedder(settings.model, settings.precision, settings.device,
-                                       document_prompt=settings.document_prompt, query_prompt=settings.query_prompt,
-                                       truncate_dim=settings.truncate_dim, sparse=SparseMode.of(settings.sparse))
+        model, precision, device = spec.path, spec.precision or settings.precision, spec.device or settings.device
+        given = dict(document_prompt=spec.document_prompt, query_prompt=spec.query_prompt,
+                     truncate_dim=spec.truncate_dim, sparse=SparseMode.of(spec.sparse or settings.sparse))
+    else:
+        model, precision, device = settings.model, settings.precision, settings.device
+        given = dict(document_prompt=settings.document_prompt, query_prompt=settings.query_prompt,
+                     truncate_dim=settings.truncate_dim, sparse=SparseMode.of(settings.sparse))
+    return (lite_model(model, precision, device, **given)  # type: ignore[arg-type]
+            or SentenceTransformerEmbedder(model, precision, device, **given))  # type: ignore[arg-type]
 
 
 def load_models(settings: Settings, embedder: Embedder | None = None) -> ModelSet:

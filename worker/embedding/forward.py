@@ -91,6 +91,10 @@ class ForwardPasses:
             pooled = pooled[:, : self.truncate_dim]
         return self._torch.nn.functional.normalize(pooled, p=2, dim=1)
 
+    def to_host(self, vectors) -> np.ndarray:
+        """A pass's vectors as a numpy array on the host (waits for the device)."""
+        return vectors.cpu().numpy()
+
     def passes(self, lengths: list[int]) -> list[list[int]]:
         """The forward passes of texts of ``lengths`` tokens (``worker.embedding.passes``): on a CPU the
         cut of least cost at this precision, on CUDA the greedy one."""
@@ -126,7 +130,7 @@ class ForwardPasses:
             done.append((group, self.normalise(pooled), learned.run(kept)))
         by_text: dict[int, Sparse] = {}
         for group, vectors, weights in done:
-            out[group] = vectors.cpu().numpy()
+            out[group] = self.to_host(vectors)
             if weights is not None:
                 by_text.update(zip(group, rows_of(*(t.cpu().numpy() for t in weights))))
         return out, ([by_text[i] for i in range(len(ids))] if learned is not None else None)

@@ -350,11 +350,15 @@ class OpenVinoTransformer:
         self.request = compiled.create_infer_request()
         self.input_names = input_names
 
+    def infer(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """The last hidden state of one padded pass (numpy inputs): a copy, since the request's
+        buffer is reused."""
+        return self.request.infer({n: arrays[n] for n in self.input_names})[0]
+
     def __call__(self, features: dict) -> dict:
         import torch
 
-        out = self.request.infer({n: features[n].numpy() for n in self.input_names})
-        features["token_embeddings"] = torch.from_numpy(out[0])  # a copy: the request's buffer is reused
+        features["token_embeddings"] = torch.from_numpy(self.infer({n: features[n].numpy() for n in self.input_names}))
         return features
 
 
@@ -384,6 +388,20 @@ def load(st, model_path: str | Path, max_length: int) -> OnnxTransformer | OpenV
         log.info("int8 export done in %.1fs", time.perf_counter() - t0)
     names = json.loads((dest / "export.json").read_text())["inputs"]
     return (OpenVinoTransformer if engine_name == "openvino" else OnnxTransformer)(path, names)
+
+
+def record_check(model_path: str | Path, quality: Quality) -> None:
+    """Write the check of ``model_path``'s OpenVINO export into its ``export.json``, so a later start
+    may load the export without the float32 model to check it against (``worker.embedding.lite``).
+    A read-only cache keeps no record: that start then checks again."""
+    meta = cache_root() / model_key(model_path, "openvino") / "export.json"
+    try:
+        found = json.loads(meta.read_text())
+        found["check"] = {"mean": quality.mean, "min": quality.min, "texts": quality.texts, "passes": quality.passes,
+                          "gate": [MIN_MEAN_COSINE, MIN_COSINE]}
+        meta.write_text(json.dumps(found))
+    except (OSError, ValueError) as exc:
+        log.debug("int8 check not recorded in %s (%s)", meta, exc)
 
 
 def check_quality(int8_vectors: np.ndarray, fp32_vectors: np.ndarray) -> Quality:

@@ -104,8 +104,8 @@ def default_model(specs: dict[str, ModelSpec]) -> str:
 def weight_bytes(embedder: Embedder) -> int:
     """Bytes of a loaded model's parameters and buffers (what it holds on its device)."""
     st = getattr(embedder, "sentence_transformer", None)
-    if st is None:
-        return 0
+    if st is None:  # built without torch (worker.embedding.lite): its int8 weights' file
+        return int(getattr(embedder, "weights_bytes", 0))
     tensors = [*st.parameters(), *st.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
 

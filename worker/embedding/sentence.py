@@ -326,5 +326,7 @@ def _swap_in_int8(model: SentenceTransformerEmbedder, path: str) -> None:
                           f"{quality.mean:.4f}, min {quality.min:.4f}; the gate is {int8.MIN_MEAN_COSINE} and "
                           f"{int8.MIN_COSINE}): use bf16 or fp32 for this model")
     model.int8_transformer = modules[0]
+    if int8.engine() == "openvino":
+        int8.record_check(path, quality)  # a later start may then skip torch (worker.embedding.lite)
     log.info("int8 checked against fp32 on %d texts: cosine mean %.4f, min %.4f", quality.texts, quality.mean,
              quality.min)
