@@ -108,17 +108,17 @@ class Held:
         self.msgs = [m for m in self.msgs if (m.topic(), m.partition()) not in tps]
 
 
-class Worker:
-    """One consumer-group member. ``run()`` blocks until stopped, idle (if asked), or a bug."""
+class Member:
+    """What a group member's loop holds, a consumer group's (:class:`Worker`) or a share group's
+    (``worker.core.share_loop.ShareWorker``): its consumer and chain, its stop, its counters, the
+    records it holds back, its idle trim and where it serves its metrics."""
 
-    def __init__(self, consumer: Consumer, topic: str, chain: Chain, assignment: Assignment, *,
-                 max_inflight: int, shutdown_grace: float, health: Health, backoff_max: float = 10.0,
-                 on_progress: Callable[[RunStats], None] | None = None, stats: RunStats | None = None) -> None:
+    def __init__(self, consumer, topic: str, chain: Chain, *, shutdown_grace: float, health: Health,
+                 backoff_max: float = 10.0, on_progress: Callable[[RunStats], None] | None = None,
+                 stats: RunStats | None = None) -> None:
         self.consumer = consumer
         self.topic = topic
         self.chain = chain
-        self.assignment = assignment
-        self.max_inflight = max_inflight
         self.shutdown_grace = shutdown_grace
         self.health = health
         self.on_progress = on_progress
@@ -131,6 +131,18 @@ class Worker:
         self.idle_trim = IdleTrim()
         #: Where /metrics, /healthz and /readyz are served (None: not served).
         self.metrics_port: int | None = None
+
+
+class Worker(Member):
+    """One consumer-group member. ``run()`` blocks until stopped, idle (if asked), or a bug."""
+
+    def __init__(self, consumer: Consumer, topic: str, chain: Chain, assignment: Assignment, *,
+                 max_inflight: int, shutdown_grace: float, health: Health, backoff_max: float = 10.0,
+                 on_progress: Callable[[RunStats], None] | None = None, stats: RunStats | None = None) -> None:
+        super().__init__(consumer, topic, chain, shutdown_grace=shutdown_grace, health=health,
+                         backoff_max=backoff_max, on_progress=on_progress, stats=stats)
+        self.assignment = assignment
+        self.max_inflight = max_inflight
         #: The group's rebalance call-backs (``worker.core.rebalance``), on this thread.
         self.rebalance = Rebalance(chain, assignment, health, grace=shutdown_grace,
                                    finish_inflight=self._wait_inflight, drop_held=self.held.drop)

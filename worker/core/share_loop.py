@@ -26,38 +26,26 @@ from collections.abc import Callable
 
 from schemas.errors import DlqLimitExceeded, RecordRefused, TransientError
 from worker.core.delivery.share import ShareAcks
-from worker.core.loop import ABORT_WAIT_S, Chain, Held
+from worker.core.loop import ABORT_WAIT_S, Chain, Member
 from worker.core.records import TopicPartitionKey
 from worker.core.stats import RunStats
-from worker.process.heap import IdleTrim
 from worker.process.metrics import ASSIGNED_PARTITIONS, Health
-from worker.process.signals import GracefulStop
 from worker.process.startup import StartClock
 
 log = logging.getLogger(__name__)
 
 
-class ShareWorker:
+class ShareWorker(Member):
     """One share-group member. ``run()`` blocks until stopped, idle (if asked), or a bug.
     ``partitions``: the input topic's, every one of which this member may be handed records of."""
 
     def __init__(self, consumer, topic: str, chain: Chain, acks: ShareAcks, partitions: list[TopicPartitionKey],
                  *, shutdown_grace: float, health: Health, backoff_max: float = 10.0,
                  on_progress: Callable[[RunStats], None] | None = None, stats: RunStats | None = None) -> None:
-        self.consumer = consumer
-        self.topic = topic
-        self.chain = chain
+        super().__init__(consumer, topic, chain, shutdown_grace=shutdown_grace, health=health,
+                         backoff_max=backoff_max, on_progress=on_progress, stats=stats)
         self.acks = acks
         self.partitions = partitions
-        self.shutdown_grace = shutdown_grace
-        self.health = health
-        self.on_progress = on_progress
-        self.stats = stats if stats is not None else RunStats()
-        #: Set by SIGTERM/SIGINT once ``stop.install()`` ran.
-        self.stop = GracefulStop()
-        self.held = Held(backoff_max)
-        self.idle_trim = IdleTrim()
-        self.metrics_port: int | None = None
         #: Read out at the first poll (``worker.process.startup``); None: not timed.
         self.startup: StartClock | None = None
         #: Records polled and not yet acknowledged (the next poll waits for 0).
