@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # torch pinned: PyPI's 2.13.0 (its CUDA build, ~2.6 GB with the nvidia-* wheels) runs on CPUs too.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup docs test test-fast test-gpu soak mutate demo bench bench-quick bench-cpu bench-gpu bench-gpu-processes bench-peer-env dev-up dev-down lint clean
+.PHONY: setup docs test test-fast test-gpu gpu-check soak mutate demo bench bench-quick bench-cpu bench-gpu bench-gpu-processes bench-peer-env dev-up dev-down lint clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,11 @@ test-fast: setup
 BROKER ?= tansu
 test-gpu: setup
 	$(BIN)/python -m pytest -q -m gpu tests/gpu
+
+# The GPU measurement in one command (about 8 minutes): the GPU tests, R1_gpu at 1, 2, 4 and 8
+# processes, the quick bench on CUDA, the sampler when R1_gpu is under its goal; all under OUT.
+gpu-check: setup
+	PYTHON=$(BIN)/python OUT=$${OUT:-gpu-check} bash tools/gpu_check.sh
 
 # Thirty minutes of steady load with a worker killed every 2 minutes and a rebalance every 3 (outside
 # `make test`): the picture and figures go to docs/soak/. EMBEDSTREAM_SOAK_MINUTES=N for another length.

@@ -91,6 +91,14 @@ def test_worker_on_cuda_end_to_end(gpu_stack, cuda_model, cpu_fp32):
 
     stats = build_worker(s, embedder=cuda_model).run(stop_when_idle=3.0)
     assert stats.done >= len(docs)
+    # the NVML gauges (worker.process.gpu_metrics), as /metrics serves them: this process holds memory
+    from prometheus_client import REGISTRY, generate_latest
+
+    served = {line.split(" ")[0]: float(line.split(" ")[1]) for line in generate_latest(REGISTRY).decode().splitlines()
+              if line.startswith("embedstream_gpu_")}
+    print(f"NVML gauges: {served}")
+    assert served.get('embedstream_gpu_memory_used_bytes{gpu="0"}', 0) > 0, served
+    assert served.get('embedstream_gpu_memory_total_bytes{gpu="0"}', 0) > 0, served
 
     milvus = documents_in_milvus(s)
     expected = {d.id: d for d in docs[1:]}

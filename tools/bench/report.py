@@ -179,7 +179,7 @@ def processes_table(out: dict) -> Table:
     """``run_processes``' figures, a row a run: docs/s end to end, R1 against the raw encode of the
     same texts, tokens/s and the GPU's utilisation."""
     gpu = out["machine"].get("gpu")
-    t = Table("set", "processes", "cache", "docs/s", "R1", "tokens/s", "GPU busy % (mean / max)",
+    t = Table("set", "processes", "cache", "docs/s", "R1", "tokens/s", "TFLOP/s", "GPU busy % (mean / max)",
               title=f"[bold]embedstream bench --processes[/] — {out['docs']:,} documents a run, {out['model']} "
                     f"{out['precision']} on {gpu or out['device']}",
               title_justify="left", caption="docs/s: from the first document produced to the last committed, after a "
@@ -190,7 +190,8 @@ def processes_table(out: dict) -> Table:
         ok = r["r1"] is not None and r["r1"] >= R1_GPU_GOAL
         busy = "—" if r["gpu_busy_mean"] is None else f"{r['gpu_busy_mean']:.0f} / {r['gpu_busy_max']:.0f}"
         t.add_row(r["set"], str(r["processes"]), "on" if r["cache"] else "off", _fmt(r["docs_per_s"], 0),
-                  _fmt(r["r1"]) + (" [green]✓[/]" if ok else " [red]✗[/]"), _fmt(r["tokens_per_s"], 0), busy)
+                  _fmt(r["r1"]) + (" [green]✓[/]" if ok else " [red]✗[/]"), _fmt(r["tokens_per_s"], 0),
+                  _fmt(r.get("tflops"), 2), busy)
     return t
 
 

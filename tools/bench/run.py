@@ -531,7 +531,8 @@ def run_processes(*, counts: list[int], docs: int, device: str, precision: str, 
         machine = _machine(broker, emb.device)
         batch_sizes = (128, 256, 512, 1024) if emb.device == "cuda" else (32, 64, 128)
         out: dict = {"machine": machine, "model": emb.model_id, "precision": emb.precision, "device": emb.device,
-                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "docs": docs, "raw": {}, "runs": []}
+                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "docs": docs, "raw": {}, "runs": [],
+                     "flops_per_token": _flops_per_token(emb)}
         for name, wl in texts.items():
             say(f"{name}: raw encode on {len(wl):,} texts")
             raw, bs = measure.raw_encode(emb, wl, batch_sizes=batch_sizes)
@@ -544,6 +545,8 @@ def run_processes(*, counts: list[int], docs: int, device: str, precision: str, 
         out["runs"].append(_processes_run(base.model_copy(update={"redis_url": None}), "S2", texts["S2"], best,
                                           out["raw"]["S2"]["docs_per_s"], out["raw"]["S2"]["tokens"], logs, say,
                                           cache=False))
+        for r in out["runs"]:  # achieved TFLOP/s: tokens/s × ~2 × parameters a token
+            r["tflops"] = r["tokens_per_s"] * out["flops_per_token"] / 1e12
         return out
     finally:
         stack.down()
