@@ -18,8 +18,8 @@ def _run(set_: str, k: int, docs_per_s: float, raw: float, cache: bool = True) -
 def _folder(tmp_path, s2_best: float):
     raw = {"S1": {"docs_per_s": 8000, "batch_size": 512, "tokens": 1}, "S2": {"docs_per_s": 5000, "batch_size": 256,
                                                                               "tokens": 1}}
-    runs = [_run("S1", k, 2000 * k, 8000) for k in (1, 2, 4)] + [_run("S2", 1, 1500, 5000), _run("S2", 4, s2_best, 5000),
-                                                              _run("S2", 4, s2_best * 0.9, 5000, cache=False)]
+    runs = [_run("S1", k, 2000 * k, 8000) for k in (1, 2, 4)]
+    runs += [_run("S2", 1, 1500, 5000), _run("S2", 4, s2_best, 5000), _run("S2", 4, s2_best * 0.9, 5000, cache=False)]
     (tmp_path / "processes").mkdir()
     (tmp_path / "processes" / "processes.json").write_text(json.dumps(
         {"docs": 1000, "model": "m", "precision": "fp16", "device": "cuda", "machine": {"gpu": "NVIDIA H200"},
