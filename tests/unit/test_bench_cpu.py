@@ -92,15 +92,15 @@ def test_the_processes_table_marks_r1_against_the_gpu_goal_and_says_what_the_gpu
     out = {"machine": {"gpu": "NVIDIA H100 80GB HBM3"}, "docs": 20_000, "model": "m", "precision": "fp16",
            "device": "cuda", "raw": {"S1": {"docs_per_s": 6800.0, "batch_size": 512}},
            "runs": [{"set": "S1", "processes": 1, "cache": True, "docs_per_s": 1570.0, "r1": 0.23,
-                     "tokens_per_s": 31_400.0, "gpu_busy_mean": 8.2, "gpu_busy_max": 11.0},
+                     "tokens_per_s": 31_400.0, "gpu_busy_mean": 8.2, "gpu_busy_max": 11.0, "tflops": 0.71},
                     {"set": "S1", "processes": 4, "cache": False, "docs_per_s": 6500.0, "r1": 0.956,
                      "tokens_per_s": 130_000.0, "gpu_busy_mean": None, "gpu_busy_max": None}]}
     console = Console(width=120, record=True)
     console.print(processes_table(out))
     text = console.export_text()
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
-    assert rows[0] == ["S1", "1", "on", "1,570", "0.23 ✗", "31,400", "8 / 11"]
-    assert rows[1] == ["S1", "4", "off", "6,500", "0.96 ✓", "130,000", "—"]
+    assert rows[0] == ["S1", "1", "on", "1,570", "0.23 ✗", "31,400", "0.71", "8 / 11"]
+    assert rows[1] == ["S1", "4", "off", "6,500", "0.96 ✓", "130,000", "—", "—"]  # a run from before TFLOP/s
     assert "H100" in text and "6,800 docs/s at batch 512" in text.replace("\n", " ")
 
 
