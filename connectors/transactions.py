@@ -173,7 +173,8 @@ class Transactions:
             # leaves the abort hanging. A new producer with the same transactional.id ends the open
             # transaction at the broker (Kafka aborts it) and starts from a clean state.
             self._replace()
-        self._open = False
+        # An aborted transaction has no commit left to finish (librdkafka refuses one in its Ready state).
+        self._open = self.pending = False
 
     def _replace(self) -> None:
         log.warning("the transaction could not be aborted within %.0fs: replacing the transactional producer "

@@ -193,6 +193,8 @@ class TransactionalProducer(RecordingProducer):
         self.offsets_metadata: list[object] = []
         self._open: list = []
         self._open_offsets: dict[tuple[str, int], int] = {}
+        #: Whether a transaction is begun and not yet ended (librdkafka refuses a commit without one).
+        self.in_transaction = False
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -208,6 +210,7 @@ class TransactionalProducer(RecordingProducer):
     def begin_transaction(self):
         self._call("begin_transaction")
         self._open, self._open_offsets = [], {}
+        self.in_transaction = True
 
     def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
         super().produce(topic, value, key, headers, on_delivery)
@@ -221,6 +224,11 @@ class TransactionalProducer(RecordingProducer):
     def commit_transaction(self, timeout=None):
         self.flush()
         self._call("commit_transaction")
+        if not self.in_transaction:  # what librdkafka answers a commit after the transaction ended
+            from confluent_kafka import KafkaError, KafkaException
+
+            raise KafkaException(KafkaError(KafkaError._STATE, "Operation not valid in state Ready"))
+        self.in_transaction = False
         self.visible += self._open
         self.offsets.update(self._open_offsets)
         self._open, self._open_offsets = [], {}
@@ -228,6 +236,7 @@ class TransactionalProducer(RecordingProducer):
     def abort_transaction(self, timeout=None):
         self._call("abort_transaction")
         self._open, self._open_offsets = [], {}
+        self.in_transaction = False
 
 
 def at_least_once(consumer=None, producer=None) -> AtLeastOnce:

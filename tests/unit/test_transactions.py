@@ -93,6 +93,23 @@ def test_a_commit_that_timed_out_is_finished_never_redone():
     assert len(producer.visible) == 4 and not txn.pending
 
 
+def test_a_transaction_aborted_while_its_commit_was_pending_is_not_committed_again():
+    """The bench's exactly-once stop saw it: a commit timed out (pending), the stop aborted the
+    transaction, and the revoke's offsets then asked librdkafka to finish that commit first, which it
+    refuses in its Ready state (a TransactionsFailed out of the consumer's close). An aborted
+    transaction has nothing left to finish: the offsets go in a transaction of their own."""
+    producer = TransactionalProducer({"commit_transaction": [RETRIABLE] * 50})
+    sink, txn = _sink(producer)
+    with pytest.raises(TransientError, match="commit is retried"):
+        sink.process(_group())
+    assert txn.pending
+    txn.abort()
+    assert not txn.pending and not producer.in_transaction
+    producer.errors.clear()
+    txn.commit_offsets([TopicPartition("docs", 0, 7)])
+    assert producer.offsets[("docs", 0)] == 7 and not txn.pending
+
+
 def test_retriable_errors_are_retried_in_place():
     producer = TransactionalProducer({"send_offsets_to_transaction": [RETRIABLE, RETRIABLE]})
     sink, _ = _sink(producer)
