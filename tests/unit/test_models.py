@@ -200,6 +200,7 @@ def test_each_model_of_a_set_has_its_own_sparse_side_and_a_learned_one_is_asked_
     # the setting is each spec's default: a spec without ``sparse`` takes EMBEDSTREAM_SPARSE
     seen: dict = {}
     monkeypatch.setattr("worker.embedding.sentence.SentenceTransformerEmbedder", lambda *a, **kw: seen.update(kw))
+    monkeypatch.setattr("worker.embedding.lite.lite_model", lambda *a, **kw: None)  # the whole load, always
     load_embedder(Settings(sparse="bm25"), specs["plain"])
     assert seen["sparse"].setting == "bm25"
     load_embedder(Settings(sparse="bm25"), specs["learned"])
