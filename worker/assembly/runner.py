@@ -402,4 +402,5 @@ def member(s: Settings, consumer, chain: Chain, delivery: Delivery, max_inflight
     assignment = Assignment(pause_after=min(5.0, max_poll_s / 3), join_grace=max(10.0, 2 * session_s))
     worker = Worker(consumer, s.input_topic, chain, assignment, max_inflight=max_inflight, **run)
     worker.rebalance.startup = startup
+    worker.leave_before_close = s.group_instance_id is None  # a static member keeps its partitions
     return worker

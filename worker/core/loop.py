@@ -131,6 +131,9 @@ class Member:
         self.idle_trim = IdleTrim()
         #: Where /metrics, /healthz and /readyz are served (None: not served).
         self.metrics_port: int | None = None
+        #: Leave the group before closing (``leave_group``); off for a static member, which keeps its
+        #: partitions until its session expires, so that a restart takes them back without a rebalance.
+        self.leave_before_close = True
 
 
 class Worker(Member):
@@ -177,6 +180,8 @@ class Worker(Member):
             raise
         finally:
             self.chain.fence.stop()
+            if self.leave_before_close:
+                leave_group(self.consumer)
             self.consumer.close()
         return self.stats
 
@@ -300,6 +305,26 @@ class Worker(Member):
                 log.warning("a stage is still inside a step after %.0fs", ABORT_WAIT_S)
         if commit and chain.committer.commit(sync=True, attempts=commit) and flush and len(self.assignment):
             log_committed(self.consumer)
+
+
+#: Longest the stop serves the group's last call-backs before it closes the consumer anyway.
+LEAVE_BUDGET_S = 10.0
+
+
+def leave_group(consumer: Consumer, budget_s: float = LEAVE_BUDGET_S) -> None:
+    """Unsubscribe and serve the call-backs that follow here, until nothing is assigned, before
+    ``close()``. librdkafka hangs for good when an incremental assignment reaches a consumer while it
+    closes (confluentinc/librdkafka#4527; seen here: a member given another's partitions as both
+    stopped, stuck in ``close()`` inside the assign); an assignment served by ``poll`` is harmless.
+    Records ``poll`` returns meanwhile are left unprocessed and uncommitted (their next owner reads
+    them); any failure leaves the rest to ``close()``."""
+    try:
+        consumer.unsubscribe()
+        deadline = time.monotonic() + budget_s
+        while consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(0.1)
+    except Exception as exc:  # a consumer already failed: close() does what it can
+        log.debug("leaving the group before closing: %s", exc)
 
 
 def log_committed(consumer: Consumer) -> None:
