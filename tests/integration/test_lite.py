@@ -25,8 +25,8 @@ pytestmark = pytest.mark.integration
 def full(model):
     """The suite's model, loaded whole at int8 by OpenVINO (its load recorded the export's check)."""
     if model.precision != "int8" or int8.engine() != "openvino":
-        pytest.skip(f"the model runs {model.precision} with engine {int8.engine()} here: the path without torch "
-                    "is OpenVINO's int8")
+        pytest.skip(f"this host runs the model at {model.precision} (int8 engine: {int8.engine()}), and the path "
+                    "without torch is for OpenVINO's int8 only: there is nothing here to compare it with")
     return model
 
 

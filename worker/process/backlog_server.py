@@ -20,11 +20,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from connectors.share_backlog import PartitionBacklog, as_json
+from worker.process.metrics import serve_answers
 
 log = logging.getLogger(__name__)
 
@@ -88,21 +89,5 @@ class BacklogExporter:
 
     def serve(self, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
         """Start reading and serving on daemon threads; returns the server."""
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                code, ctype, body = exporter.answer(self.path)
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_args):
-                pass
-
-        server = ThreadingHTTPServer((host, port), Handler)
         threading.Thread(target=self.run, name="backlog", daemon=True).start()
-        threading.Thread(target=server.serve_forever, name="backlog-http", daemon=True).start()
-        return server
+        return serve_answers(port, self.answer, host, name="backlog-http")

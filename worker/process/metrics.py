@@ -181,22 +181,13 @@ class Health:
         return self.model_loaded and self.assigned > 0
 
 
-def serve(port: int, health: Health, host: str = "0.0.0.0") -> ThreadingHTTPServer:
-    """Serve /metrics, /healthz, /readyz on ``port`` from a daemon thread; returns the server."""
+def serve_answers(port: int, answer, host: str = "0.0.0.0", name: str = "metrics") -> ThreadingHTTPServer:
+    """Serve GETs on ``port`` from a daemon thread, each answered by ``answer(path)`` as ``(status,
+    content type, body)``; returns the server (the worker's and the backlog exporter's)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
-            if self.path.startswith("/metrics"):
-                body, ctype, code = generate_latest(), CONTENT_TYPE_LATEST, 200
-            elif self.path.startswith("/healthz"):
-                ok = health.alive()
-                body, ctype, code = (b"ok\n" if ok else b"loop stalled\n"), "text/plain", 200 if ok else 503
-            elif self.path.startswith("/readyz"):
-                ok = health.ready()
-                body = b"ready\n" if ok else b"not ready (model loading or no partitions assigned)\n"
-                ctype, code = "text/plain", 200 if ok else 503
-            else:
-                body, ctype, code = b"not found\n", "text/plain", 404
+            code, ctype, body = answer(self.path)
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
@@ -207,5 +198,23 @@ def serve(port: int, health: Health, host: str = "0.0.0.0") -> ThreadingHTTPServ
             pass
 
     server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
     return server
+
+
+def serve(port: int, health: Health, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Serve /metrics, /healthz, /readyz on ``port`` from a daemon thread; returns the server."""
+
+    def answer(path: str) -> tuple[int, str, bytes]:
+        if path.startswith("/metrics"):
+            return 200, CONTENT_TYPE_LATEST, generate_latest()
+        if path.startswith("/healthz"):
+            ok = health.alive()
+            return (200 if ok else 503), "text/plain", (b"ok\n" if ok else b"loop stalled\n")
+        if path.startswith("/readyz"):
+            ok = health.ready()
+            return (200 if ok else 503), "text/plain", (
+                b"ready\n" if ok else b"not ready (model loading or no partitions assigned)\n")
+        return 404, "text/plain", b"not found\n"
+
+    return serve_answers(port, answer, host)
