@@ -1,0 +1,84 @@
+"""Helm's engine for the chart tests, in a child process of its own.
+
+``helm_python`` binds Helm's Go SDK through a C library, and loading it starts a Go runtime inside the
+process that imports it. Inside the test process, which by the chart tests has loaded torch, OpenVINO
+and librdkafka and started and stopped hundreds of threads, that runtime has crashed the whole run
+with a bare segmentation fault at its first render (no Python traceback, the Go message lost in
+pytest's captured stderr). Here the runtime lives in one long-lived child that answers JSON lines,
+so the test process never loads it and a crash there fails the chart tests, not the suite.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from typing import Any
+
+#: The child: one request per line on stdin ({"op": "render"|"lint", ...}), one answer per line on
+#: stdout ({"ok": ...} or {"error": message}). Helm's own errors become answers; anything else kills
+#: the child, which the parent reports.
+_CHILD = r"""
+import json, sys
+import helm_python
+for line in sys.stdin:
+    req = json.loads(line)
+    try:
+        if req["op"] == "render":
+            chart = helm_python.Chart.load(req["chart"])
+            out = chart.render(req["values"], name=req["name"], namespace=req["namespace"])
+        else:
+            out = helm_python.lint(req["chart"], req["values"], strict=req["strict"])
+        answer = {"ok": out}
+    except helm_python.HelmError as e:
+        answer = {"error": f"{type(e).__name__}: {e}"}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    sys.stdout.flush()
+"""
+
+
+class HelmError(Exception):
+    """Helm refused the chart or its values (the child's ``helm_python.HelmError``, by its message)."""
+
+
+def available() -> bool:
+    """Whether ``helm_python`` is installed, found without importing it (importing starts Go here)."""
+    return importlib.util.find_spec("helm_python") is not None
+
+
+class Engine:
+    """One child running Helm; ``render`` and ``lint`` as ``helm_python`` has them. Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._proc = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+
+    def _ask(self, request: dict[str, Any]) -> Any:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"Helm's child process died (exit {self._proc.wait()}) on {request['op']}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise HelmError(answer["error"])
+        return answer["ok"]
+
+    def render(self, chart: str, values: dict, *, name: str, namespace: str) -> dict[str, str]:
+        """Every rendered file by its path in the chart, as ``helm template`` writes them."""
+        return self._ask({"op": "render", "chart": chart, "values": values, "name": name, "namespace": namespace})
+
+    def lint(self, chart: str, values: dict, *, strict: bool = False) -> dict:
+        """Helm's lint report: ``messages`` (each with ``severity``) and ``errors``."""
+        return self._ask({"op": "lint", "chart": chart, "values": values, "strict": strict})
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
