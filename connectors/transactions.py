@@ -16,9 +16,13 @@ Every error is handled as librdkafka classifies it (``KafkaError.retriable`` /
 * **fatal or fenced** — :class:`TransactionsFailed`: another worker with the same
   ``transactional.id`` took over, or the producer broke; this worker must stop and never write again.
 
-The calls are serialised by ``lock``: the sink holds it from the ownership check to the end of the
-commit, and a revoke takes it once after publishing the smaller ownership, so no transaction
-commits offsets of a partition this member gave away.
+The calls are serialised by ``lock`` (re-entrant; every call that moves the transaction's state
+takes it): the sink holds it from the ownership check to the end of the commit, and a revoke takes
+it once after publishing the smaller ownership, so no transaction commits offsets of a partition this
+member gave away. The producer has one transaction at a time, and an open one is its opener's: the
+polling thread's offsets-only transaction waits while the sink's is open (never aborts it: the sink
+would go on producing into whatever transaction came next), and a stop aborts only after a commit
+under way has ended.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ class Transactions:
         self.keep_open_s = keep_open_s
         self.producer = new_producer()
         self.timeout = timeout
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         #: The consumer's group metadata (member id, generation) as of its last rebalance, set by the
         #: polling thread: asked for from the sink's thread, librdkafka's ``consumer_group_metadata``
         #: blocked for good once the consumer had paused its partitions (measured, librdkafka 2.16).
@@ -108,14 +112,16 @@ class Transactions:
                 self._sleep(0.5)
 
     def begin(self) -> None:
-        if self._open:
-            self.abort()
-        if not self._ready:
-            self._init()
-        self.producer.begin_transaction()
-        self._open = True
-        self._began = time.monotonic()
-        self._began_metadata = self.group_metadata
+        """Begin a transaction (aborting this thread's own one left open)."""
+        with self.lock:
+            if self._open:
+                self.abort()
+            if not self._ready:
+                self._init()
+            self.producer.begin_transaction()
+            self._open = True
+            self._began = time.monotonic()
+            self._began_metadata = self.group_metadata
 
     @property
     def open(self) -> bool:
@@ -145,15 +151,16 @@ class Transactions:
 
     def finish_pending(self) -> None:
         """Commit the open transaction (again, after a timeout): it may have committed meanwhile."""
-        self.pending = True
-        try:
-            self._retrying(self.producer.commit_transaction, "committing the transaction")
-        except KafkaException as exc:
-            self.pending = False
-            self._abort_for(_error(exc))
-        except TransientError as exc:
-            raise TransientError("kafka", f"{str(exc).removeprefix('kafka: ')}; the commit is retried") from None
-        self.pending = self._open = False
+        with self.lock:
+            self.pending = True
+            try:
+                self._retrying(self.producer.commit_transaction, "committing the transaction")
+            except KafkaException as exc:
+                self.pending = False
+                self._abort_for(_error(exc))
+            except TransientError as exc:
+                raise TransientError("kafka", f"{str(exc).removeprefix('kafka: ')}; the commit is retried") from None
+            self.pending = self._open = False
 
     def _abort_for(self, err: KafkaError) -> None:
         self.abort()
@@ -161,20 +168,21 @@ class Transactions:
 
     def abort(self) -> None:
         """Abort the open transaction (its records are never seen by read_committed readers)."""
-        if not self._open:
-            return
-        try:
-            self._retrying(self.producer.abort_transaction, "aborting the transaction")
-        except KafkaException as exc:  # an abort that itself needs an abort: the producer is stuck
-            raise TransactionsFailed(f"aborting the transaction: {_error(exc).str()}") from None
-        except TransientError:
-            # Records that timed out make librdkafka bump the producer's epoch before the abort; a
-            # broker that refuses the bump (Tansu: "unknown broker error", for as long as it is asked)
-            # leaves the abort hanging. A new producer with the same transactional.id ends the open
-            # transaction at the broker (Kafka aborts it) and starts from a clean state.
-            self._replace()
-        # An aborted transaction has no commit left to finish (librdkafka refuses one in its Ready state).
-        self._open = self.pending = False
+        with self.lock:
+            if not self._open:
+                return
+            try:
+                self._retrying(self.producer.abort_transaction, "aborting the transaction")
+            except KafkaException as exc:  # an abort that itself needs an abort: the producer is stuck
+                raise TransactionsFailed(f"aborting the transaction: {_error(exc).str()}") from None
+            except TransientError:
+                # Records that timed out make librdkafka bump the producer's epoch before the abort; a
+                # broker that refuses the bump (Tansu: "unknown broker error", for as long as it is
+                # asked) leaves the abort hanging. A new producer with the same transactional.id ends
+                # the open transaction at the broker (Kafka aborts it) and starts from a clean state.
+                self._replace()
+            # An aborted transaction has no commit left to finish (librdkafka refuses one in its Ready state).
+            self._open = self.pending = False
 
     def _replace(self) -> None:
         log.warning("the transaction could not be aborted within %.0fs: replacing the transactional producer "
@@ -185,18 +193,32 @@ class Transactions:
         old.flush(0)
         self._init()
 
-    def commit_offsets(self, offsets: list[TopicPartition]) -> None:
-        """A transaction of offsets alone (a drained partition's end past a commit marker)."""
+    def commit_offsets(self, offsets: list[TopicPartition]) -> bool:
+        """A transaction of offsets alone (a drained partition's end past a commit marker, a membership
+        proof). False, committing nothing, while another transaction is open: a group's, between its
+        begin and its commit."""
         with self.lock:
             if self.pending:
                 self.finish_pending()
+            if self._open:
+                return False
             self.begin()
             self.commit(offsets)
+            return True
 
     def close(self, timeout: float) -> None:
-        """Abort what is open and close the producer."""
-        try:
-            self.abort()
-        except (TransactionsFailed, TransientError) as exc:
-            log.warning("closing the transactional producer: %s", exc)
-        self.producer.flush(timeout)
+        """Abort what is open and close the producer, within ``timeout`` seconds: a commit still under
+        way past them is left to the broker (it aborts the transaction at its timeout, or when this
+        ``transactional.id`` initialises again)."""
+        deadline = time.monotonic() + timeout
+        if self.lock.acquire(timeout=timeout):
+            try:
+                self.abort()
+            except (TransactionsFailed, TransientError) as exc:
+                log.warning("closing the transactional producer: %s", exc)
+            finally:
+                self.lock.release()
+        else:
+            log.warning("closing the transactional producer: a commit still under way after %.0fs; its "
+                        "transaction is left to the broker", timeout)
+        self.producer.flush(max(0.0, deadline - time.monotonic()))

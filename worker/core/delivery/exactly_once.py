@@ -79,18 +79,23 @@ class ExactlyOnce(Delivery):
                                 if tp.offset > self._in_txn.get((tp.topic, tp.partition), -1)})
 
     def commit(self, sync: bool) -> bool:
-        """What was stored past the transactions' offsets, in a transaction of offsets alone."""
+        """What was stored past the transactions' offsets, in a transaction of offsets alone (False, kept for
+        the next commit, while a group's transaction is open)."""
         if not self._ahead:
             return True
         ahead = dict(self._ahead)
-        self.txn.commit_offsets([TopicPartition(t, p, o) for (t, p), o in ahead.items()])
+        if not self.txn.commit_offsets([TopicPartition(t, p, o) for (t, p), o in ahead.items()]):
+            return False  # a group's transaction is open: the next commit carries them
         self.committed(ahead)
         with self._lock:
             self._ahead = {tp: o for tp, o in self._ahead.items() if o > ahead.get(tp, -1)}
         return not self._ahead
 
     def recommit(self, offsets: list[TopicPartition]) -> None:
-        self.txn.commit_offsets(offsets)  # offsets only ever go through a transaction
+        # Offsets only ever go through a transaction; while a group's is open, none can prove anything.
+        if not self.txn.commit_offsets(offsets):
+            raise TransientError("kafka", "a group's transaction is open: the commit that proves the "
+                                 "membership waits for it to end")
 
     def barrier(self) -> None:
         with self.txn.lock:
