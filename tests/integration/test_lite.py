@@ -33,6 +33,8 @@ def full(model):
 def test_the_model_without_torch_tokenizes_and_embeds_as_the_full_load(full):
     lite = lite_model(None, "int8", "cpu")
     assert lite is not None and lite.sentence_transformer is None
+    # built without the constructor: every attribute the full load sets is set (a new one fails here)
+    assert set(vars(full)) <= set(vars(lite)), set(vars(full)) - set(vars(lite))
     texts = (workloads.mixed_texts(200) + workloads.short_texts(60)
              + ["", "a", "Ünïcödé façade 東京 " * 50, "word " * 600])  # empty, one letter, unicode, truncated
     assert lite.tokenize(texts) == full.tokenize(texts)
