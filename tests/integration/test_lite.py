@@ -72,6 +72,10 @@ def test_what_it_cannot_run_takes_the_full_load(full, tmp_path):
     assert why_not(plain, "int8", "cpu", (None, None), SparseMode.of("bm25")) is None  # BM25 is Milvus'
     assert why_not(plain, "int8", "cuda", (None, None), SparseMode.of("off")) == "a GPU may be used"
     assert "precision fp32" in why_not(plain, "fp32", "cpu", (None, None), SparseMode.of("off"))
+    from worker.embedding.sentence import pick_precision  # auto: exactly where the full load picks int8
+
+    auto = why_not(plain, "auto", "cpu", (None, None), SparseMode.of("off"))
+    assert (auto is None) == (pick_precision("auto", "cpu") == "int8"), auto
     assert why_not(plain, "int8", "cpu", ("passage: ", None), SparseMode.of("off")) == "prompts"
     prompted = prompted_model(tmp_path / "prompted", {"query": "query: ", "document": "passage: "})
     assert why_not(prompted, "int8", "cpu", (None, None), SparseMode.of("off")) == "prompts"

@@ -31,7 +31,7 @@ import numpy as np
 
 from schemas.errors import ConfigError
 from schemas.sparse import SparseMode
-from worker.embedding import cpu, int8
+from worker.embedding import int8
 from worker.embedding.base import resolve_model_path
 from worker.embedding.forward import ForwardPasses, pass_sizes
 from worker.embedding.tokens import Tokens
@@ -128,11 +128,11 @@ def why_not(path: Path, precision: str, device: str, prompts: tuple[str | None, 
     """Why the model at ``path`` must take the full load (None: it need not)."""
     if device not in ("cpu", "auto") or (device == "auto" and not _no_gpu()):
         return "a GPU may be used"
-    engine = int8.engine()
-    if precision == "auto" and not (cpu.has_vnni() and engine == "openvino"):
-        return "auto does not choose OpenVINO's int8 here"
-    if precision not in ("auto", "int8") or engine != "openvino":
-        return f"precision {precision} with engine {engine}"
+    from worker.embedding.sentence import pick_precision  # (its module imports torch only to load)
+
+    engine, resolved = int8.engine(), pick_precision(precision, "cpu")
+    if resolved != "int8" or engine != "openvino":
+        return f"precision {precision} (here {resolved}) with int8 engine {engine}: not OpenVINO's int8"
     if sparse.learned:
         return "a learned sparse model runs in torch"
     modules = _json(path / "modules.json") or []
