@@ -9,16 +9,23 @@ import json
 
 import pytest
 
+from tests.conftest import TEST_BROKER
 from tests.helpers import cosine_floor, run_cli
+from tools.kafka_broker import cache_dir
 
 pytestmark = pytest.mark.integration
 
+#: The suite's broker (Apache Kafka unless EMBEDSTREAM_TEST_BROKER says otherwise), its jars where the
+#: suite's own stacks find them (the runs below get a HOME of their own).
+BROKER = ["--broker", TEST_BROKER]
+KAFKA_JARS = {"EMBEDSTREAM_KAFKA_CACHE": str(cache_dir().parent)}
+
 
 def test_bench_quick_writes_json_and_chart(tmp_path, tmp_path_factory):
-    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **KAFKA_JARS,
            "XDG_CACHE_HOME": str(tmp_path_factory.getbasetemp() / "xdg-cache")}  # the int8 export, shared
-    res = run_cli(["bench", "--quick", "--docs", "40", "--latency-seconds", "2", "--output", str(tmp_path),
-                   "--state-dir", str(tmp_path / "stack")], env, timeout=600)
+    res = run_cli(["bench", "--quick", "--docs", "40", "--latency-seconds", "1", "--output", str(tmp_path),
+                   "--state-dir", str(tmp_path / "stack"), *BROKER], env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads((tmp_path / "bench.json").read_text())
     assert {"model", "precision", "device", "workloads", "denominators", "latency", "ratios",
@@ -118,7 +125,8 @@ def test_bench_cpu_prints_each_run_and_its_threads(tmp_path):
     """`bench --cpu`: the four CPU/doc runs (S1 and S2, with the cache and without), each with its
     threads' shares, no model loaded."""
     res = run_cli(["bench", "--cpu", "--docs", "300", "--output", str(tmp_path), "--state-dir",
-                   str(tmp_path / "stack")], {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, timeout=300)
+                   str(tmp_path / "stack"), *BROKER], {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **KAFKA_JARS},
+                  timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads((tmp_path / "cpu.json").read_text())
     assert out["docs"] == 300 and out["warm_up_docs"] == 30  # a warm-up run first, not counted
