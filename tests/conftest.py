@@ -37,15 +37,25 @@ TEST_BROKER = os.environ.get("EMBEDSTREAM_TEST_BROKER", "kafka")
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory):
-    """Broker, Redis and Milvus on free ports; yields the KEY=VALUE env of `dev up`; stops them after."""
+def local_stack(tmp_path_factory):
+    """The suite's one local stack (broker, Redis, Milvus, registry on free ports), started on first use
+    through the code of `dev up` and stopped at the end: ``(LocalStack, env)``. One for the whole
+    session: a second idle broker beside it took CPU from every test on this 2-core host. Every test
+    makes its own topics, group and collection (``fresh_settings``); the fault suite only ever freezes
+    a part for a while (SIGSTOP, then SIGCONT)."""
     from tools.dev import LocalStack
 
     local = LocalStack(tmp_path_factory.mktemp("stack"), broker=TEST_BROKER)
     env, started = local.up(partitions=6)
     assert started
-    yield env
+    yield local, env
     local.down()
+
+
+@pytest.fixture(scope="session")
+def stack(local_stack):
+    """The local stack's KEY=VALUE env of `dev up`."""
+    return local_stack[1]
 
 
 @pytest.fixture(scope="session")

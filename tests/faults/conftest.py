@@ -1,4 +1,5 @@
-"""The fault suite gets a stack of its own: it freezes and restarts parts of it."""
+"""The fault suite's fixtures: the suite's local stack (whose parts its scenarios freeze, each for a
+while), fresh topics and settings suited to faults, the fault table."""
 
 from __future__ import annotations
 
@@ -13,14 +14,9 @@ PARTITIONS = 6
 
 
 @pytest.fixture(scope="session")
-def fault_stack(tmp_path_factory):
-    from tests.conftest import TEST_BROKER
-    from tools.dev import LocalStack
-
-    local = LocalStack(tmp_path_factory.mktemp("fault-stack"), broker=TEST_BROKER)
-    env, _ = local.up(partitions=PARTITIONS)
-    yield local, env
-    local.down()
+def fault_stack(local_stack):
+    """``(LocalStack, env)``: the suite's stack (``tests/conftest.py``), of ``PARTITIONS`` a topic."""
+    return local_stack
 
 
 @pytest.fixture()
