@@ -13,7 +13,8 @@ import yaml
 from tests.unit.helm_engine import Engine, HelmError, available
 
 if not available():
-    pytest.skip("helm_python is not installed", allow_module_level=True)
+    pytest.skip("the chart tests need Helm's engine, helm_python (the dev extra's helm-python-sdk): "
+                "`make setup` installs it", allow_module_level=True)
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
