@@ -29,6 +29,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, Schema
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from fastavro.read import SchemaResolutionError
 
+from schemas.avro_shapes import zero_byte_collection
 from schemas.codec import is_framed
 from schemas.errors import ConfigError, DecodeError, TransientError
 
@@ -75,6 +76,20 @@ def with_writer_aliases(reader: dict[str, Any], writer_text: str) -> dict[str, A
     return {**reader, "fields": fields}
 
 
+def _refusal(writer_text: str) -> str | None:
+    """Why no record written with ``writer_text`` is read (None: they are): an array or map of items
+    that take no bytes, whose count alone could hold the polling thread for ever."""
+    try:
+        writer = json.loads(writer_text)
+    except ValueError:
+        return None  # the deserializer says what is wrong with it
+    where = zero_byte_collection(writer)
+    if where is None:
+        return None
+    return (f"its {where} takes no bytes per item, so a few bytes could claim 2^62 items; such schemas "
+            "are refused (give the items a field, or use another type)")
+
+
 def frame(sid: int) -> bytes:
     """The 5-byte prefix of a record written with schema ``sid``."""
     return MAGIC + sid.to_bytes(4, "big")
@@ -119,6 +134,8 @@ class SchemaRegistry:
         self._renamed: dict[int, AvroDeserializer] = {}
         self._generic = AvroDeserializer(self.client)
         self._known: set[int] = set()
+        #: Writer schemas no record is read with, by id, and why (``schemas.avro_shapes``).
+        self._refused: dict[int, str] = {}
         #: Missing schema id → (when the registry said so or it was taken as missing, whether the
         #: registry was asked), oldest first (``MISSING_TTL_S``, ``MISSING_MAX``).
         self._missing: OrderedDict[int, tuple[float, bool]] = OrderedDict()
@@ -153,6 +170,10 @@ class SchemaRegistry:
             raise TransientError("schema registry", f"looking up schema id {sid} at {self.url}: {exc}") from None
         except Exception as exc:  # connection refused, timeouts: the HTTP library's own types
             raise TransientError("schema registry", f"looking up schema id {sid} at {self.url}: {exc!r}") from None
+        reason = _refusal(schema.schema_str or "")
+        if reason is not None:
+            log.warning("schema id %d: %s; its records are dead-lettered (incompatible_schema)", sid, reason)
+            self._refused[sid] = reason
         reader = with_writer_aliases(self._reader, schema.schema_str or "")
         if reader is not None:
             self._renamed[sid] = AvroDeserializer(self.client, json.dumps(reader))
@@ -188,6 +209,9 @@ class SchemaRegistry:
                                                     "(a topic of records that are not registry-framed Avro?)")
             raise DecodeError("unknown_schema", f"{what} is framed with schema id {sid}, which the registry at "
                                                 f"{self.url} does not know")
+        refused = self._refused.get(sid)
+        if refused is not None:
+            raise DecodeError("incompatible_schema", f"{what} was written with schema id {sid}: {refused}")
         try:
             return deserializer(data, None)
         except SchemaResolutionError as exc:

@@ -77,6 +77,8 @@ _EMBEDDING_WRITERS = {_fingerprint(_prefix(n)): _EMBEDDING_READER if n == len(_E
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+#: Avro's long: what the output record's ``event_time`` can carry.
+_LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
 
 
 @dataclass(slots=True)
@@ -156,28 +158,39 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 #: limit it raises, and how deep it gets depends on the caller's stack, so without a fixed bound the
 #: same record could decode on one thread and not on another.
 MAX_JSON_DEPTH = 100
-_JSON_STRUCTURE = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+#: A JSON string, escapes included, or the rest of the text where one is never closed. Unrolled so that
+#: every character has one way to match, and never failing from a quote: a pattern that could fail there
+#: (``"(?:[^"\\]|\\.)*"``) was tried again from every later quote, so 48,000 escaped quotes before the
+#: first bracket took a minute (the time grows with the square of the length).
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\[\s\S][^"\\]*)*(?:"|\\?\Z)')
+#: Per byte, the step in depth it makes outside strings: ``[ {`` one level deeper, ``] }`` one back. A byte of a
+#: multi-byte UTF-8 character is 0x80 or more, never a bracket.
+_DEPTH_STEP = np.zeros(256, dtype=np.int32)
+_DEPTH_STEP[[ord("["), ord("{")]] = 1
+_DEPTH_STEP[[ord("]"), ord("}")]] = -1
 
 
 def _nests_deeper(text: str, limit: int) -> bool:
     """Whether ``text``'s arrays and objects nest deeper than ``limit`` (brackets inside strings do
-    not count); stops at the first level past it."""
-    depth = 0
-    for m in _JSON_STRUCTURE.finditer(text):
-        c = m.group()
-        if c in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif c in "]}":
-            depth -= 1
-    return False
+    not count). Linear in the text's length whatever it holds: strings are cut out by one pass of a
+    pattern that never backtracks past a character, and the depth is a running sum in numpy."""
+    bare = _JSON_STRING.sub("", text).encode("utf-8", "surrogatepass")
+    if not bare:
+        return False
+    return int(np.cumsum(_DEPTH_STEP[np.frombuffer(bare, dtype=np.uint8)]).max()) > limit
+
+
+#: What ``json.loads`` raises on text it cannot take: ``JSONDecodeError`` (a ValueError) for bad JSON,
+#: ValueError for an integer over Python's 4,300 digits, RecursionError past the stack, MemoryError
+#: for a value too large to hold, UnicodeError on text it cannot read.
+_JSON_FAILURES = (ValueError, RecursionError, OverflowError, MemoryError, UnicodeError)
 
 
 def _json_loads(text: str, what: str) -> Any:
-    """``text`` parsed as JSON; a string in it with a lone surrogate escape (``"\\ud800"``, which the
-    id, text and cache key could never be written with) is ``invalid_utf8``; JSON nested deeper than
-    ``MAX_JSON_DEPTH`` is ``decode_error``, not a crash."""
+    """``text`` parsed as JSON. Raises :class:`DecodeError` and nothing else: a string in it with a
+    lone surrogate escape (``"\\ud800"``, which the id, text and cache key could never be written
+    with) is ``invalid_utf8``; JSON nested deeper than ``MAX_JSON_DEPTH``, and text the parser refuses
+    for any reason, is ``decode_error``."""
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _nests_deeper(text, MAX_JSON_DEPTH):
         raise DecodeError("decode_error", f"{what} nests arrays or objects over {MAX_JSON_DEPTH} levels deep")
     try:
@@ -187,7 +200,15 @@ def _json_loads(text: str, what: str) -> Any:
     except UnicodeEncodeError:
         raise DecodeError("invalid_utf8", f"{what} has a string with a lone surrogate escape (\\ud800-\\udfff "
                                           "alone): it is not Unicode text") from None
+    except _JSON_FAILURES as exc:
+        raise DecodeError("decode_error", f"{what} is not valid JSON: {_short(exc)}") from None
     return obj
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    """``exc`` in a line of at most ``limit`` characters (a parser's message can quote the input)."""
+    text = f"{type(exc).__name__}: {exc}" if not isinstance(exc, json.JSONDecodeError) else str(exc)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _key_value(obj: Any, key_field: str | None) -> str:
@@ -225,11 +246,7 @@ def key_id(key: bytes | None, key_field: str | None = None, framed: FramedReader
         return _key_value(framed.read_key(key), key_field)
     text = _utf8(key, "record key")
     if key_field is not None and text[:1] == "{":
-        try:
-            obj = _json_loads(text, "record key")
-        except json.JSONDecodeError as exc:
-            raise DecodeError("decode_error", f"the record key is not valid JSON: {exc}") from None
-        return _key_value(obj, key_field)
+        return _key_value(_json_loads(text, "the record key"), key_field)
     return text
 
 
@@ -261,10 +278,7 @@ def _with_identity(doc: Document, key: str | None) -> Document:
 
 def _json_document(value: bytes) -> Document:
     """The fields of a JSON value; the id may be empty (the key gives it)."""
-    try:
-        obj = _json_loads(_utf8(value, "JSON value"), "JSON value")
-    except json.JSONDecodeError as exc:
-        raise DecodeError("decode_error", f"value is not valid JSON: {exc}") from None
+    obj = _json_loads(_utf8(value, "JSON value"), "the value")
     if not isinstance(obj, dict):
         raise DecodeError("decode_error", f"JSON value must be an object, got {type(obj).__name__}")
     doc_id = obj.get("id")
@@ -279,8 +293,10 @@ def _json_document(value: bytes) -> Document:
     if model is not None and not isinstance(model, str):
         raise DecodeError("decode_error", f"'model' must be a string or null, got {type(model).__name__}")
     event_time = obj.get("event_time")
-    if event_time is not None and (isinstance(event_time, bool) or not isinstance(event_time, int)):
-        raise DecodeError("decode_error", "'event_time' must be epoch milliseconds (an integer) or null")
+    if event_time is not None and (isinstance(event_time, bool) or not isinstance(event_time, int)
+                                   or not _LONG_MIN <= event_time <= _LONG_MAX):
+        raise DecodeError("decode_error", "'event_time' must be epoch milliseconds (an integer that fits in 64 "
+                                          "bits) or null")
     return Document(doc_id or "", body, model, _metadata(obj.get("metadata")), event_time)
 
 

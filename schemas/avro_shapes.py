@@ -1,0 +1,126 @@
+"""What a producer's Avro writer schema can make a reader do, judged before any record is read.
+
+An Avro array or map is a count, then that many items. An item that takes no bytes at all (``null``,
+a ``fixed`` of size 0, a record whose fields all take none) lets a few bytes of a record claim 2^62
+items: the reader then steps through them one by one, holding the polling thread for ever, while a
+bound on the record's size bounds nothing. :func:`zero_byte_collection` finds such an array or map in
+a writer schema, so that records written with it are refused (``incompatible_schema``) instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Primitive types by name: each takes at least one byte, except ``null``.
+_PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
+
+
+def zero_byte_collection(schema: Any) -> str | None:
+    """The path of the first array or map in ``schema`` (parsed JSON) whose items take no bytes
+    (``"record Doc field tags: array of null"``); None when there is none. Named types are followed by
+    name, recursion included; a schema this function cannot make sense of is left to the reader."""
+    names: dict[str, Any] = {}
+    _collect(schema, names, None)
+    return _Walk(names).find(schema, "")
+
+
+def _full_name(node: dict, namespace: str | None) -> tuple[str, str | None]:
+    name = str(node.get("name", ""))
+    if "." in name:
+        return name, name.rsplit(".", 1)[0]
+    space = node.get("namespace", namespace)
+    return (f"{space}.{name}" if space else name), space
+
+
+def _collect(node: Any, names: dict[str, Any], namespace: str | None) -> None:
+    """Every named type (record, enum, fixed) under ``node``, by full and short name."""
+    if isinstance(node, list):
+        for branch in node:
+            _collect(branch, names, namespace)
+    elif isinstance(node, dict):
+        kind = node.get("type")
+        if kind in ("record", "error", "enum", "fixed") and "name" in node:
+            full, namespace = _full_name(node, namespace)
+            names[full] = node
+            names.setdefault(full.rsplit(".", 1)[-1], node)
+        if kind in ("record", "error"):
+            for field in node.get("fields") or ():
+                if isinstance(field, dict):
+                    _collect(field.get("type"), names, namespace)
+        elif kind == "array":
+            _collect(node.get("items"), names, namespace)
+        elif kind == "map":
+            _collect(node.get("values"), names, namespace)
+        elif isinstance(kind, (dict, list)):
+            _collect(kind, names, namespace)
+
+
+class _Walk:
+    def __init__(self, names: dict[str, Any]) -> None:
+        self.names = names
+        self._sizing: set[int] = set()  # records being sized (a recursive one takes bytes to end)
+        self._seen: set[int] = set()  # records already searched
+
+    def _resolve(self, node: Any) -> Any:
+        return self.names.get(node, node) if isinstance(node, str) and node not in _PRIMITIVES else node
+
+    def empty(self, node: Any) -> bool:
+        """Whether every value of ``node`` is encoded in zero bytes."""
+        node = self._resolve(node)
+        if isinstance(node, str):
+            return node == "null"
+        if isinstance(node, list):  # a union writes its branch index
+            return False
+        if not isinstance(node, dict):
+            return False
+        kind = node.get("type")
+        if kind == "fixed":
+            return node.get("size") == 0
+        if kind in ("record", "error"):
+            if id(node) in self._sizing:
+                return False
+            self._sizing.add(id(node))
+            try:
+                return all(self.empty(f.get("type")) for f in node.get("fields") or () if isinstance(f, dict))
+            finally:
+                self._sizing.discard(id(node))
+        if isinstance(kind, (str, dict, list)) and kind not in ("array", "map", "enum"):
+            return self.empty(kind)  # {"type": "null"}, {"type": "long", "logicalType": ...}
+        return False
+
+    def find(self, node: Any, path: str) -> str | None:
+        node = self._resolve(node)
+        if isinstance(node, list):
+            for branch in node:
+                found = self.find(branch, path)
+                if found:
+                    return found
+            return None
+        if not isinstance(node, dict):
+            return None
+        kind = node.get("type")
+        if kind in ("array", "map"):
+            items = node.get("items" if kind == "array" else "values")
+            where = f"{path}{kind} of {_label(self._resolve(items))}"
+            if self.empty(items):
+                return where
+            return self.find(items, f"{where}: ")
+        if kind in ("record", "error"):
+            if id(node) in self._seen:
+                return None
+            self._seen.add(id(node))
+            for field in node.get("fields") or ():
+                if isinstance(field, dict):
+                    found = self.find(field.get("type"), f"{path}record {node.get('name')} field {field.get('name')}: ")
+                    if found:
+                        return found
+            return None
+        if isinstance(kind, (dict, list)) or (isinstance(kind, str) and kind in self.names):
+            return self.find(kind, path)
+        return None
+
+
+def _label(node: Any) -> str:
+    if isinstance(node, dict):
+        return f"{node.get('type')} {node.get('name', '')}".strip()
+    return str(node) if not isinstance(node, list) else "a union"
