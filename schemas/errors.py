@@ -10,6 +10,9 @@ worker all import these without crossing a layer (style.md: retry, dead-letter, 
 * :class:`ConfigError` — a wrong setting found at start-up; the message says what to fix.
 * :class:`DlqLimitExceeded` — so many records are dead-lettered that a deploy or a producer is
   probably wrong; the worker halts and says what to check.
+* :class:`Refused` — an outside system answered that it will never take this piece of work (Milvus
+  refusing a row's value, say): retrying cannot change it. The worker finds the records that cause it
+  and dead-letters them; the rest are written.
 * :class:`RecordRefused` — the broker refuses a record of ours for a reason that retrying cannot
   change (its size, the topic's policy); the worker stops with a one-line message that says what
   to fix, and resumes at that record once it is fixed.
@@ -26,6 +29,16 @@ class TransientError(RuntimeError):
     def __init__(self, system: str, message: str) -> None:
         super().__init__(f"{system}: {message}")
         self.system = system
+
+
+class Refused(RuntimeError):
+    """An outside system refused the work it was given for good (its content, not the system's state):
+    the same call would be refused again. ``message`` is the system's own answer."""
+
+    def __init__(self, system: str, message: str) -> None:
+        super().__init__(f"{system} refused: {message}")
+        self.system = system
+        self.message = message
 
 
 class DecodeError(ValueError):

@@ -7,7 +7,7 @@ import logging
 import time
 from typing import Any, TypeVar
 
-from schemas.errors import ConfigError, TransientError
+from schemas.errors import ConfigError, Refused, TransientError
 
 # pymilvus pings every 10 s even without calls; gRPC servers by default allow one ping per 5 min
 # and answer more with GOAWAY "too_many_pings", dropping the channel. Every call here carries its
@@ -20,6 +20,40 @@ C = TypeVar("C", bound="MilvusConnection")
 def transient(exc: Exception) -> TransientError:
     """A failure of the server or the network: the caller retries."""
     return TransientError("milvus", f"{type(exc).__name__}: {exc}")
+
+
+#: Milvus' status codes (``code``, from 2.3) for a request it will never take: invalid, missing or too
+#: large a parameter.
+_INPUT_CODES = frozenset({1100, 1101, 1102})
+#: The older ``error_code`` values that say the same: illegal argument, dimension, row, vector id.
+_INPUT_ERROR_CODES = frozenset({5, 7, 11, 12})
+#: milvus-lite's answer to an invalid request: code and error code 6 (its "IllegalArgument"; no
+#: Milvus server answers 6 in both).
+_LITE_INPUT = 6
+
+
+def refused(exc: Exception) -> bool:
+    """Whether Milvus answered that it will never take the request as it is (its data), as opposed to
+    an outage (no answer, a timeout, the server not ready, a limit on rate or memory, anything else)."""
+    from pymilvus.exceptions import MilvusException, ParamError
+
+    if isinstance(exc, ParamError):  # pymilvus' own check of the data, before anything is sent
+        return True
+    if not isinstance(exc, MilvusException):
+        return False
+    if getattr(exc, "is_input_error", False):  # Milvus 2.5 marks the caller's errors so
+        return True
+    code, compatible = exc.code, getattr(exc, "compatible_code", None)
+    return code in _INPUT_CODES or compatible in _INPUT_ERROR_CODES or code == compatible == _LITE_INPUT
+
+
+def failure(exc: Exception) -> TransientError | Refused:
+    """What a failed call on the data path means: :class:`Refused` (with Milvus' message) when Milvus
+    will never take it, else an outage the caller retries."""
+    if refused(exc):
+        message = getattr(exc, "message", None) or str(exc)
+        return Refused("milvus", message if len(message) <= 500 else message[:499] + "…")
+    return transient(exc)
 
 
 def missing(exc: Exception) -> bool:

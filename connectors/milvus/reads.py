@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from connectors.milvus.connection import MilvusConnection, transient
+from connectors.milvus.expressions import field_in
 from connectors.milvus.schema import CHUNK_FIELDS, bm25_text, chunk_id, sparse_kind_of
 from schemas.errors import ConfigError
 from schemas.sparse import SparseKind
@@ -66,8 +67,8 @@ class MilvusReader(MilvusConnection):
         if not doc_ids:
             return set()
         try:
-            rows = self._client.get(self.collection, ids=[chunk_id(d, 0) for d in doc_ids], output_fields=["doc_id"],
-                                    timeout=self.timeout, consistency_level="Strong")
+            rows = self._client.query(self.collection, filter=field_in("id", [chunk_id(d, 0) for d in doc_ids]),
+                                      output_fields=["doc_id"], timeout=self.timeout, consistency_level="Strong")
         except Exception as exc:
             raise transient(exc) from None
         return {r["doc_id"] for r in rows}

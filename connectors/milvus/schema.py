@@ -46,6 +46,27 @@ TEXT_MAX_BYTES = 65_535
 _PAIR = np.dtype([("index", "<u4"), ("value", "<f4")])
 
 
+#: The most bytes Milvus takes in a JSON field's value (its ``metadata``, as :func:`metadata_json` writes it).
+METADATA_MAX_BYTES = 65_536
+
+
+def metadata_json(metadata: dict[str, str]) -> bytes:
+    """A row's ``metadata`` as the upsert sends it (ASCII JSON, no spaces)."""
+    return json.dumps(metadata, separators=(",", ":")).encode() if metadata else b"{}"
+
+
+def metadata_too_large(metadata: dict[str, str]) -> int | None:
+    """The bytes of ``metadata``'s JSON when over :data:`METADATA_MAX_BYTES` (Milvus refuses it), else
+    None. Encoded only when it might be over: a character takes at most 12 bytes there (an astral one
+    as two ``\\u`` escapes), a pair 6 more (quotes, colon, comma)."""
+    if not metadata:
+        return None
+    if sum(12 * (len(k) + len(v)) + 6 for k, v in metadata.items()) + 2 <= METADATA_MAX_BYTES:
+        return None
+    size = len(metadata_json(metadata))
+    return size if size > METADATA_MAX_BYTES else None
+
+
 def chunk_id(doc_id: str, index: int) -> str:
     """The primary key of a document's chunk."""
     return f"{doc_id}#{index}"
@@ -264,7 +285,7 @@ def upsert_request(collection: str, rows: ChunkRows, model: str, updated_at: int
     strings("model", [model] * n)
     strings("content_hash", rows.hashes)
     column("metadata", schema_pb2.JSON).scalars.json_data.data.extend(  # most documents have none
-        [json.dumps(m, separators=(",", ":")).encode() if m else b"{}" for m in rows.metadata])
+        [metadata_json(m) for m in rows.metadata])
     longs("updated_at", [updated_at] * n)
     strings("source", rows.sources)
     longs("source_offset", rows.offsets)

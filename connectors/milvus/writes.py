@@ -7,7 +7,8 @@ import logging
 
 from prometheus_client import Counter
 
-from connectors.milvus.connection import MilvusConnection, transient
+from connectors.milvus.connection import MilvusConnection, failure
+from connectors.milvus.expressions import field_in
 from connectors.milvus.schema import VERSION_FIELDS, ChunkRows, chunk_id, row_dicts, upsert_request
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,10 @@ def _newer(a: Version | None, b: Version) -> Version:
 
 class MilvusStore(MilvusConnection):
     """Writes of one collection of chunk rows (COSINE metric) and its companion of deletes, so that a
-    delete has a version to compare with too. Every failure raises TransientError."""
+    delete has a version to compare with too. A failure raises ``Refused`` where Milvus will never take
+    the call as it is (``connection.refused``: the caller finds the rows that cause it), else
+    ``TransientError`` (an outage: the caller retries). Ids reach Milvus only as string literals
+    (``connectors.milvus.expressions``), never as expression text."""
 
     #: Set once pymilvus' private columnar call has failed as a moved API fails (:meth:`_lose_columnar`).
     _columnar_lost = False
@@ -51,12 +55,12 @@ class MilvusStore(MilvusConnection):
             except (AttributeError, TypeError) as exc:  # pymilvus moved or changed its private call
                 self._lose_columnar(exc)
             except Exception as exc:
-                raise transient(exc) from None
+                raise failure(exc) from None
         COLUMNAR_FALLBACKS.inc()
         try:
             self._client.upsert(self.collection, row_dicts(rows, model, updated_at), timeout=self.timeout)
         except Exception as exc:
-            raise transient(exc) from None
+            raise failure(exc) from None
 
     def _lose_columnar(self, exc: Exception) -> None:
         """The private columnar call failed as a moved API fails: every later upsert of this store
@@ -74,13 +78,14 @@ class MilvusStore(MilvusConnection):
         if not doc_ids:
             return {}, {}
         try:
-            rows = self._client.get(self.collection, ids=[chunk_id(d, 0) for d in doc_ids],
-                                    output_fields=["doc_id", "chunk_count", *VERSION_FIELDS],
-                                    timeout=self.timeout, consistency_level="Strong")
-            deleted = self._client.get(self.tombstones, ids=doc_ids, output_fields=list(VERSION_FIELDS),
-                                       timeout=self.timeout, consistency_level="Strong")
+            rows = self._client.query(self.collection, filter=field_in("id", [chunk_id(d, 0) for d in doc_ids]),
+                                      output_fields=["doc_id", "chunk_count", *VERSION_FIELDS],
+                                      timeout=self.timeout, consistency_level="Strong")
+            deleted = self._client.query(self.tombstones, filter=field_in("id", doc_ids),
+                                         output_fields=["id", *VERSION_FIELDS], timeout=self.timeout,
+                                         consistency_level="Strong")
         except Exception as exc:
-            raise transient(exc) from None
+            raise failure(exc) from None
         versions: dict[str, Version] = {r["id"]: (r.get("source"), r.get("source_offset")) for r in deleted}
         counts: dict[str, int] = {}
         for r in rows:
@@ -99,13 +104,13 @@ class MilvusStore(MilvusConnection):
                 {"id": i, "source": src, "source_offset": off, "updated_at": updated_at, "marker": [1.0, 0.0]}
                 for i, src, off in zip(doc_ids, *versions)], timeout=self.timeout)
         except Exception as exc:
-            raise transient(exc) from None
+            raise failure(exc) from None
 
     def delete(self, ids: list[str]) -> None:
         """Delete rows by primary key (chunk ids)."""
         if not ids:
             return
         try:
-            self._client.delete(self.collection, ids=ids, timeout=self.timeout)
+            self._client.delete(self.collection, filter=field_in("id", ids), timeout=self.timeout)
         except Exception as exc:
-            raise transient(exc) from None
+            raise failure(exc) from None

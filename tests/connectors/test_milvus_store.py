@@ -13,7 +13,7 @@ import pytest
 
 from connectors.milvus import MilvusAdmin, MilvusReader, MilvusStore
 from connectors.milvus.schema import CHUNK_FIELDS, VERSION_FIELDS, ChunkRows
-from schemas.errors import ConfigError, TransientError
+from schemas.errors import ConfigError, Refused, TransientError
 from schemas.sparse import SparseKind
 from tests.unit.fakes import RecordingMilvusClient
 
@@ -140,6 +140,54 @@ def test_a_failed_write_is_transient(kind, stack_env):
         MilvusAdmin.sharing(store).drop()  # writing to a collection that is gone fails on the server
     with pytest.raises(TransientError):
         store.upsert_chunks(_rows([("a", 0, 1)], np.ones((1, 4), np.float32)), "m", 0)
+    store.close()
+
+
+#: Ids a producer may choose: each of the characters a filter expression treats specially, and one built
+#: to widen a filter (a tombstone keyed so once deleted every row of the collection).
+HOSTILE_IDS = ["o'brien", "back\\slash", 'quote"double', "new\nline", "cr\rret", "nul\x00byte", "tab\tx",
+               "ünïcødé 文字 😀", "a'] or id not in ['", 'a"] or id not in ["', "\\", '"', "x\\\"y", "$meta"]
+
+
+def test_ids_a_producer_chooses_are_data_never_part_of_an_expression(kind, stack_env):
+    """Every odd id is written, read back and deleted as exactly itself; the tombstone keyed as an
+    expression deletes its own rows and nothing else."""
+    store = _store(kind, stack_env)
+    ordinary = [f"doc-{i}" for i in range(5)]
+    docs = ordinary + HOSTILE_IDS
+    vecs = np.tile(np.eye(4, dtype=np.float32), (len(docs) // 4 + 1, 1))[:len(docs)]
+    store.upsert_chunks(_rows([(d, 0, o) for o, d in enumerate(docs)], vecs), "m", 1000)
+    versions, counts = store.versions(docs)
+    assert versions == {d: ("T:0", o) for o, d in enumerate(docs)} and counts == dict.fromkeys(docs, 1)
+    reader = MilvusReader.sharing(store)
+    assert reader.held(docs) == set(docs)
+    crafted = "a'] or id not in ['"
+    store.record_deletes([crafted], (["T:0"], [99]), 2000)
+    store.delete([f"{crafted}#0"])
+    left = {r["doc_id"] for r in reader.query_ids(("id", "doc_id"))}
+    assert left == set(docs) - {crafted}, "a crafted id deleted other rows"
+    versions, _ = store.versions(docs)
+    assert versions[crafted] == ("T:0", 99)  # its delete's version, under its exact id
+    store.delete([f"{d}#0" for d in HOSTILE_IDS])
+    assert {r["doc_id"] for r in reader.query_ids(("id", "doc_id"))} == set(ordinary)
+    if kind == "real":
+        MilvusAdmin.sharing(store).drop()
+    store.close()
+
+
+def test_a_row_milvus_will_never_take_is_refused_not_an_outage(kind, stack_env):
+    """A value over a field's limit is refused for good (``Refused``, with Milvus' answer): the sink then
+    finds the document and dead-letters it, where an outage would be retried."""
+    long_id = "x" * 600  # over the primary key's 520 bytes (the validator stops such ids first)
+    client = RecordingMilvusClient(refuse=lambda row: len(row["id"]) > 520) if kind == "fake" else None
+    store = _store(kind, stack_env, client)
+    with pytest.raises(Refused) as info:
+        store.upsert_chunks(_rows([("ok", 0, 1), (long_id, 0, 2)], np.eye(4, dtype=np.float32)[:2]), "m", 0)
+    assert info.value.system == "milvus" and info.value.message
+    store.upsert_chunks(_rows([("ok", 0, 1)], np.eye(4, dtype=np.float32)[:1]), "m", 0)  # the rest goes in
+    assert MilvusReader.sharing(store).held(["ok"]) == {"ok"}
+    if kind == "real":
+        MilvusAdmin.sharing(store).drop()
     store.close()
 
 

@@ -49,18 +49,36 @@ def rows_of(request) -> list[dict]:
     return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
+def ids_named(expression: str) -> list[str]:
+    """The ids of ``id in [<string>, …]``, read by milvus-lite's own tokenizer (a Milvus filter parser
+    of its own, not this project's code): anything else in the expression fails the test."""
+    from milvus_lite.search.filter.tokens import TokenKind, tokenize
+
+    tokens = [t for t in tokenize(expression) if t.kind is not TokenKind.EOF]
+    assert [t.kind.name for t in tokens[:3]] == ["IDENT", "IN", "LBRACKET"] and tokens[0].text == "id", expression
+    assert tokens[-1].kind.name == "RBRACKET", expression
+    body = tokens[3:-1]
+    assert all(t.kind is (TokenKind.STRING if k % 2 == 0 else TokenKind.COMMA) for k, t in enumerate(body)), expression
+    return [t.value for t in body[::2]]
+
+
 class RecordingMilvusClient:
     """A stand-in for pymilvus' ``MilvusClient`` that records every call and keeps the rows.
 
     Upserts arrive as the prepared protobuf request (through ``_get_connection``, as in pymilvus),
     so the request the worker builds is what the fake decodes. ``insert`` is recorded, never used."""
 
-    def __init__(self, fail_upserts: int = 0):
+    def __init__(self, fail_upserts: int = 0, refuse=None, refuse_reads=None):
         self.calls: list[tuple[str, object]] = []
         self.rows: dict[str, dict] = {}
         #: the companion collection of deletes (``<collection>_deleted``)
         self.deleted: dict[str, dict] = {}
         self.fail_upserts = fail_upserts  # the first N upserts time out, as a frozen server's would
+        #: ``refuse(row) -> bool``: an upsert holding such a row is refused whole, as Milvus refuses an
+        #: invalid parameter (nothing of it written)
+        self.refuse = refuse
+        #: ``refuse_reads(id) -> bool``: a read naming such an id is refused whole
+        self.refuse_reads = refuse_reads
 
     def _get_connection(self):
         return self
@@ -76,6 +94,11 @@ class RecordingMilvusClient:
             self.deleted.update({r["id"]: r for r in rows})
             return
         self.calls.append(("upsert", rows))
+        bad = [r["id"] for r in rows if self.refuse is not None and self.refuse(r)]
+        if bad:
+            from pymilvus.exceptions import MilvusException
+
+            raise MilvusException(1100, f"invalid parameter: row {bad[0]!r} refused", is_input_error=True)
         if self.fail_upserts:
             self.fail_upserts -= 1
             raise TimeoutError("deadline exceeded")
@@ -84,13 +107,19 @@ class RecordingMilvusClient:
     def insert(self, collection, rows, timeout=None):
         self.calls.append(("insert", rows))
 
-    def get(self, collection, ids, output_fields, timeout=None, consistency_level=None):
+    def query(self, collection, filter, output_fields, timeout=None, consistency_level=None, limit=None):
         assert timeout is not None and consistency_level == "Strong"
         table = self._table(collection)
+        ids = ids_named(filter)
+        if self.refuse_reads is not None and any(self.refuse_reads(i) for i in ids):
+            from pymilvus.exceptions import MilvusException
+
+            raise MilvusException(1100, "invalid parameter: expression refused", is_input_error=True)
         return [{"id": i, **{f: table[i].get(f) for f in output_fields}} for i in ids if i in table]
 
-    def delete(self, collection, ids, timeout=None):
+    def delete(self, collection, filter, timeout=None):
         assert timeout is not None
+        ids = ids_named(filter)
         self.calls.append(("delete", ids))
         for i in ids:
             self.rows.pop(i, None)

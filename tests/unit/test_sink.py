@@ -155,6 +155,7 @@ def _big_metadata_item(doc_id: str, o: int, size: int) -> Item:
     item = _item(doc_id, o, 0.5)
     item.metadata = {"blob": "m" * size}
     item.original = (doc_id.encode(), b"original value", [("h", b"v")])
+    item.large = True  # the validator marks a record this large
     return item
 
 
@@ -431,6 +432,7 @@ def test_a_forwarded_header_that_would_make_the_output_too_large_dead_letters_th
     item = _item("big", 0, 0.5)
     item.headers = [("baggage", b"k=" + b"v" * 40_000)]
     item.original = (b"big", b"original value", item.headers)
+    item.large = True
     batch = Batch()
     batch.add(item)
     producer = RecordingProducer()
@@ -438,3 +440,61 @@ def test_a_forwarded_header_that_would_make_the_output_too_large_dead_letters_th
     [(topic, key, _, headers)] = producer.records
     assert (topic, key) == ("documents.dlq", b"big")
     assert dict(headers)["embedstream.error.reason"] == b"output_too_large"
+
+
+def test_documents_milvus_refuses_are_found_by_halves_dead_lettered_and_the_rest_written():
+    """Milvus refuses the whole upsert when one row is invalid: retried as an outage, the group (and the
+    worker) would stall for good. The refused documents are found alone, dead-lettered with Milvus'
+    answer and their original bytes; every other document is written, and the retry of the group
+    produces the dead letters."""
+    batch = Batch()
+    docs = [_item(f"d{o}", o, 0.1) for o in range(16)]
+    for o in (3, 11):
+        docs[o] = _item(f"bad{o}", o, 0.2)
+        docs[o].original = (f"bad{o}".encode(), b"original %d" % o, [("h", b"v")])
+    for e in docs:
+        batch.add(e)
+    client = RecordingMilvusClient(refuse=lambda row: row["doc_id"].startswith("bad"))
+    producer, told = RecordingProducer(), []
+    sink = _sink(client, producer, dead_lettered=lambda *dead: told.append(dead))
+    with pytest.raises(TransientError, match="2 document.*refused for good were dead-lettered"):
+        sink.process([batch])
+    assert sorted(client.rows) == sorted(f"d{o}#0" for o in range(16) if o not in (3, 11))
+    dead = [e for e in batch.entries if isinstance(e, DeadLetter)]
+    assert [(d.key, d.value, d.headers, d.reason) for d in dead] == [
+        (b"bad3", b"original 3", [("h", b"v")], "milvus_rejected"), (b"bad11", b"original 11", [("h", b"v")],
+                                                                     "milvus_rejected")]
+    assert all("refused" in d.message and "invalid parameter" in d.message for d in dead)
+    assert [reason for reason, _ in told] == ["milvus_rejected"] * 2
+    upserts = sum(1 for kind, _ in client.calls if kind == "upsert")
+    assert upserts <= 2 * 2 * 4 + 1  # about 2·k·log2(n) calls, not one per document
+    producer.records.clear()
+    sink.process([batch])  # the stage's retry: the rest again (idempotent), the two to the DLQ
+    dlq = [(k, dict(h)["embedstream.error.reason"]) for t, k, _, h in producer.records if t == "documents.dlq"]
+    assert dlq == [(b"bad3", b"milvus_rejected"), (b"bad11", b"milvus_rejected")]
+    assert sum(1 for t, *_ in producer.records if t == "embeddings") == 14
+    assert sorted(client.rows) == sorted(f"d{o}#0" for o in range(16) if o not in (3, 11))
+
+
+def test_an_outage_is_never_split_into_refusals():
+    """A timeout fails the group whole (retried, nothing dead-lettered), however many documents it has."""
+    batch = Batch()
+    for o in range(8):
+        batch.add(_item(f"d{o}", o, 0.1))
+    client = RecordingMilvusClient(fail_upserts=1)
+    with pytest.raises(TransientError, match="deadline"):
+        _sink(client, RecordingProducer()).process([batch])
+    assert not any(isinstance(e, DeadLetter) for e in batch.entries)
+    assert sum(1 for kind, _ in client.calls if kind == "upsert") == 1
+
+
+def test_a_document_whose_version_milvus_will_not_read_is_dead_lettered_before_anything_is_written():
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), _item("odd", 1, 0.2), _item("c", 2, 0.3), Delete(Source("docs", 0, 3), "gone")):
+        batch.add(e)
+    client, producer = RecordingMilvusClient(refuse_reads=lambda i: i.startswith("odd")), RecordingProducer()
+    _sink(client, producer).process([batch])
+    assert sorted(client.rows) == ["a#0", "c#0"]
+    dead = [(t, k, dict(h)["embedstream.error.reason"]) for t, k, _, h in producer.records if t == "documents.dlq"]
+    assert dead == [("documents.dlq", b"odd", b"milvus_rejected")]
+    assert [k for t, k, _, _ in producer.records if t == "embeddings"] == [b"a", b"c", b"gone"]

@@ -79,7 +79,9 @@ def test_a_tombstone_and_an_item_carry_their_source_id_and_fields():
     assert isinstance(it, Item)
     assert (it.source, it.id, it.text, it.hash, it.tokens, it.metadata, it.model) == \
         (Source("in", 1, 5, 99), "a", "hello", content_hash("hello"), 0, {"k": "v"}, "served-m")
-    assert it.original is None
+    # any item may still be dead-lettered whole (Milvus may refuse it): it keeps the bytes that came
+    assert it.original == (b"a", encode_document(Document("a", " hello ", "m", {"k": "v"})), None)
+    assert not it.large
 
 
 def test_a_message_without_a_timestamp_has_none():
@@ -99,15 +101,16 @@ def test_a_structured_key_names_the_document_by_its_key_field():
     assert isinstance(gone, Delete) and gone.id == "7"
 
 
-def test_the_original_record_is_kept_only_where_it_may_be_dead_lettered_later():
+def test_every_item_keeps_its_original_record_and_only_a_large_one_is_marked_for_measuring():
     value = encode_document(Document("a", "a text of some length"))
     msg = FakeMessage(b"a", value, headers=[("h", b"1")])
-    assert _validator().validate(msg).original is None
-    assert _validator(keep_original=lambda chars: chars > 10).validate(msg).original == (b"a", value, [("h", b"1")])
-    assert _validator(keep_original=lambda chars: chars > 100).validate(msg).original is None
+    item = _validator().validate(msg)
+    assert item.original == (b"a", value, [("h", b"1")]) and not item.large
+    assert _validator(keep_original=lambda chars: chars > 10).validate(msg).large
+    assert not _validator(keep_original=lambda chars: chars > 100).validate(msg).large
     size = len(value) + 1  # value and key
-    assert _validator(keep_large=size).validate(msg).original is None
-    assert _validator(keep_large=size - 1).validate(msg).original == (b"a", value, [("h", b"1")])
+    assert not _validator(keep_large=size).validate(msg).large
+    assert _validator(keep_large=size - 1).validate(msg).large
 
 
 def test_framed_records_are_read_through_the_registry_which_is_asked_for_their_ids_only(tmp_path):
@@ -175,11 +178,12 @@ def test_event_time_is_the_documents_else_the_producers_timestamp_never_the_brok
     assert v.validate(_NoTimestamp(b"a", encode_document(Document("a", "hi")))).event_time is None
 
 
-def test_forwarded_headers_count_toward_keeping_the_original_of_a_record_that_might_not_fit():
+def test_forwarded_headers_count_toward_marking_a_record_that_might_not_fit():
     """A small record with a large forwarded header may make an output record over the output topic's
-    limit: the item keeps its original record, so the sink can dead-letter it whole."""
+    limit: the item is marked large, so the sink measures it (and can dead-letter it whole)."""
     value = encode_document(Document("a", "hi"))
     big = [("baggage", b"k=" + b"v" * 5000)]
     v = _validator(forward=["baggage"], keep_large=1000)
-    assert v.validate(FakeMessage(b"a", value, headers=big)).original == (b"a", value, big)
-    assert v.validate(FakeMessage(b"a", value, headers=[("baggage", b"k=v")])).original is None
+    item = v.validate(FakeMessage(b"a", value, headers=big))
+    assert item.large and item.original == (b"a", value, big)
+    assert not v.validate(FakeMessage(b"a", value, headers=[("baggage", b"k=v")])).large

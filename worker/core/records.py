@@ -82,10 +82,13 @@ class Item:
     chunks: list[Chunk] = field(default_factory=list)
     #: Written nowhere: Milvus already held a newer version of this id (``worker.steps.writing.versions``).
     superseded: bool = False
-    #: The original key, value and headers, kept only for a text long enough that it might yield
-    #: too many chunks (the chunk step then dead-letters it whole), or a record large enough that its
-    #: output might not fit the output topic (the sink then dead-letters it).
+    #: The original key, value and headers: any item may still be dead-lettered whole (too many
+    #: chunks, an output record over the topic's limit, a value Milvus refuses), and a dead letter
+    #: carries the bytes that came. References to the consumed message's buffers, not copies.
     original: tuple[bytes | None, bytes | None, list | None] | None = None
+    #: Whether the record is large enough (its text, or key, value and forwarded headers) that its
+    #: output record might not fit the output topic: only such a one is measured before it is written.
+    large: bool = False
     #: The name of the model that embeds it (``worker.embedding.models``; "" when the worker runs one).
     model: str = ""
     #: When the document happened upstream (epoch ms): its ``event_time``, else the record's CreateTime.

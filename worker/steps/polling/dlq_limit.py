@@ -38,6 +38,10 @@ HINTS = {
                        "or split them upstream",
     "output_too_large": "is the documents' metadata larger than the output topic takes? raise its "
                         "max.message.bytes (and EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES), or trim the metadata",
+    "metadata_too_large": "are producers putting whole documents or blobs into metadata? Milvus takes 64 KB of "
+                          "JSON a row: trim it upstream",
+    "milvus_rejected": "does the collection still have the shape this worker made (embedstream migrate makes a new "
+                       "one)? The dead letters' embedstream.error.message headers carry Milvus' answer",
     "delivery_count_exceeded": "do workers of the share group crash or stall on these records, or is Milvus or "
                                "Kafka out for longer than a record's lock?",
 }

@@ -10,8 +10,10 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME
 
+from connectors.milvus.schema import METADATA_MAX_BYTES, metadata_too_large
 from connectors.registry import SchemaRegistry, schema_id
 from schemas.codec import DecodeError, Tombstone, decode_document
+from schemas.errors import TransientError
 from worker.core.records import DeadLetter, Delete, Entry, Item, Source, content_hash, headers_size, normalise_text
 
 #: Milvus VARCHAR primary key limit (bytes) of the collection this worker creates.
@@ -36,11 +38,11 @@ class Validator:
         #: Reads registry-framed keys and values; None: no registry configured.
         self.registry = registry
         self.key_field = key_field
-        #: Whether a text of so many characters might be dead-lettered later (too many chunks):
-        #: its item then keeps the original record.
+        #: Whether a text of so many characters might be dead-lettered later (too many chunks): its
+        #: item is then marked ``large``.
         self.keep_original = keep_original
         #: Bytes of key and value past which a record's output might be over the output topic's
-        #: limit (``worker.steps.writing.fit.output_room``): its item then keeps the original record too.
+        #: limit (``worker.steps.writing.fit.output_room``): its item is then marked ``large`` too.
         self.keep_large = keep_large
         #: Names of the input headers copied to the output records (``EMBEDSTREAM_FORWARD_HEADERS``),
         #: matched without regard to case (HTTP's, whence the trace context comes, are case-insensitive).
@@ -59,6 +61,21 @@ class Validator:
                                if (sid := schema_id(data)) is not None})
 
     def validate(self, msg) -> Entry:
+        """The record's entry. Raises only ``TransientError`` (the registry is out: the caller retries);
+        whatever else the record's content makes any step raise is a dead letter (``decode_error``,
+        naming the exception's type), never a crash of the polling thread."""
+        try:
+            return self._validate(msg)
+        except TransientError:
+            raise
+        except Exception as exc:  # the last guard: a decoder's gap must not stop the worker
+            ts_type, ts = msg.timestamp()
+            source = Source(msg.topic(), msg.partition(), msg.offset(), ts if ts_type and ts > 0 else None)
+            text = str(exc)
+            return _dead(source, msg, "decode_error", f"the record could not be read ({type(exc).__name__}: "
+                                                      f"{text[:200]}{'…' if len(text) > 200 else ''})")
+
+    def _validate(self, msg) -> Entry:
         ts_type, ts = msg.timestamp()
         source = Source(msg.topic(), msg.partition(), msg.offset(), ts if ts_type and ts > 0 else None)
         key, value = msg.key(), msg.value()
@@ -89,14 +106,18 @@ class Validator:
         text = normalise_text(doc.text)
         if not text:
             return _dead(source, msg, "empty_text", "text is empty (or only whitespace)")
+        over = metadata_too_large(doc.metadata)
+        if over is not None:
+            return _dead(source, msg, "metadata_too_large", f"its metadata is {over:,} bytes as JSON, over the "
+                                                            f"{METADATA_MAX_BYTES:,} that Milvus takes in a JSON field")
         event_time = doc.event_time
         if event_time is None and ts_type == TIMESTAMP_CREATE_TIME:  # the producer's clock, not the broker's
             event_time = source.timestamp_ms
         item = Item(source, doc.id, text, content_hash(text), 0, doc.metadata, model=model, event_time=event_time,
                     headers=headers)
-        if self.keep_original(len(text)) or (self.keep_large is not None
-                                             and self._large(key, value, headers, self.keep_large)):
-            item.original = (key, value, msg.headers())
+        item.original = (key, value, raw if self.forward else msg.headers())
+        item.large = self.keep_original(len(text)) or (self.keep_large is not None
+                                                        and self._large(key, value, headers, self.keep_large))
         return item
 
     @staticmethod

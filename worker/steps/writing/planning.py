@@ -13,12 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from worker.core.delivery import Planned
 from worker.core.fence import Fence
 from worker.core.records import Batch, DeadLetter, Delete, Entry, Item, headers_size
 from worker.steps.writing.fit import TopicLimits, output_room, record_size
 from worker.steps.writing.output import OutputFormat
+from worker.steps.writing.refusals import dead_letter, isolate
 from worker.steps.writing.targets import ModelTarget
 from worker.steps.writing.versions import VersionGuard, final_operations
 
@@ -35,6 +37,23 @@ class Plan:
     deletes: dict[str, Delete]
     counts: dict[str, int]
     stored: dict = field(default_factory=dict)
+
+    @property
+    def documents(self) -> list[str]:
+        """The ids of the documents it writes (upserted or deleted)."""
+        return [*self.upserts, *self.deletes]
+
+    def entry(self, doc: str) -> Item | Delete:
+        """The entry whose operation it writes for ``doc``."""
+        return self.upserts[doc] if doc in self.upserts else self.deletes[doc]
+
+    def only(self, docs: list[str]) -> Plan:
+        """The same plan for ``docs`` alone (a half of it, to find the rows Milvus refuses)."""
+        keep = set(docs)
+        return Plan(self.target, {d: e for d, e in self.upserts.items() if d in keep},
+                    {d: e for d, e in self.deletes.items() if d in keep},
+                    {d: c for d, c in self.counts.items() if d in keep},
+                    {d: v for d, v in self.stored.items() if d in keep})
 
 
 class Planner:
@@ -68,10 +87,10 @@ class Planner:
         """Turn each item whose output record would be over the output topic's limit into a dead
         letter (``output_too_large``), before anything of the group is written. Only a document whose
         id and metadata are past ``output_room`` can be that large: only those are encoded here (the
-        validator kept their original record: ``keep_original``)."""
+        validator marked them ``large``)."""
         for batch in group:
             for i, e in enumerate(batch.entries):
-                if not isinstance(e, Item) or e.original is None:
+                if not isinstance(e, Item) or not e.large or e.original is None:
                     continue
                 target = self.targets[e.model]
                 size = (len(e.id.encode()) + sum(len(k.encode()) + len(v.encode()) for k, v in e.metadata.items())
@@ -103,8 +122,11 @@ class Planner:
             if not ops:
                 continue
             upserts, deletes = final_operations(ops)
-            stored, counts = target.store.versions([*upserts, *deletes])
-            plans[name] = Plan(target, upserts, deletes, counts, dict(stored))
+            plan = plans[name] = Plan(target, upserts, deletes, {})
+            refused = isolate(plan.documents, partial(self._read_versions, plan))
+            if refused:  # Milvus will never read these: dead letters; the group is planned again without them
+                dead_letter(group, {id(plan.entry(d)): m for d, m in refused.items()}, "Milvus", self.dead_lettered)
+                return self._news(group)
         # A record that looks superseded may come from a topic re-created since its id was read: ask
         # the broker once, and judge the group again under the new id (worker.steps.writing.versions).
         if self._mark_superseded(mine, plans) and self.guard.refresh():
@@ -117,6 +139,13 @@ class Planner:
             p.upserts = {i: e for i, e in p.upserts.items() if not e.superseded}
             p.deletes = {i: e for i, e in p.deletes.items() if not self.guard.superseded(e, p.stored)}
         return [e for e in mine if not getattr(e, "superseded", False)], list(plans.values())
+
+    @staticmethod
+    def _read_versions(plan: Plan, docs: list[str]) -> None:
+        """Read into ``plan`` the versions and chunk counts its collection holds for ``docs``."""
+        stored, counts = plan.target.store.versions(docs)
+        plan.stored.update(stored)
+        plan.counts.update(counts)
 
     def _mark_superseded(self, mine: list[Entry], plans: dict[str, Plan]) -> bool:
         """Set each item's and tombstone's ``superseded`` (a tombstone: in every collection); True if any is."""

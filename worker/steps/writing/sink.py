@@ -30,6 +30,7 @@ from worker.process import metrics
 from worker.steps.writing.fit import TopicLimits, dead_letter_record
 from worker.steps.writing.output import OutputFormat
 from worker.steps.writing.planning import Plan, Planner
+from worker.steps.writing.refusals import dead_letter, isolate
 from worker.steps.writing.targets import ModelTarget, write_collection
 from worker.steps.writing.versions import VersionGuard
 
@@ -96,10 +97,13 @@ class SinkStep:
                 if attempt.durable_when_sent:
                     metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
             try:
-                metrics.SINK_SECONDS.labels("milvus").observe(write.result())  # raises Milvus' error
+                seconds, refused = write.result()  # raises Milvus' outage
             except TransientError:
                 attempt.milvus_failed(planned)
                 raise
+            metrics.SINK_SECONDS.labels("milvus").observe(seconds)
+            if refused:
+                raise self._refused(group, refused)
             with attempt.holding():
                 attempt.commit(self.owned_offsets(group))
             if not attempt.durable_when_sent:
@@ -117,12 +121,34 @@ class SinkStep:
         """The group's writes (``Planner.plan``)."""
         return self.planner.plan(group)
 
-    def _write_milvus(self, plans: list[Plan], now: int) -> float:
-        """Each model's collection, in turn (``targets.write_collection``); returns the seconds."""
+    def _write_milvus(self, plans: list[Plan], now: int) -> tuple[float, dict[int, str]]:
+        """Each model's collection, in turn (``targets.write_collection``). Returns the seconds, and the
+        entries whose documents Milvus refused for good (by ``id()``, with Milvus' answer): found by
+        halves (``worker.steps.writing.refusals``), every other document written."""
         t0 = time.perf_counter()
+        refused: dict[int, str] = {}
+        source = self.planner.guard.source
         for plan in plans:
-            write_collection(plan, self.planner.guard.source, now)
-        return time.perf_counter() - t0
+            def write(docs: list[str], plan: Plan = plan) -> None:
+                write_collection(plan.only(docs), source, now)
+
+            found = isolate(plan.documents, write)
+            refused.update({id(plan.entry(d)): message for d, message in found.items()})
+        return time.perf_counter() - t0, refused
+
+    def _refused(self, group: list[Batch], refused: dict[int, str]) -> TransientError:
+        """Milvus refused some of the group's documents for good, and took the rest: their entries become
+        dead letters (``milvus_rejected``) and the group is written again, whole (its records produced
+        again: a duplicate on the output topic at least once, and these in the DLQ; under exactly-once the
+        attempt's transaction is aborted, so a reader of committed records sees neither twice)."""
+        n = dead_letter(group, refused, "Milvus", self.planner.dead_lettered)
+        for batch in group:
+            batch.delivered = False
+        first = next(iter(refused.values()))
+        log.warning("Milvus refused %d document(s) for good (first: %s): dead-lettering them (milvus_rejected) "
+                    "and writing the rest of the group", n, first)
+        return TransientError("milvus", f"{n} document(s) refused for good were dead-lettered: writing the group "
+                                        "again without them")
 
     def produce(self, planned: Planned, producer: Producer) -> DeliveryBatch:
         """Hand every output and dead-letter record of the group to ``producer`` (not yet confirmed),
