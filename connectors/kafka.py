@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from schemas.errors import ConfigError, RecordRefused, TransientError
+from schemas.errors import ConfigError, RecordRefused, Refused, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -322,13 +323,30 @@ RECORD_REFUSED = frozenset({
 
 def refused(topic: str, what: str, err: KafkaError) -> RecordRefused:
     """The error that stops the worker for a record ``topic`` refused, with what to do about it."""
-    if err.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE):
+    if err.code() in TOO_LARGE:
         todo = ("raise the topic's max.message.bytes, or set EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES to that "
                 "limit (records are cut or dead-lettered to fit it)")
     else:
         todo = f"fix the configuration of topic {topic!r}"
     return RecordRefused(f"topic {topic!r} refused {what} for good ({err.str()}): {todo}, then restart; "
                          "the worker resumes at that record")
+
+
+#: Of :data:`RECORD_REFUSED`, the answers that say a record is over a size limit.
+TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+
+
+class OutputRefused(Refused):
+    """Records that the broker refused for good, each standing for the entry that ``owner`` named in
+    :meth:`DeliveryBatch.produce`: ``too_large`` (over a size limit) and ``refused`` (anything else) map
+    ``id(owner)`` to the broker's answer."""
+
+    def __init__(self, topic: str, too_large: dict[int, str], refused: dict[int, str]) -> None:
+        first = next(iter({**too_large, **refused}.values()))
+        super().__init__("kafka", f"topic {topic!r} refused {len(too_large) + len(refused)} record(s) for good "
+                                  f"(first: {first})")
+        self.too_large = too_large
+        self.refused = refused
 
 
 class DeliveryBatch:
@@ -339,9 +357,12 @@ class DeliveryBatch:
     so the caller retries the whole group instead of committing. ``broken`` is True when a failure
     means the producer itself must be replaced before the retry (:data:`PRODUCER_BROKEN`).
 
-    A record refused for good (:data:`RECORD_REFUSED`) raises :class:`RecordRefused` instead, from
-    ``produce`` (librdkafka's own size check) or ``confirm`` (the broker's): a retry would be refused
-    the same way. ``what`` names the record in that message.
+    A record refused for good (:data:`RECORD_REFUSED`, by librdkafka's own size check at ``produce``
+    or by the broker) cannot succeed on a retry. One produced with an ``owner`` (an output record, which
+    stands for an input record that can be dead-lettered instead) is noted, and ``confirm`` raises
+    :class:`OutputRefused` for all such once everything else was acknowledged; one without (a dead
+    letter: nowhere else to go) raises :class:`RecordRefused`, which stops the worker with what to fix.
+    ``what`` names the record in that message.
     """
 
     def __init__(self, producer: Producer, timeout: float) -> None:
@@ -349,28 +370,50 @@ class DeliveryBatch:
         self._timeout = timeout
         self._errors: list[str] = []
         self._refused: RecordRefused | None = None
+        #: Refused records' owners, by ``id()``, with the broker's answer (over a size limit, or not);
+        #: and their topic.
+        self._owned: dict[int, str] = {}
+        self._owned_large: dict[int, str] = {}
+        self._owned_topic = ""
         self.broken = False
 
-    def _on_delivery(self, err, msg, topic: str | None = None, what: str | None = None) -> None:
+    def _on_delivery(self, err, msg, topic: str | None = None, what: str | None = None,
+                     owner: object | None = None) -> None:
         # make_producer's producers report failures only; another producer may report successes too
-        if err is not None:
-            self._errors.append(str(err))
-            if err.fatal() or err.code() in PRODUCER_BROKEN:
-                self.broken = True
-            if err.code() in RECORD_REFUSED and self._refused is None:
+        if err is None:
+            return
+        if err.code() in RECORD_REFUSED:
+            if owner is not None:
+                self._note_refused(topic or (msg.topic() if msg is not None else "?"), owner, err)
+            elif self._refused is None:
                 self._refused = refused(topic or (msg.topic() if msg is not None else "?"), what or "a record", err)
+            return
+        self._errors.append(str(err))
+        if err.fatal() or err.code() in PRODUCER_BROKEN:
+            self.broken = True
+
+    def _note_refused(self, topic: str, owner: object, err: KafkaError) -> None:
+        (self._owned_large if err.code() in TOO_LARGE else self._owned)[id(owner)] = f"{err.name()}: {err.str()}"
+        self._owned_topic = topic
 
     def produce(self, topic: str, key: bytes | str | None, value: bytes | None, headers=None,
-                what: str | None = None) -> None:
-        """Hand one record to the producer; ``what`` names it should it be refused for good."""
+                what: str | None = None, owner: object | None = None) -> None:
+        """Hand one record to the producer; ``what`` names it should it be refused for good; ``owner``
+        (an output record's entry): a refusal of it is noted for ``confirm``, not raised."""
         deadline = None
-        report = self._on_delivery if what is None else lambda err, msg: self._on_delivery(err, msg, topic, what)
+        report: Callable[[Any, Any], None] = self._on_delivery
+        if what is not None or owner is not None:
+            def report(err, msg) -> None:
+                self._on_delivery(err, msg, topic, what, owner)
         while True:
             try:
                 self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=report)
                 return
             except KafkaException as exc:
                 if exc.args and exc.args[0].code() in RECORD_REFUSED:
+                    if owner is not None:
+                        self._note_refused(topic, owner, exc.args[0])
+                        return
                     raise refused(topic, what or f"a record of {len(value or b''):,} bytes", exc.args[0]) from None
                 raise
             except BufferError:
@@ -378,6 +421,12 @@ class DeliveryBatch:
                 if time.monotonic() > deadline:
                     raise TransientError("kafka", "producer queue stayed full (broker not accepting)") from None
                 self._producer.poll(0.05)
+
+    def settle(self) -> None:
+        """Send what was handed over so far and wait for its answers (within the timeout), so that the
+        next record goes out in a request of its own: a broker refuses a request's records together,
+        and one alone is refused only for itself. ``confirm`` still judges every record."""
+        self._producer.flush(self._timeout)
 
     def confirm(self) -> None:
         # flush returns how many records are still queued, in flight, or with a report not yet
@@ -389,3 +438,5 @@ class DeliveryBatch:
             raise TransientError("kafka", f"{remaining} records not acknowledged in time")
         if self._errors:
             raise TransientError("kafka", f"{len(self._errors)} deliveries failed, first: {self._errors[0]}")
+        if self._owned or self._owned_large:
+            raise OutputRefused(self._owned_topic, dict(self._owned_large), dict(self._owned))

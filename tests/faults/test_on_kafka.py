@@ -237,9 +237,10 @@ def _alter_topic(s, topic: str, max_bytes: int) -> None:
 
 def test_size_limits_on_the_real_broker(fault_stack, tmp_path):
     """An input topic that takes 4 MB, output and DLQ topics that take 64 KB: a dead letter of 3 MB
-    is cut to fit and marked; an output record the broker refuses (its topic's limit lowered under
-    the running worker) ends the run with exit 5 and one line; raised again, the worker resumes at
-    that record."""
+    is cut to fit and marked. An output record the broker refuses (its topic's limit lowered under the
+    running worker) dead-letters its input record (``output_too_large``, the broker's answer) and the
+    worker goes on; a dead letter the broker refuses (nowhere else to put it) ends the run with exit 5
+    and one line; raised again, the worker resumes at that record."""
     from connectors.kafka import make_producer
     from schemas.codec import encode_document
     from tests.helpers import fresh_settings
@@ -272,17 +273,31 @@ def test_size_limits_on_the_real_broker(fault_stack, tmp_path):
     wait_until(lambda: len(read_topic(s, s.output_topic, idle=0.5)) >= 2, 120, what="gate embedded")
     _alter_topic(s, s.output_topic, 16_384)
     producer.produce(s.input_topic, key="fat", value=encode_document(fat))
+    producer.produce(s.input_topic, key="after", value=encode_document(Document("after", "written after it")))
+    assert producer.flush(30) == 0
+    wait_until(lambda: "after" in {m.key().decode() for m in read_topic(s, s.output_topic, idle=0.5)}, 120,
+               what="the record after the refused one embedded")
+    dead = {m.key().decode(): dict(m.headers()) for m in read_topic(s, s.dlq_topic, expect=2)}
+    assert dead["fat"]["embedstream.error.reason"] == b"output_too_large", dead["fat"]
+    assert b"MSG_SIZE_TOO_LARGE" in dead["fat"]["embedstream.error.message"]
+    assert "fat" not in {m.key().decode() for m in read_topic(s, s.output_topic, idle=1.0)}
+
+    # a dead letter of ~30 KB (cut to the 64 KB the worker knows) into a DLQ topic lowered to 16 KB
+    _alter_topic(s, s.dlq_topic, 16_384)
+    producer.produce(s.input_topic, key="junk", value=b"{" + b"x" * 30_000)  # not JSON: decode_error
     assert producer.flush(30) == 0
     assert w.wait(120) == 5, w.log()[-3000:]
     last = [line for line in w.log().splitlines() if line.strip()][-1]
-    assert "refused" in last and s.output_topic in last and "max.message.bytes" in last, last
-    assert "fat" not in {m.key().decode() for m in read_topic(s, s.output_topic, idle=1.0)}
+    assert "refused" in last and s.dlq_topic in last and "max.message.bytes" in last, last
 
-    _alter_topic(s, s.output_topic, limit)  # fixed: the worker resumes at that record
+    _alter_topic(s, s.dlq_topic, limit)  # fixed: the worker resumes at that record
     again = run_worker(s, "--stop-when-idle", "3", timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     keys = Counter(m.key().decode() for m in read_topic(s, s.output_topic, expect=3))
-    assert keys["fat"] == 1 and keys["fine"] == 1 and keys["gate"] == 1
+    # "after" shared a produce request with the refused record: its group was written again (at least
+    # once: a duplicate is allowed, a loss is not)
+    assert keys["fine"] == 1 and keys["gate"] == 1 and keys["after"] >= 1 and "fat" not in keys
+    assert Counter(m.key().decode() for m in read_topic(s, s.dlq_topic, expect=3))["junk"] == 1
 
 
 def test_a_topic_that_takes_less_than_16_kb_stops_the_start_naming_it(fault_stack):

@@ -457,7 +457,7 @@ def test_documents_milvus_refuses_are_found_by_halves_dead_lettered_and_the_rest
     client = RecordingMilvusClient(refuse=lambda row: row["doc_id"].startswith("bad"))
     producer, told = RecordingProducer(), []
     sink = _sink(client, producer, dead_lettered=lambda *dead: told.append(dead))
-    with pytest.raises(TransientError, match="2 document.*refused for good were dead-lettered"):
+    with pytest.raises(TransientError, match="Milvus refused for good were dead-lettered"):
         sink.process([batch])
     assert sorted(client.rows) == sorted(f"d{o}#0" for o in range(16) if o not in (3, 11))
     dead = [e for e in batch.entries if isinstance(e, DeadLetter)]
@@ -498,3 +498,70 @@ def test_a_document_whose_version_milvus_will_not_read_is_dead_lettered_before_a
     dead = [(t, k, dict(h)["embedstream.error.reason"]) for t, k, _, h in producer.records if t == "documents.dlq"]
     assert dead == [("documents.dlq", b"odd", b"milvus_rejected")]
     assert [k for t, k, _, _ in producer.records if t == "embeddings"] == [b"a", b"c", b"gone"]
+
+
+@pytest.mark.parametrize("how", ["at produce", "at delivery"])
+def test_an_output_record_refused_for_good_dead_letters_its_input_and_the_rest_go_on(how):
+    """The broker refuses one output record for good (its topic's policy, its form): retrying the group
+    would be refused for ever. Produced again alone and refused again, its input record is dead-lettered
+    (``output_rejected``, the broker's answer, its original bytes) and the group is written again
+    without it."""
+    class RefusingProducer(RecordingProducer):
+        def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
+            if key == b"bad" and topic == "embeddings":
+                if how == "at produce":
+                    raise KafkaException(KafkaError(KafkaError.POLICY_VIOLATION))
+                self.records.append((topic, key, value, headers))
+                self._callbacks.append(lambda err, msg: on_delivery(KafkaError(KafkaError.POLICY_VIOLATION), msg))
+                return
+            super().produce(topic, value, key, headers, on_delivery)
+
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), _item("bad", 1, 0.2), _item("c", 2, 0.3)):
+        batch.add(e)
+    batch.entries[1].original = (b"bad", b"its value", None)
+    producer, told = RefusingProducer(), []
+    sink = _sink(RecordingMilvusClient(), producer, dead_lettered=lambda *dead: told.append(dead))
+    with pytest.raises(TransientError, match="producing them alone"):
+        sink.process([batch])  # refused beside others: a broker refuses a request's records together
+    assert not told
+    with pytest.raises(TransientError, match="output topic refused for good were dead-lettered"):
+        sink.process([batch])  # refused alone: its own
+    producer.records.clear()
+    sink.process([batch])
+    out = [(t, k, dict(h or ()).get("embedstream.error.reason")) for t, k, _, h in producer.records]
+    assert out == [("embeddings", b"a", None), ("documents.dlq", b"bad", b"output_rejected"), ("embeddings", b"c", None)]
+    dead = batch.entries[1]
+    assert isinstance(dead, DeadLetter) and dead.value == b"its value" and "POLICY_VIOLATION" in dead.message
+    assert "Milvus rows were written" in dead.message and [r for r, _ in told] == ["output_rejected"]
+
+
+def test_records_refused_together_are_produced_alone_and_only_the_one_refused_alone_is_dead_lettered():
+    """A broker refuses a request's records together (one over the limit fails its whole batch): the
+    innocent ones, produced alone, go through; only the record refused alone is dead-lettered."""
+    class BatchRefusingProducer(RecordingProducer):
+        def flush(self, _t=None):  # everything handed over since the last flush is one request
+            pending = [r for r in zip(self.records[len(self.records) - len(self._callbacks):], self._callbacks)]
+            refused = any(key == b"fat" for (_, key, _, _), _ in pending)
+            for (topic, *_), cb in pending:
+                cb(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE) if refused and topic == "embeddings" else None, None)
+            self._callbacks.clear()
+            return 0
+
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), _item("fat", 1, 0.2), _item("c", 2, 0.3)):
+        batch.add(e)
+    producer, told = BatchRefusingProducer(), []
+    sink = _sink(RecordingMilvusClient(), producer, dead_lettered=lambda *dead: told.append(dead))
+    for _ in range(3):
+        try:
+            producer.records.clear()
+            sink.process([batch])
+            break
+        except TransientError:
+            continue
+    else:
+        pytest.fail("the group never went through")
+    assert [r for r, _ in told] == ["output_too_large"]
+    out = [(t, k) for t, k, _, _ in producer.records]
+    assert out == [("embeddings", b"a"), ("documents.dlq", b"fat"), ("embeddings", b"c")]

@@ -42,6 +42,8 @@ HINTS = {
                           "JSON a row: trim it upstream",
     "milvus_rejected": "does the collection still have the shape this worker made (embedstream migrate makes a new "
                        "one)? The dead letters' embedstream.error.message headers carry Milvus' answer",
+    "output_rejected": "does the output topic's configuration (its policy, cleanup, limits) refuse the worker's "
+                       "records? The dead letters' messages carry the broker's answer",
     "delivery_count_exceeded": "do workers of the share group crash or stall on these records, or is Milvus or "
                                "Kafka out for longer than a record's lock?",
 }

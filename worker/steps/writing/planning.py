@@ -20,7 +20,7 @@ from worker.core.fence import Fence
 from worker.core.records import Batch, DeadLetter, Delete, Entry, Item, headers_size
 from worker.steps.writing.fit import TopicLimits, output_room, record_size
 from worker.steps.writing.output import OutputFormat
-from worker.steps.writing.refusals import dead_letter, isolate
+from worker.steps.writing.refusals import MILVUS_REJECTED, dead_letter, isolate
 from worker.steps.writing.targets import ModelTarget
 from worker.steps.writing.versions import VersionGuard, final_operations
 
@@ -125,7 +125,8 @@ class Planner:
             plan = plans[name] = Plan(target, upserts, deletes, {})
             refused = isolate(plan.documents, partial(self._read_versions, plan))
             if refused:  # Milvus will never read these: dead letters; the group is planned again without them
-                dead_letter(group, {id(plan.entry(d)): m for d, m in refused.items()}, "Milvus", self.dead_lettered)
+                dead_letter(group, {id(plan.entry(d)): m for d, m in refused.items()}, MILVUS_REJECTED, "Milvus",
+                            self.dead_lettered)
                 return self._news(group)
         # A record that looks superseded may come from a topic re-created since its id was read: ask
         # the broker once, and judge the group again under the new id (worker.steps.writing.versions).

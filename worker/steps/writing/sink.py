@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 from confluent_kafka import Producer, TopicPartition
 
-from connectors.kafka import DeliveryBatch
+from connectors.kafka import DeliveryBatch, OutputRefused
 from schemas.errors import TransientError
 from worker.core.delivery import Delivery, Planned, written_offsets
 from worker.core.fence import Fence
@@ -30,7 +30,7 @@ from worker.process import metrics
 from worker.steps.writing.fit import TopicLimits, dead_letter_record
 from worker.steps.writing.output import OutputFormat
 from worker.steps.writing.planning import Plan, Planner
-from worker.steps.writing.refusals import dead_letter, isolate
+from worker.steps.writing.refusals import Refusals, isolate
 from worker.steps.writing.targets import ModelTarget, write_collection
 from worker.steps.writing.versions import VersionGuard
 
@@ -75,6 +75,8 @@ class SinkStep:
         #: dead letter it makes (``DlqLimit.record_late``: the breaker counts it).
         self.planner = Planner(targets, fence, guard, self.output, self.limits, self._headers, dead_lettered)
         self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
+        #: What becomes of records Milvus or the output topic refuse for good (``refusals``).
+        self.refusals = Refusals(dead_lettered)
 
     def close(self) -> None:
         """Release the Milvus writer thread and the producer (call once the step is no longer used)."""
@@ -93,7 +95,11 @@ class SinkStep:
         try:
             producer = attempt.begin()
             if producer is not None:
-                attempt.sent(self.produce(planned, producer))
+                try:
+                    attempt.sent(self.produce(planned, producer))
+                except OutputRefused as refusal:
+                    wait([write])  # the other documents' rows are written: the redo writes them alike
+                    raise self.refusals.output(group, refusal) from None
                 if attempt.durable_when_sent:
                     metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
             try:
@@ -103,7 +109,7 @@ class SinkStep:
                 raise
             metrics.SINK_SECONDS.labels("milvus").observe(seconds)
             if refused:
-                raise self._refused(group, refused)
+                raise self.refusals.milvus(group, refused)
             with attempt.holding():
                 attempt.commit(self.owned_offsets(group))
             if not attempt.durable_when_sent:
@@ -136,20 +142,6 @@ class SinkStep:
             refused.update({id(plan.entry(d)): message for d, message in found.items()})
         return time.perf_counter() - t0, refused
 
-    def _refused(self, group: list[Batch], refused: dict[int, str]) -> TransientError:
-        """Milvus refused some of the group's documents for good, and took the rest: their entries become
-        dead letters (``milvus_rejected``) and the group is written again, whole (its records produced
-        again: a duplicate on the output topic at least once, and these in the DLQ; under exactly-once the
-        attempt's transaction is aborted, so a reader of committed records sees neither twice)."""
-        n = dead_letter(group, refused, "Milvus", self.planner.dead_lettered)
-        for batch in group:
-            batch.delivered = False
-        first = next(iter(refused.values()))
-        log.warning("Milvus refused %d document(s) for good (first: %s): dead-lettering them (milvus_rejected) "
-                    "and writing the rest of the group", n, first)
-        return TransientError("milvus", f"{n} document(s) refused for good were dead-lettered: writing the group "
-                                        "again without them")
-
     def produce(self, planned: Planned, producer: Producer) -> DeliveryBatch:
         """Hand every output and dead-letter record of the group to ``producer`` (not yet confirmed),
         then fill the caches; the lease is checked before each document. A document's chunks go out
@@ -159,20 +151,26 @@ class SinkStep:
         delivery = DeliveryBatch(producer, self.delivery_timeout_s)
         for e in planned.entries:
             self.fence.check()
+            alone = self.refusals.alone(e)
+            if alone:
+                delivery.settle()
             if isinstance(e, Item):
                 key, target, by_cached = e.id.encode(), self.targets[e.model], self._headers[e.model]
                 values = self.output.values(e, target.model_id, target.dim, now)
                 for ch, encoded in zip(e.chunks, values):
                     hs = by_cached[ch.cached]
-                    delivery.produce(self.output_topic, key, encoded, [*hs, *e.headers] if e.headers else hs)
+                    delivery.produce(self.output_topic, key, encoded, [*hs, *e.headers] if e.headers else hs,
+                                     owner=e)
             elif isinstance(e, Delete):
                 delivery.produce(self.output_topic, e.id.encode(), None,
                                  [("embedstream.model", self._delete_header), *_source_headers(e.source),
-                                  *(e.headers or ())])
+                                  *(e.headers or ())], owner=e)
             elif self.dead_letters:
                 dlq_key, value, headers = dead_letter_record(e, self.limits.dlq)
                 delivery.produce(self.dlq_topic, dlq_key, value, headers, what=f"the dead letter ({e.reason}) of "
                                  f"{e.source.topic} partition {e.source.partition} offset {e.source.offset}")
+            if alone:
+                delivery.settle()
         self._fill_caches(planned.group)
         return delivery
 
