@@ -32,6 +32,9 @@ from fastavro.read import SchemaResolutionError
 from schemas.avro_shapes import zero_byte_collection
 from schemas.codec import is_framed
 from schemas.errors import ConfigError, DecodeError, TransientError
+from schemas.redact import without_userinfo
+
+__all__ = ["SchemaRegistry", "client_conf", "frame", "schema_id", "without_userinfo"]
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +49,6 @@ def schema_id(data: bytes | None) -> int | None:
     if data is None or not is_framed(data):
         return None
     return int.from_bytes(data[1:5], "big")
-
-
-def without_userinfo(url: str) -> str:
-    """``url`` (or comma-separated URLs) with any ``user:password@`` masked, for logs and messages."""
-    def one(u: str) -> str:
-        scheme, sep, rest = u.partition("://")
-        host, at, tail = rest.partition("@")
-        return f"{scheme}{sep}***@{tail}" if at and "/" not in host else u
-    return ",".join(one(u) for u in url.split(","))
 
 
 def with_writer_aliases(reader: dict[str, Any], writer_text: str) -> dict[str, Any] | None:

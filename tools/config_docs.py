@@ -16,8 +16,6 @@ from worker.settings import (
     GUARDED_KAFKA_EXACTLY_ONCE,
     KAFKA_PREFIX,
     REGISTRY_PREFIX,
-    SECRET_KAFKA_KEYS,
-    SECRET_REGISTRY_KEYS,
     SECTIONS,
 )
 
@@ -60,11 +58,13 @@ def page() -> str:
         out.append("")
     out += ["## Client properties passed through", "",
             f"- **librdkafka**: any property as `{KAFKA_PREFIX}<NAME>`, dots as `_` "
-            f"(`{KAFKA_PREFIX}SASL_MECHANISM=PLAIN` is `sasl.mechanism=PLAIN`). Never logged: "
-            + ", ".join(f"`{k}`" for k in SECRET_KAFKA_KEYS) + ".",
+            f"(`{KAFKA_PREFIX}SASL_MECHANISM=PLAIN` is `sasl.mechanism=PLAIN`).",
             f"- **Schema registry client**: any property as `{REGISTRY_PREFIX}<NAME>`, dots as `_` "
-            f"(`{REGISTRY_PREFIX}BASIC_AUTH_USER_INFO=user:secret`). Never logged: "
-            + ", ".join(f"`{k}`" for k in SECRET_REGISTRY_KEYS) + ".", "",
+            f"(`{REGISTRY_PREFIX}BASIC_AUTH_USER_INFO=user:secret`).", "",
+            "Secrets are never printed: `config` and `run --check` show a property whose name holds `password`, "
+            "`passphrase`, `secret`, `token`, `credential`, `private`, `api.key` or `user.info`, ends in `.pem`, "
+            "or is `sasl.oauthbearer.config` as `***`, and every URL setting without its `user:password@`; every "
+            "log line and error line has each such value, wherever it appears, replaced by `***`.", "",
             "## Properties the worker refuses through the passthrough", "",
             "The worker's guarantees rest on these; set to anything but the worker's own value, start-up stops "
             "with one line naming the guarantee (exit 2).", "",

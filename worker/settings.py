@@ -17,14 +17,14 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.redact import MASK, is_secret_key, userinfo, without_userinfo
+
 KAFKA_PREFIX = "EMBEDSTREAM_KAFKA__"
-#: librdkafka properties whose values are never logged.
-SECRET_KAFKA_KEYS = ("sasl.password", "sasl.oauthbearer.client.secret", "ssl.key.password", "ssl.key.pem")
-#: SchemaRegistryClient properties whose values are never logged.
-SECRET_REGISTRY_KEYS = ("basic.auth.user.info", "bearer.auth.token", "bearer.auth.client.secret", "ssl.key.password")
 
 
 REGISTRY_PREFIX = "EMBEDSTREAM_SCHEMA_REGISTRY__"
+#: Settings that hold URLs, which may carry ``user:password@``.
+_URL_SETTINGS = ("milvus_uri", "schema_registry_url", "kafka_bootstrap_servers", "redis_url")
 
 #: librdkafka properties the worker's guarantees rest on: refused through the passthrough unless set
 #: to the worker's own value (None: refused whatever the value), with the guarantee they hold.
@@ -375,19 +375,35 @@ class Settings(BaseSettings, OperationsSettings, MilvusSettings, CacheSettings, 
         return env
 
     def redacted(self) -> dict[str, object]:
-        """The settings as a dict safe to log: secrets and secret librdkafka properties masked."""
+        """The settings as a dict safe to log: secret settings masked, passthrough properties whose
+        names say secret (``schemas.redact.is_secret_key``) masked, URLs without their user info."""
         out = self.model_dump()
-        for key in ("redis_url", "milvus_token"):
-            if out.get(key) is not None:
-                out[key] = "***"
-        out["kafka"] = {k: ("***" if k in SECRET_KAFKA_KEYS else v) for k, v in self.kafka.items()}
-        out["schema_registry"] = {k: ("***" if k in SECRET_REGISTRY_KEYS else v)
-                                  for k, v in self.schema_registry.items()}
-        if self.schema_registry_url:
-            from connectors.registry import without_userinfo  # the client library loads only when asked
-
-            out["schema_registry_url"] = without_userinfo(self.schema_registry_url)
+        for key, value in out.items():
+            if hasattr(value, "get_secret_value"):
+                out[key] = MASK
+        out["kafka"] = {k: (MASK if is_secret_key(k) else v) for k, v in self.kafka.items()}
+        out["schema_registry"] = {k: (MASK if is_secret_key(k) else v) for k, v in self.schema_registry.items()}
+        for key in _URL_SETTINGS:
+            if isinstance(out.get(key), str):
+                out[key] = without_userinfo(out[key])
         return out
+
+    def secrets(self) -> list[str]:
+        """Every secret value the settings hold (``schemas.redact.remember`` masks them in every line
+        written): secret settings, secret passthrough properties, the user info of URLs."""
+        found: list[str] = []
+        for key, value in self.model_dump().items():
+            if hasattr(value, "get_secret_value"):
+                secret = value.get_secret_value()
+                found += [secret, *userinfo(secret)]
+            elif key in _URL_SETTINGS and isinstance(value, str):
+                found += userinfo(value)
+        for props in (self.kafka, self.schema_registry):
+            found += [str(v) for k, v in props.items() if is_secret_key(k)]
+        user_info = self.schema_registry.get("basic.auth.user.info")
+        if user_info:
+            found.append(str(user_info).partition(":")[2])
+        return [s for s in found if s]
 
 
 class UnknownVariables(ValueError):

@@ -46,7 +46,7 @@ class MilvusAdmin(MilvusConnection):
                 raise
             except Exception as exc:
                 if time.monotonic() >= deadline:
-                    raise ConfigError(f"Milvus at {self.uri!r} did not answer ({type(exc).__name__}: {exc}). "
+                    raise ConfigError(f"Milvus at {self.where!r} did not answer ({type(exc).__name__}: {exc}). "
                                       "Check EMBEDSTREAM_MILVUS_URI and EMBEDSTREAM_MILVUS_TOKEN.") from None
                 log.info("Milvus: %s while preparing %r; another worker may be creating it, trying again",
                          type(exc).__name__, self.collection)
@@ -105,7 +105,7 @@ class MilvusAdmin(MilvusConnection):
         try:
             return self.ensure_alias(alias)
         except TransientError as exc:
-            raise ConfigError(f"Milvus at {self.uri!r} did not answer ({exc})") from None
+            raise ConfigError(f"Milvus at {self.where!r} did not answer ({exc})") from None
 
     def ensure_alias(self, alias: str) -> str:
         """Create ``alias`` pointing to this collection unless it exists; returns the collection it
@@ -120,7 +120,7 @@ class MilvusAdmin(MilvusConnection):
                 target = self.alias_target(alias)  # another worker created it meanwhile
                 if target is None:
                     raise ConfigError(f"could not create alias {alias!r} for {self.collection!r} in Milvus at "
-                                      f"{self.uri!r}: {exc}") from None
+                                      f"{self.where!r}: {exc}") from None
         if target != self.collection:
             log.warning("alias %r points to %r; this worker writes %r. `embedstream migrate` moves the alias "
                         "once this collection has caught up", alias, target, self.collection)

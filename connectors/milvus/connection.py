@@ -8,6 +8,7 @@ import time
 from typing import Any, TypeVar
 
 from schemas.errors import ConfigError, Refused, TransientError
+from schemas.redact import without_userinfo
 
 # pymilvus pings every 10 s even without calls; gRPC servers by default allow one ping per 5 min
 # and answer more with GOAWAY "too_many_pings", dropping the channel. Every call here carries its
@@ -77,7 +78,8 @@ def connect(uri: str, token: str | None, timeout: float) -> Any:
         except Exception as exc:
             # A busy or just-starting server refuses the handshake now and then.
             if time.monotonic() + delay > deadline:
-                raise ConfigError(f"cannot reach Milvus at {uri!r}: {exc}. Check EMBEDSTREAM_MILVUS_URI.") from None
+                raise ConfigError(f"cannot reach Milvus at {without_userinfo(uri)!r}: {exc}. Check "
+                                  "EMBEDSTREAM_MILVUS_URI.") from None
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
@@ -112,6 +114,11 @@ class MilvusConnection:
         """This job on ``other``'s client (one connection for several jobs), on ``collection`` or
         ``other``'s. Closing either closes both."""
         return cls(other.uri, collection or other.collection, timeout=other.timeout, client=other._client)
+
+    @property
+    def where(self) -> str:
+        """The server's URI as messages show it (without its user info)."""
+        return without_userinfo(self.uri)
 
     def close(self) -> None:
         try:

@@ -41,7 +41,7 @@ def adopt(admin: MilvusAdmin, legacy: str, model_id: str, dim: int, sparse: Spar
     except ConfigError:
         raise
     except Exception as exc:
-        raise ConfigError(f"could not take over collection {legacy!r} in Milvus at {admin.uri!r} "
+        raise ConfigError(f"could not take over collection {legacy!r} in Milvus at {admin.where!r} "
                           f"({type(exc).__name__}: {exc})") from None
     log.warning("collection %r from before aliases is now %r behind the alias %r (its rows kept)",
                 legacy, admin.collection, legacy)

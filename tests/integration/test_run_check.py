@@ -56,3 +56,31 @@ def test_run_check_fails_on_a_missing_topic_and_warns_on_redis_down(stack):
     res = run_cli(["run", "--check"], _env(redis_down), timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     assert _rows(res.stdout)["redis"] == "warn"
+
+
+#: Secrets a deployment hands the worker, each where a user would put it.
+SECRETS = {
+    "EMBEDSTREAM_KAFKA__SSL_KEYSTORE_PASSWORD": "ks-s3cr3t-1",
+    "EMBEDSTREAM_KAFKA__SASL_OAUTHBEARER_CONFIG": "principal=me client_secret=oa-s3cr3t-2",
+    "EMBEDSTREAM_KAFKA__SSL_KEY_PEM": "-----BEGIN PRIVATE KEY----- pem-s3cr3t-3",
+    "EMBEDSTREAM_MILVUS_TOKEN": "root:tok-s3cr3t-4",
+    "EMBEDSTREAM_REDIS_URL": "redis://cache:rd-s3cr3t-5@127.0.0.1:1/0",
+    "EMBEDSTREAM_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO": "bob:sr-s3cr3t-6",
+}
+
+
+def test_no_secret_is_printed_by_config_or_run_check_even_when_everything_fails(stack):
+    """`config` shows each secret masked; `run --check` against a Milvus URI with a password in it that
+    nobody answers, Redis down and a refused Kafka login prints its table and its last line without a
+    single secret (the URI's password included, which a client's own error would quote)."""
+    s = fresh_settings(stack, partitions=1)
+    env = {**_env(s), **SECRETS, "EMBEDSTREAM_MILVUS_URI": f"http://admin:uri-s3cr3t-7@127.0.0.1:{free_port()}"}
+    for args in (["config"], ["config", "--json"], ["run", "--check"]):
+        res = run_cli(args, env, timeout=300)
+        out = res.stdout + res.stderr
+        assert "s3cr3t" not in out, (args, [line for line in out.splitlines() if "s3cr3t" in line])
+        if args[0] == "run":
+            assert res.returncode == 2 and _rows(res.stdout)["milvus"] == "fail", out[-3000:]
+            assert "127.0.0.1" in out  # the endpoint is still named, without its user info
+        else:
+            assert res.returncode == 0 and "***" in out, out[-3000:]

@@ -161,3 +161,39 @@ def test_the_metrics_port_is_a_number_off_or_auto(monkeypatch):
     assert Settings().metrics_port == 9500
     monkeypatch.setenv("EMBEDSTREAM_METRICS_PORT", "auto")
     assert Settings().metrics_port == "auto"
+
+
+def test_every_property_named_as_a_secret_and_every_urls_user_info_is_masked():
+    s = Settings(kafka={"ssl.keystore.password": "s3cr3t-1", "sasl.oauthbearer.config": "client_secret=s3cr3t-2",
+                        "ssl.key.pem": "s3cr3t-3", "sasl.username": "alice", "ssl.truststore.location": "/t.jks"},
+                 schema_registry={"bearer.auth.token": "s3cr3t-4"},
+                 milvus_uri="https://root:s3cr3t-5@milvus.example:19530", milvus_token="s3cr3t-6")
+    shown = s.redacted()
+    assert "s3cr3t" not in str(shown)
+    assert shown["kafka"]["sasl.username"] == "alice" and shown["kafka"]["ssl.truststore.location"] == "/t.jks"
+    assert shown["milvus_uri"] == "https://***@milvus.example:19530"
+    assert {f"s3cr3t-{n}" for n in range(1, 7)} <= {part for secret in s.secrets() for part in
+                                                     (secret, *secret.split("="))}
+
+
+def test_a_line_that_quotes_a_secret_is_masked_wherever_it_comes_from(caplog):
+    """A client library's error may quote the URL it was given, a traceback the value that failed: every
+    line the process writes goes through the mask."""
+    import logging
+
+    from schemas.redact import MaskingFilter, mask, remember
+
+    remember(["tok-s3cr3t-9", None, "ab"])  # too short a value is never masked inside text
+    assert mask("connect to http://u:tok-s3cr3t-9@h:1 failed; token tok-s3cr3t-9") == \
+        "connect to http://***@h:1 failed; token ***"
+    assert mask("grab a cab") == "grab a cab"
+    record = logging.LogRecord("pymilvus", logging.ERROR, __file__, 1, "cannot reach %s", ("http://x:pw-1@h",), None)
+    try:
+        raise ValueError("bad token tok-s3cr3t-9")
+    except ValueError:
+        import sys
+
+        record.exc_info = sys.exc_info()
+    MaskingFilter().filter(record)
+    text = logging.Formatter().format(record)
+    assert "tok-s3cr3t-9" not in text and "pw-1" not in text and "cannot reach http://***@h" in text

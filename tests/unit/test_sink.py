@@ -530,7 +530,8 @@ def test_an_output_record_refused_for_good_dead_letters_its_input_and_the_rest_g
     producer.records.clear()
     sink.process([batch])
     out = [(t, k, dict(h or ()).get("embedstream.error.reason")) for t, k, _, h in producer.records]
-    assert out == [("embeddings", b"a", None), ("documents.dlq", b"bad", b"output_rejected"), ("embeddings", b"c", None)]
+    assert out == [("embeddings", b"a", None), ("documents.dlq", b"bad", b"output_rejected"),
+                   ("embeddings", b"c", None)]
     dead = batch.entries[1]
     assert isinstance(dead, DeadLetter) and dead.value == b"its value" and "POLICY_VIOLATION" in dead.message
     assert "Milvus rows were written" in dead.message and [r for r, _ in told] == ["output_rejected"]

@@ -10,6 +10,7 @@ collection has a sparse side, else dense."""
 from __future__ import annotations
 
 from schemas.errors import ConfigError
+from schemas.redact import without_userinfo
 from schemas.sparse import SparseKind
 from worker.core.records import normalise_text
 from worker.embedding.base import Embedder
@@ -89,7 +90,8 @@ def search_documents(settings: Settings, queries: list[str], top_k: int = 5, emb
     store = open_milvus(settings, MilvusReader, collection)
     try:
         if not store.exists():
-            raise ConfigError(f"no collection {collection!r} in Milvus at {settings.milvus_uri}: "
+            where = without_userinfo(settings.milvus_uri or "")
+            raise ConfigError(f"no collection {collection!r} in Milvus at {where}: "
                               "run the worker first, or fix EMBEDSTREAM_MILVUS_ALIAS / EMBEDSTREAM_MILVUS_COLLECTION")
         info = store.describe()  # one call for the dimension and the sparse side
         if store.dim(info) != embedder.dim:

@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 
+from schemas.redact import MaskingFilter, remember
 from worker.settings import Settings
 
 
@@ -31,7 +32,11 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(settings: Settings) -> None:
+    """The process's one handler (text or JSON), which masks every secret the settings hold in every
+    line, tracebacks included (``schemas.redact``)."""
+    remember(settings.secrets())
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(MaskingFilter())
     handler.setFormatter(JsonFormatter(settings.process_index) if settings.log_format == "json"
                          else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()

@@ -10,6 +10,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from schemas.redact import mask, remember
 from worker.process.logs import logs_are_json
 from worker.settings import Settings, UnknownVariables, load_settings
 
@@ -51,7 +52,9 @@ def settings_or_exit(overrides: Mapping[str, object] | None = None, **more: obje
     """Settings from the environment, then the flags ``overrides`` and ``more`` (None: not given); a
     bad value exits 2 with what to fix."""
     try:
-        return load_settings({**(overrides or {}), **more})
+        settings = load_settings({**(overrides or {}), **more})
+        remember(settings.secrets())  # masked in every line this process writes from now on
+        return settings
     except UnknownVariables as exc:
         for line in exc.lines:
             err.print(f"[red]invalid setting[/] {line}", soft_wrap=True)
@@ -109,7 +112,7 @@ def say(message: str, level: int = logging.INFO, styled: str | None = None) -> N
     if logs_are_json():
         logging.getLogger("embedstream").log(level, message)
     else:
-        err.print(styled or message, soft_wrap=True)  # one line, whatever the terminal's width
+        err.print(mask(styled or message), soft_wrap=True)  # one line, whatever the terminal's width
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
