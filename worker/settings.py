@@ -248,6 +248,9 @@ class OperationsSettings(BaseModel):
     metrics_port: int | Literal["auto"] = setting(
         9400, "Port of /metrics, /healthz, /readyz; 0 = off; auto = a free port the system picks (the worker logs "
               "it: \"metrics on port N\")", flag=True)
+    metrics_host: str = setting(
+        "0.0.0.0", "Address /metrics, /healthz and /readyz (and `lag --serve`'s /backlog) listen on: 0.0.0.0 every "
+                   "interface (a pod's), 127.0.0.1 this host only", flag=True, min_length=1)
     processes: int = setting(
         1, "Worker processes of the group to start here, e.g. several on one GPU; process i serves its metrics "
            "on the metrics port + i and, with a static member id, joins as <id>-<i>", flag=True, ge=1, le=64)

@@ -78,3 +78,36 @@ def test_a_batch_histogram_exposes_what_a_histogram_observing_one_value_at_a_tim
     text = [ln for ln in generate_latest(ours).decode().splitlines() if "_sum" not in ln]
     assert text == [ln for ln in generate_latest(theirs).decode().splitlines()
                     if "_sum" not in ln and "_created" not in ln]
+
+
+def test_idle_connections_cannot_hold_the_metrics_server():
+    """A connection silent past the timeout is closed, and past the bound on connections a new one is
+    closed at once: idle clients never hold a thread each (200 idle ones held 200 threads before)."""
+    import socket
+    import threading
+    import time
+    import urllib.request
+
+    from worker.process.metrics import serve_answers
+
+    server = serve_answers(0, lambda path: (200, "text/plain", b"ok"), "127.0.0.1", timeout=1.0, limit=4)
+    port = server.server_address[1]
+    url = f"http://127.0.0.1:{port}/metrics"
+    before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+    deadline = time.monotonic() + 5
+    while threading.active_count() < before + 4 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert threading.active_count() >= before + 4  # the four idle ones hold every slot
+    try:
+        refused = urllib.request.urlopen(url, timeout=5).read()
+    except Exception as exc:  # closed at once: no answer
+        refused = exc
+    assert not isinstance(refused, bytes), "a fifth connection was served past the bound"
+    for s in idle:
+        s.settimeout(10)
+        assert s.recv(1) == b""  # closed by the server after its second of silence
+    assert urllib.request.urlopen(url, timeout=5).read() == b"ok"  # slots free again
+    server.shutdown()
+    for s in idle:
+        s.close()

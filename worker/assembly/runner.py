@@ -171,12 +171,14 @@ def serve_metrics(settings: Settings, health: metrics.Health) -> int | None:
     if not settings.metrics_port:
         return None
     try:
-        server = metrics.serve(0 if settings.metrics_port == "auto" else settings.metrics_port, health)
+        server = metrics.serve(0 if settings.metrics_port == "auto" else settings.metrics_port, health,
+                               settings.metrics_host)
     except OSError as exc:
-        raise ConfigError(f"cannot serve metrics on port {settings.metrics_port} ({exc}): set "
-                          "EMBEDSTREAM_METRICS_PORT to a free port, auto, or 0 to turn it off") from None
+        raise ConfigError(f"cannot serve metrics on {settings.metrics_host} port {settings.metrics_port} ({exc}): "
+                          "set EMBEDSTREAM_METRICS_PORT to a free port, auto, or 0 to turn it off, and "
+                          "EMBEDSTREAM_METRICS_HOST to an address of this host") from None
     port = server.server_address[1]
-    log.info("metrics on port %d (/metrics, /healthz, /readyz)", port)
+    log.info("metrics on port %d of %s (/metrics, /healthz, /readyz)", port, settings.metrics_host)
     return port
 
 

@@ -19,7 +19,7 @@ from worker.commands.cli.app import (
 
 
 @app.command()
-@opt.with_settings("kafka_bootstrap_servers", "input_topic", "group_id", "group_type")
+@opt.with_settings("kafka_bootstrap_servers", "input_topic", "group_id", "group_type", "metrics_host")
 def lag(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False,
     offset_reset_policy: Annotated[str, typer.Option(
@@ -103,7 +103,7 @@ def share_backlog(s, as_json: bool, lag_threshold: int | None, serve: int | None
         return group_backlog(admin, props, s.group_id, s.input_topic)
 
     if serve is not None:
-        return serve_backlog(read, s.group_id, s.input_topic, serve, interval)
+        return serve_backlog(read, s.group_id, s.input_topic, serve, interval, s.metrics_host)
     try:
         found = read()
     except Exception as exc:
@@ -125,19 +125,19 @@ def share_backlog(s, as_json: bool, lag_threshold: int | None, serve: int | None
         console.print(f"KEDA would ask for [bold]{replicas}[/] replica(s) at a target of {lag_threshold} a replica")
 
 
-def serve_backlog(read, group: str, topic: str, port: int, interval: float) -> None:
-    """Serve the backlog until SIGTERM or Ctrl-C."""
+def serve_backlog(read, group: str, topic: str, port: int, interval: float, host: str = "0.0.0.0") -> None:
+    """Serve the backlog on ``host:port`` until SIGTERM or Ctrl-C."""
     import signal
     import threading
 
     from worker.process.backlog_server import BacklogExporter
 
     exporter = BacklogExporter(read, group, topic, interval)
-    server = exporter.serve(port)
+    server = exporter.serve(port, host)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    console.print(f"serving the backlog of share group [bold]{group}[/] on :{port} (/backlog, /metrics, /healthz), "
-                  f"read every {interval:g}s")
+    console.print(f"serving the backlog of share group [bold]{group}[/] on {host}:{port} (/backlog, /metrics, "
+                  f"/healthz), read every {interval:g}s")
     try:
         while not done.wait(1.0):
             pass
