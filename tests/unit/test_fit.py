@@ -25,6 +25,16 @@ def test_a_dead_letter_that_fits_is_its_original_record_with_the_contract_header
     assert [n for n, _ in headers] == ["trace", *CONTRACT]
 
 
+def test_a_producers_own_embedstream_headers_never_pass_for_the_workers():
+    """A producer that writes ``embedstream.error.reason`` (or a replay of a dead letter, which carries the
+    worker's earlier headers) cannot put its values ahead of the worker's: they are renamed."""
+    forged = [("embedstream.error.reason", b"empty_text"), ("EmbedStream.Source.Offset", b"0"), ("trace", b"1")]
+    _, _, headers = dead_letter_record(_dead(b"k", b"v", forged), 1_000_000)
+    assert [n for n, _ in headers] == ["embedstream.original.error.reason", "embedstream.original.Source.Offset",
+                                       "trace", *CONTRACT]
+    assert [v for n, v in headers if n == "embedstream.error.reason"] == [b"decode_error"]
+
+
 def test_a_one_megabyte_key_and_two_megabyte_value_fit_the_default_limit():
     big_key, big_value = b"K" * 1_000_000, b"V" * 2_000_000
     key, value, headers = dead_letter_record(_dead(big_key, big_value), 1_000_000)

@@ -66,3 +66,21 @@ def test_produce_records_gives_up_within_its_deadline_when_no_broker_answers():
     with pytest.raises(TransientError):
         produce_records({"bootstrap.servers": "127.0.0.1:1"}, "t", [("k", b"v")], delivery_timeout_s=1)
     assert time.monotonic() - t0 < 10
+
+
+def test_a_csv_field_over_the_limit_or_bytes_that_are_not_utf8_skip_their_row_with_the_reason(tmp_path):
+    """Python's csv module stops at a field over 131,072 characters and a text-mode read at the first
+    byte that is not UTF-8: each is a skipped row with its reason, and the rows after it are read."""
+    p = tmp_path / "docs.csv"
+    p.write_bytes(b"id,text,lang\n"
+                  b"a,first,en\n"
+                  b"big," + b"x" * 300_000 + b",en\n"
+                  b"bad,caf\xe9 au lait,fr\n"
+                  b"c,last,en\n")
+    got = list(read_documents(p, field_limit=200_000))
+    docs = [d for _, d in got if not isinstance(d, BadLine)]
+    bad = [d for _, d in got if isinstance(d, BadLine)]
+    assert [d.id for d in docs] == ["a", "c"]
+    assert len(bad) == 2 and "200,000" in str(bad[0]) and "UTF-8" in str(bad[1])
+    assert [d.id for _, d in read_documents(p, field_limit=1_000_000) if not isinstance(d, BadLine)] == ["a", "big",
+                                                                                                        "c"]

@@ -54,12 +54,34 @@ def _jsonl(path: Path) -> Iterator[tuple[int, Document | BadLine]]:
                 yield n, BadLine(n, exc.message)
 
 
-def _csv(path: Path) -> Iterator[tuple[int, Document | BadLine]]:
-    with path.open(newline="", encoding="utf-8", errors="strict") as fh:
+#: The most characters a CSV field may hold by default (the worker's default hard limit on a value).
+CSV_FIELD_LIMIT = 1_000_000
+
+
+def _csv(path: Path, field_limit: int = CSV_FIELD_LIMIT) -> Iterator[tuple[int, Document | BadLine]]:
+    """The documents of a CSV file. A row with a field over ``field_limit`` characters, bytes that are not
+    UTF-8, or the wrong number of fields is a :class:`BadLine` with its reason, never an exception."""
+    csv.field_size_limit(field_limit)
+    # surrogateescape: an invalid byte is read as a lone surrogate, and its row alone is refused
+    with path.open(newline="", encoding="utf-8", errors="surrogateescape") as fh:
         reader = csv.DictReader(fh)
-        if not reader.fieldnames or "text" not in reader.fieldnames:
-            raise BadLine(1, f"CSV header must have a 'text' column (and usually 'id'); got {reader.fieldnames}")
-        for row in reader:
+        try:
+            names = reader.fieldnames
+        except csv.Error as exc:
+            raise BadLine(1, f"CSV header: {exc}") from None
+        if not names or "text" not in names:
+            raise BadLine(1, f"CSV header must have a 'text' column (and usually 'id'); got {names}")
+        if not _utf8(names):
+            raise BadLine(1, "CSV header is not valid UTF-8")
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:  # a field over the limit (the rest of its line is dropped with it)
+                yield reader.line_num, BadLine(reader.line_num, f"{exc} (a field holds at most {field_limit:,} "
+                                                                "characters: EMBEDSTREAM_MAX_TEXT_BYTES)")
+                continue
             n = reader.line_num
             if None in row:
                 yield n, BadLine(n, "more fields than the header has")
@@ -68,8 +90,22 @@ def _csv(path: Path) -> Iterator[tuple[int, Document | BadLine]]:
             if text is None:
                 yield n, BadLine(n, "fewer fields than the header has")
                 continue
+            if not _utf8([text, *row.values()]):
+                yield n, BadLine(n, "not valid UTF-8")
+                continue
             doc_id = row.pop("id", None) or text_id(text)
             yield n, Document(doc_id, text, None, {k: v or "" for k, v in row.items()})
+
+
+def _utf8(fields: Iterable[str | None]) -> bool:
+    """Whether no field holds a byte that was not UTF-8 (read as a lone surrogate)."""
+    try:
+        for f in fields:
+            if f:
+                f.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _text(path: Path) -> Iterator[tuple[int, Document | BadLine]]:
@@ -98,12 +134,16 @@ def split_formats(formats: list[str]) -> tuple[str | None, str]:
     return (files[0] if files else None), (wires[0] if wires else "avro")
 
 
-def read_documents(path: Path, fmt: str | None = None) -> Iterator[tuple[int, Document | BadLine]]:
-    """Yield ``(line number, Document or BadLine)`` for each document-bearing line of ``path``."""
+def read_documents(path: Path, fmt: str | None = None,
+                   field_limit: int = CSV_FIELD_LIMIT) -> Iterator[tuple[int, Document | BadLine]]:
+    """Yield ``(line number, Document or BadLine)`` for each document-bearing line of ``path``
+    (``field_limit``: the most characters of a CSV field)."""
     fmt = fmt or detect_format(path)
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
-    return {"jsonl": _jsonl, "csv": _csv, "text": _text}[fmt](path)
+    if fmt == "csv":
+        return _csv(path, field_limit)
+    return {"jsonl": _jsonl, "text": _text}[fmt](path)
 
 
 @dataclass

@@ -56,11 +56,12 @@ def produce(file: File, formats: Formats = None, rate: Rate = None, skip_bad: Sk
         fmt, wire = split_formats(formats or [])
         encode = document_encoder(wire, s, s.input_topic)
         if not skip_bad:  # find a bad line before producing anything, so a fixed file can simply be re-run
-            for _line, doc in read_documents(file, fmt):
+            for _line, doc in read_documents(file, fmt, s.max_text_bytes):
                 if isinstance(doc, BadLine):
                     raise doc
         skipped: list[int] = []
-        records = (document_record(d, encode=encode) for d in good_documents(read_documents(file, fmt), skipped))
+        docs = good_documents(read_documents(file, fmt, s.max_text_bytes), skipped)
+        records = (document_record(d, encode=encode) for d in docs)
         with Progress(TextColumn("[bold]producing[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("docs"),
                       TimeRemainingColumn(), console=err, transient=False) as bar:
             task = bar.add_task("produce", total=count_lines(file))

@@ -106,12 +106,28 @@ def _cut_info(d: DeadLetter, parts: list[str], headers_bytes: int) -> list[tuple
     ]
 
 
+#: The prefix of the headers the worker writes; a producer's headers under it are renamed.
+OWN_PREFIX = "embedstream."
+RENAMED_PREFIX = "embedstream.original."
+
+
+def _producers(name: str) -> str:
+    """A producer's header name as a dead letter carries it: ``embedstream.x`` → ``embedstream.original.x``
+    (matched without regard to case, as readers often match header names); any other name as it is."""
+    if name[:len(OWN_PREFIX)].lower() == OWN_PREFIX:
+        return RENAMED_PREFIX + name[len(OWN_PREFIX):]
+    return name
+
+
 def dead_letter_record(d: DeadLetter, limit: int) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
     """The key, value and headers of the dead-letter record for ``d``: the original ones with the
     contract headers added, cut to fit ``limit`` bytes (:func:`record_size`) as the module says.
 
+    A header of the original record named ``embedstream.*`` is kept as ``embedstream.original.*``: only
+    the worker writes its own names, so a producer cannot put a reason (or a source) ahead of the worker's.
+
     Raises ``ValueError`` when even the contract headers alone cannot fit (a limit of a few KB)."""
-    original = list(d.headers or [])
+    original = [(_producers(name), value) for name, value in d.headers or ()]
     contract = _contract_headers(d)
     if record_size(d.key, d.value, [*original, *contract]) <= limit:
         return d.key, d.value, [*original, *contract]
