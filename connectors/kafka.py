@@ -197,14 +197,53 @@ def make_admin(common: Conf) -> AdminClient:
     return AdminClient(logged(_for_producer(common)))  # type: ignore[arg-type]  # values are librdkafka scalars
 
 
+class _Heard(logging.LoggerAdapter):
+    """librdkafka's log lines, kept (the last few) as they pass on to :data:`LIBRDKAFKA_LOG`: why a
+    connection failed is said there, not in the error a call returns ("transport failure")."""
+
+    def __init__(self) -> None:
+        super().__init__(LIBRDKAFKA_LOG, {})
+        self.lines: list[str] = []
+
+    def log(self, level, msg, *args, **kwargs) -> None:
+        text = msg % args if args else str(msg)
+        self.lines = [*self.lines[-49:], text]
+        LIBRDKAFKA_LOG.log(level, msg, *args, **kwargs)
+
+
+def why_unreachable(lines: list[str]) -> str | None:
+    """What librdkafka's ``lines`` say about a failed connection, as one sentence with the settings to
+    look at; None when they name no cause of ours (the broker down, a wrong address)."""
+    for line in reversed(lines):
+        detail = line.split(": ", 2)[-1].split(" (after ")[0]
+        if "SASL authentication error" in line or "Authentication failed" in line:
+            return (f"the broker refused the login ({detail}): check EMBEDSTREAM_KAFKA__SASL_USERNAME, "
+                    "EMBEDSTREAM_KAFKA__SASL_PASSWORD and EMBEDSTREAM_KAFKA__SASL_MECHANISM")
+        if "certificate verify failed" in line:
+            return (f"the broker's TLS certificate is not trusted ({detail.split(': broker certificate')[0]}): set "
+                    "EMBEDSTREAM_KAFKA__SSL_CA_LOCATION to the file of the CA that signed it")
+        if "SSL handshake failed" in line or "ssl.endpoint.identification" in line:
+            return (f"the TLS handshake with the broker failed ({detail}): check EMBEDSTREAM_KAFKA__SECURITY_PROTOCOL "
+                    "and the EMBEDSTREAM_KAFKA__SSL_* settings")
+    return None
+
+
 def check_broker(common: Conf, timeout: float = 10.0) -> None:
-    """Raise :class:`ConfigError` when no broker answers at the bootstrap servers within ``timeout``."""
-    admin = make_admin(common)
+    """Raise :class:`ConfigError` when no broker answers at the bootstrap servers within ``timeout``:
+    a refused login or an untrusted certificate said as such, with the setting to look at."""
+    heard = _Heard()
+    conf: dict[str, Any] = {**_for_producer(common), "logger": heard}
+    admin = AdminClient(conf)
     try:
         admin.list_topics(timeout=timeout)
     except KafkaException as exc:
+        where = common.get("bootstrap.servers")
+        admin.poll(0)  # librdkafka's lines wait in a queue that a poll serves
+        cause = why_unreachable(heard.lines)
+        if cause is not None:
+            raise ConfigError(f"Kafka at {where!r}: {cause}") from None
         raise ConfigError(
-            f"no Kafka broker answered at {common.get('bootstrap.servers')!r} within {timeout:.0f}s "
+            f"no Kafka broker answered at {where!r} within {timeout:.0f}s "
             f"({exc.args[0].str() if exc.args else exc}). Check EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS; "
             "for the local stack run `embedstream dev up` and export what it prints."
         ) from None
