@@ -4,6 +4,7 @@ Kubernetes schemas; KEDA's ScaledObject (a CRD) field by field; bad values rejec
 from __future__ import annotations
 
 import copy
+import os
 import re
 from pathlib import Path
 
@@ -587,3 +588,105 @@ def test_a_cluster_without_kedas_crds_stops_the_install_saying_what_to_do():
     with pytest.raises(HelmError, match="install KEDA first"):
         render(merge(BASE, {"keda": {"checkCRDs": True}}))  # this engine serves no keda.sh/v1alpha1
     assert "Deployment" in render(merge(BASE, {"keda": {"checkCRDs": True, "enabled": False}}))  # an HPA then
+
+
+# -- the chart's output is the worker's input ---------------------------------------------------------
+LARGE = {"batching": {"maxTextBytes": 4_000_000, "maxBatchTokens": 2_000_000},
+         "redis": {"enabled": True, "url": "redis://cache:6379/0", "cacheTtlSeconds": 31_536_000},
+         "kafka": {"sessionTimeoutMs": 1_000_000, "extraProperties": {"message.max.bytes": 5_000_000,
+                                                                     "linger.ms": 5}},
+         "keda": {"lagThreshold": 1_000_000, "activationLagThreshold": 2_000_000},
+         "chunking": {"maxChunks": 1_000_000}, "models": {"memoryMb": 1_048_576}}
+RELEASES = {
+    "defaults": {},
+    **{f"example {p.name}": yaml.safe_load(p.read_text()) for p in sorted((CHART / "examples").glob("*.yaml"))},
+    "share group with its backlog exporter": {"kafka": {"groupType": "share"}},
+    "exactly-once": {"kafka": {"delivery": "exactly-once"}},
+    "2 GPUs": {"gpu": {"enabled": True, "count": 2}, "keda": {"partitions": 48}},
+    "SASL and mutual TLS": VALUE_SETS["OAUTHBEARER (OIDC) and mutual TLS"],
+    "migration Job": VALUE_SETS["migration Job, named alias"],
+    "large numbers everywhere a number goes": LARGE,
+    "large numbers, share mode, metrics-api": merge(LARGE, {"kafka": {"groupType": "share"}}),
+}
+
+
+def containers(objs: dict[str, dict]):
+    """``(workload, container)`` for every container of every rendered workload (init containers too)."""
+    for kind, obj in objs.items():
+        if kind.split("/")[0] not in ("Deployment", "Job"):
+            continue
+        pod = obj["spec"]["template"]["spec"]
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            yield kind, c
+
+
+def container_env(c: dict) -> dict[str, str]:
+    """The container's environment as the kubelet would give it: secrets and fields filled with
+    stand-ins, ``$(VAR)`` references expanded."""
+    env: dict[str, str] = {}
+    for e in c.get("env", []):
+        value = e.get("value")
+        if value is None:  # valueFrom: a Secret's key or a field of the pod
+            value = "stand-in-" + e["name"].lower()
+        env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), ""), str(value))
+    return env
+
+
+@pytest.mark.parametrize("extra", list(RELEASES.values()), ids=list(RELEASES))
+def test_every_rendered_container_is_accepted_by_the_worker_s_own_parsers(extra, monkeypatch):
+    """Helm writes 1,000,000 and up as 1e+06 unless told otherwise: the defaults' maxTextBytes crash-looped
+    every pod. Each container's env goes through the worker's settings, and its args through the CLI,
+    as the pod would run them; KEDA's trigger metadata is checked as KEDA parses it."""
+    from typer.testing import CliRunner
+
+    from worker.commands.cli import app
+    from worker.settings import load_settings
+
+    objs = render(merge(BASE, extra))
+    seen = 0
+    for kind, c in containers(objs):
+        env = container_env(c)
+        assert not [k for k, v in env.items() if re.fullmatch(r"-?\d+(\.\d+)?e[+-]\d+", v)], (kind, env)
+        for key in [k for k in os.environ if k.startswith("EMBEDSTREAM_")]:
+            monkeypatch.delenv(key)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        load_settings()  # raises on any value the worker cannot take
+        parsed: list[object] = []
+
+        def parsed_then_stop(overrides=None, parsed=parsed, **more):
+            parsed.append(load_settings({**(overrides or {}), **more}))
+            raise SystemExit(0)
+
+        for module in ("run", "lag", "migrate"):
+            monkeypatch.setattr(f"worker.commands.cli.{module}.settings_or_exit", parsed_then_stop)
+        args = [*c.get("command", [])[1:], *c.get("args", [])] if c.get("command") else c.get("args", [])
+        result = CliRunner().invoke(app, args, env=env)
+        assert result.exit_code == 0 and parsed, (kind, args, result.output)
+        seen += 1
+    assert seen >= 1
+    for kind, obj in objs.items():
+        if kind.split("/")[0] == "ScaledObject":
+            for trigger in obj["spec"]["triggers"]:
+                check_keda_metadata(trigger)
+
+
+#: KEDA's parsing of each trigger's metadata (its scalers' typed fields): integers, floats, booleans.
+KEDA_INTEGERS = {"lagThreshold", "activationLagThreshold"}
+KEDA_FLOATS = {"targetValue", "activationTargetValue", "threshold", "activationThreshold"}
+KEDA_BOOLEANS = {"limitToPartitionsWithLag", "allowIdleConsumers", "excludePersistentLag",
+                 "scaleToZeroOnInvalidOffset", "unsafeSsl"}
+
+
+def check_keda_metadata(trigger: dict) -> None:
+    md = trigger["metadata"]
+    for key, value in md.items():
+        assert isinstance(value, str), (key, value)  # metadata is map[string]string
+        if key in KEDA_INTEGERS:
+            assert re.fullmatch(r"-?\d+", value), (key, value)  # strconv.ParseInt
+        elif key in KEDA_FLOATS:
+            assert re.fullmatch(r"-?\d+(\.\d+)?", value), (key, value)  # resource.Quantity / ParseFloat
+        elif key in KEDA_BOOLEANS:
+            assert value in ("true", "false"), (key, value)  # strconv.ParseBool
+        elif key == "tls" and trigger["type"] == "kafka":
+            assert value in ("enable", "disable"), value  # the Kafka scaler's own words

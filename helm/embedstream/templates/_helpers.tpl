@@ -114,14 +114,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: {{ .Values.kafka.groupType | default "consumer" | quote }}
 {{- if eq (.Values.kafka.groupType | default "consumer") "share" }}
 - name: EMBEDSTREAM_SHARE_MAX_DELIVERIES
-  value: {{ .Values.kafka.shareMaxDeliveries | default 4 | quote }}
+  value: {{ include "embedstream.value" (.Values.kafka.shareMaxDeliveries | default 4) | quote }}
 {{- else }}
 - name: EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS
-  value: {{ .Values.kafka.sessionTimeoutMs | quote }}
+  value: {{ include "embedstream.value" .Values.kafka.sessionTimeoutMs | quote }}
 {{- end }}
 {{- range $k, $v := .Values.kafka.extraProperties }}
 - name: {{ printf "EMBEDSTREAM_KAFKA__%s" ($k | replace "." "_" | upper) }}
-  value: {{ $v | toString | quote }}
+  value: {{ include "embedstream.value" $v | quote }}
 {{- end }}
 {{- if .Values.kafka.sasl.enabled }}
 - name: EMBEDSTREAM_KAFKA__SECURITY_PROTOCOL
@@ -191,7 +191,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- with .Values.model.truncateDim }}
 - name: EMBEDSTREAM_TRUNCATE_DIM
-  value: {{ . | quote }}
+  value: {{ include "embedstream.value" . | quote }}
 {{- end }}
 - name: EMBEDSTREAM_SPARSE
   value: {{ .Values.model.sparse | default "off" | quote }}
@@ -201,7 +201,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- with .Values.models.memoryMb }}
 - name: EMBEDSTREAM_MODEL_MEMORY_MB
-  value: {{ . | quote }}
+  value: {{ include "embedstream.value" . | quote }}
 {{- end }}
 - name: EMBEDSTREAM_DEVICE
   value: {{ ternary "cuda" .Values.model.device (and .Values.gpu.enabled (eq .Values.model.device "auto")) | quote }}
@@ -214,25 +214,25 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: {{ untilStep 0 (int .Values.gpu.count) 1 | join "," | quote }}
 {{- end }}
 - name: EMBEDSTREAM_MAX_BATCH_SIZE
-  value: {{ ternary .Values.gpu.maxBatchSize .Values.batching.maxBatchSize (and .Values.gpu.enabled (not (kindIs "invalid" .Values.gpu.maxBatchSize))) | quote }}
+  value: {{ include "embedstream.value" (ternary .Values.gpu.maxBatchSize .Values.batching.maxBatchSize (and .Values.gpu.enabled (not (kindIs "invalid" .Values.gpu.maxBatchSize)))) | quote }}
 - name: EMBEDSTREAM_MAX_BATCH_TOKENS
-  value: {{ ternary .Values.gpu.maxBatchTokens .Values.batching.maxBatchTokens (and .Values.gpu.enabled (not (kindIs "invalid" .Values.gpu.maxBatchTokens))) | quote }}
+  value: {{ include "embedstream.value" (ternary .Values.gpu.maxBatchTokens .Values.batching.maxBatchTokens (and .Values.gpu.enabled (not (kindIs "invalid" .Values.gpu.maxBatchTokens)))) | quote }}
 - name: EMBEDSTREAM_MAX_BATCH_WAIT_MS
-  value: {{ .Values.batching.maxBatchWaitMs | quote }}
+  value: {{ include "embedstream.value" .Values.batching.maxBatchWaitMs | quote }}
 - name: EMBEDSTREAM_MAX_INFLIGHT_BATCHES
-  value: {{ .Values.batching.maxInflightBatches | quote }}
+  value: {{ include "embedstream.value" .Values.batching.maxInflightBatches | quote }}
 - name: EMBEDSTREAM_MAX_TEXT_BYTES
-  value: {{ .Values.batching.maxTextBytes | quote }}
+  value: {{ include "embedstream.value" .Values.batching.maxTextBytes | quote }}
 - name: EMBEDSTREAM_CHUNKING
   value: {{ .Values.chunking.mode | quote }}
 {{- with .Values.chunking.tokens }}
 - name: EMBEDSTREAM_CHUNK_TOKENS
-  value: {{ . | quote }}
+  value: {{ include "embedstream.value" . | quote }}
 {{- end }}
 - name: EMBEDSTREAM_CHUNK_OVERLAP
-  value: {{ .Values.chunking.overlap | quote }}
+  value: {{ include "embedstream.value" .Values.chunking.overlap | quote }}
 - name: EMBEDSTREAM_MAX_CHUNKS
-  value: {{ .Values.chunking.maxChunks | quote }}
+  value: {{ include "embedstream.value" .Values.chunking.maxChunks | quote }}
 {{- with .Values.schemaRegistry }}
 {{- if .url }}
 - name: EMBEDSTREAM_SCHEMA_REGISTRY_URL
@@ -265,7 +265,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- range $k, $v := .extraProperties }}
 - name: {{ printf "EMBEDSTREAM_SCHEMA_REGISTRY__%s" ($k | replace "." "_" | upper) }}
-  value: {{ $v | toString | quote }}
+  value: {{ include "embedstream.value" $v | quote }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -286,9 +286,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: {{ .Values.redis.url | quote }}
   {{- end }}
 - name: EMBEDSTREAM_CACHE_TTL_SECONDS
-  value: {{ .Values.redis.cacheTtlSeconds | quote }}
+  value: {{ include "embedstream.value" .Values.redis.cacheTtlSeconds | quote }}
 - name: EMBEDSTREAM_REDIS_TIMEOUT_MS
-  value: {{ .Values.redis.timeoutMs | quote }}
+  value: {{ include "embedstream.value" .Values.redis.timeoutMs | quote }}
 {{- end }}
 - name: EMBEDSTREAM_MILVUS_URI
   value: {{ .Values.milvus.uri | quote }}
@@ -299,7 +299,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: {{ .Values.milvus.alias | quote }}
 {{- end }}
 - name: EMBEDSTREAM_MILVUS_TIMEOUT_SECONDS
-  value: {{ .Values.milvus.timeoutSeconds | quote }}
+  value: {{ include "embedstream.value" .Values.milvus.timeoutSeconds | quote }}
 {{- if .Values.milvus.tokenSecret.name }}
 - name: EMBEDSTREAM_MILVUS_TOKEN
   valueFrom:
@@ -308,11 +308,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
       key: {{ .Values.milvus.tokenSecret.key }}
 {{- end }}
 - name: EMBEDSTREAM_METRICS_PORT
-  value: {{ .Values.metrics.port | quote }}
+  value: {{ include "embedstream.value" .Values.metrics.port | quote }}
 - name: EMBEDSTREAM_SHUTDOWN_GRACE_SECONDS
-  value: {{ .Values.shutdownGraceSeconds | quote }}
+  value: {{ include "embedstream.value" .Values.shutdownGraceSeconds | quote }}
 - name: EMBEDSTREAM_HEALTHZ_MAX_TICK_AGE_SECONDS
-  value: {{ .Values.healthzMaxTickAgeSeconds | quote }}
+  value: {{ include "embedstream.value" .Values.healthzMaxTickAgeSeconds | quote }}
 - name: EMBEDSTREAM_LOG_FORMAT
   value: {{ .Values.logFormat | quote }}
 - name: HF_HOME
@@ -406,4 +406,13 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/component: backlog
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/*
+A value of the chart's values as the worker and KEDA read it: Helm reads every number in values as a
+float and writes 1,000,000 and up as 1e+06, which no integer setting parses; a whole number is written
+as an integer, anything else as it is.
+*/}}
+{{- define "embedstream.value" -}}
+{{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}{{ int64 . }}{{- else -}}{{ toString . }}{{- end -}}
 {{- end -}}
