@@ -85,7 +85,7 @@ def page(folder: Path) -> str:
     tests = folder / "test-gpu.txt"
     if tests.exists():
         found = tests.read_text(errors="replace")
-        last = [line for line in found.splitlines() if re.search(r"passed|failed|error", line)]
+        last = [line for line in found.splitlines() if re.search(r"passed|failed|error|skipped|no tests ran", line)]
         gauges = [line for line in found.splitlines() if line.startswith("NVML gauges")]
         lines += [f"make test-gpu: {last[-1] if last else '(no result line)'}", *gauges, ""]
     processes = _load(folder / "processes" / "processes.json")
