@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # torch pinned: PyPI's 2.13.0 (its CUDA build, ~2.6 GB with the nvidia-* wheels) runs on CPUs too.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup docs test test-fast test-gpu gpu-check soak mutate demo bench bench-quick bench-cpu bench-gpu bench-gpu-processes bench-peer-env dev-up dev-down lint clean
+.PHONY: setup constraints check-install docs test test-fast test-gpu gpu-check soak mutate demo bench bench-quick bench-cpu bench-gpu bench-gpu-processes bench-peer-env dev-up dev-down lint clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,16 @@ $(STAMP): pyproject.toml
 	@# environment's path, so that `embedstream dev|bench|demo` and the tests find them.
 	$(BIN)/python -c "import site, sys; open(site.getsitepackages()[0] + '/embedstream-checkout.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)"
 	touch $(STAMP)
+
+# constraints.txt: the versions of the development venv, which the suite passed on; the image installs with them.
+constraints: setup
+	{ sed -n '1,3p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable | grep -v '^#' | grep -iv '^embedstream'; } > constraints.new
+	mv constraints.new constraints.txt
+
+# What users install, installed and run as they would: the wheel in a fresh venv (no extras), and the image's
+# install script into a prefix (tools/check_install.py; .ci/run runs it after make test). A few minutes.
+check-install: setup
+	$(BIN)/python -m tools.check_install
 
 # docs/configuration.md and docs/metrics.md from their declarations (tests/unit/test_config_docs.py and
 # tests/unit/test_metrics_docs.py check them).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
@@ -100,3 +101,32 @@ def test_tail_reads_committed_records_unless_asked(stack):
     p.commit_transaction(30)
     res = run_cli(args, settings_env(s))
     assert [json.loads(x)["id"] for x in res.stdout.splitlines()] == ["kept", "open"]
+
+
+def test_the_readmes_quick_start_runs_as_written(stack):
+    """The README's "try the pieces" block, line by line in a shell, on the test stack (`dev up` and `dev down`
+    left out: the suite's stack stands in, with topics of this test's own): the document it produces is
+    embedded, tailed and found."""
+    import re
+    from pathlib import Path
+
+    from tests.helpers import REPO
+
+    readme = (Path(REPO) / "README.md").read_text()
+    block = readme.split("Try the pieces one at a time on the local stack:", 1)[1].split("```sh\n", 1)[1]
+    block = block.split("```", 1)[0]
+    commands = re.sub(r"\\\n\s*", "", block).splitlines()  # continued lines joined
+    commands = [c.split("  #", 1)[0].strip() for c in commands if c.strip() and " dev " not in c]
+    assert any("produce -" in c for c in commands), commands
+    s = fresh_settings(stack, partitions=1)
+    env = settings_env(s)
+    out = {}
+    for command in commands:
+        res = subprocess.run(["bash", "-c", command.replace(".venv/bin/embedstream",
+                                                            f"{Path(REPO) / '.venv' / 'bin' / 'embedstream'}")],
+                             env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, (command, res.stderr[-2000:])
+        out["tail" if " tail " in command else "search" if " search " in command else command] = res.stdout
+    tailed = [json.loads(line) for line in out["tail"].splitlines() if line.startswith("{")]
+    assert [t["id"] for t in tailed] == ["doc-1"] and tailed[0]["metadata"] == {"lang": "en"}
+    assert "doc-1" in out["search"]

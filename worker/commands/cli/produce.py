@@ -17,8 +17,9 @@ from worker.commands.cli.app import (
     settings_or_exit,
 )
 
-File = Annotated[Path, typer.Argument(help="JSONL, CSV (id,text,...) or plain text (one document a line)",
-                                      exists=True, dir_okay=False, readable=True)]
+File = Annotated[Path, typer.Argument(help="JSONL, CSV (id,text,...) or plain text (one document a line); - reads "
+                                           "standard input (JSONL unless --format says otherwise)",
+                                      dir_okay=False, allow_dash=True)]
 Formats = Annotated[list[str] | None, typer.Option(
     "--format", help="The file's format, jsonl|csv|text (default: from the extension), and/or the records' format, "
     "avro|avro-registry|json (default: avro, schemaless); give --format twice for both, e.g. --format csv --format "
@@ -38,6 +39,8 @@ def produce(file: File, formats: Formats = None, rate: Rate = None, skip_bad: Sk
     column (an id column too, or ids are hashes of the text; other columns become metadata);
     plain text is one document a line with a stable hash as id. With --format avro-registry the
     values are framed by confluent-kafka's AvroSerializer (schema registered under <topic>-value).
+
+    Example: echo '{"id": "a", "text": "hello"}' | embedstream produce -
     """
     from worker.commands.produce import (
         BadLine,
@@ -51,9 +54,16 @@ def produce(file: File, formats: Formats = None, rate: Rate = None, skip_bad: Sk
     from worker.commands.wire import document_encoder
 
     s = settings_or_exit(overrides)
+    spooled = None
+    shown = "standard input" if str(file) == "-" else str(file)
     try:
         s.require("kafka_bootstrap_servers")
         fmt, wire = split_formats(formats or [])
+        if str(file) == "-":  # standard input, spooled to a file: read twice (checked, then produced) and counted
+            spooled = file = _spool_stdin()
+            fmt = fmt or "jsonl"
+        elif not file.is_file():
+            raise ValueError(f"{file}: no such file (give - to read standard input)")
         encode = document_encoder(wire, s, s.input_topic)
         if not skip_bad:  # find a bad line before producing anything, so a fixed file can simply be re-run
             for _line, doc in read_documents(file, fmt, s.max_text_bytes):
@@ -71,10 +81,24 @@ def produce(file: File, formats: Formats = None, rate: Rate = None, skip_bad: Sk
             bar.update(task, total=result.produced, completed=result.produced)
         result.skipped = len(skipped)
     except BadLine as exc:
-        raise fail(f"{file}: {exc} (use --skip-bad to skip such lines)") from None
+        raise fail(f"{shown}: {exc} (use --skip-bad to skip such lines)") from None
     except (ValueError, TransientError) as exc:
         raise fail(str(exc)) from None
+    finally:
+        if spooled is not None:
+            spooled.unlink(missing_ok=True)
     _say_produced(result, s.input_topic)
+
+
+def _spool_stdin() -> Path:
+    """Standard input, copied to a temporary file whose path is returned (the caller removes it)."""
+    import shutil
+    import sys
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(prefix="embedstream-produce-", suffix=".stdin", delete=False) as out:
+        shutil.copyfileobj(sys.stdin.buffer, out)
+    return Path(out.name)
 
 
 def _say_produced(result, topic: str) -> None:
