@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from schemas.errors import ConfigError, RecordRefused, Refused, TransientError
+from schemas.errors import AccessRefused, ConfigError, RecordRefused, Refused, TransientError
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,12 @@ def topic_max_bytes(common: Conf, topics: Iterable[str], timeout: float = 10.0) 
     for resource, fut in futures.items():
         try:
             entry = fut.result(timeout).get("max.message.bytes")
-        except Exception:  # a topic the broker does not describe: left out
+        except Exception as exc:  # a topic the broker does not describe: left out
+            err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+            if isinstance(err, KafkaError) and err.code() in ACCESS_CODES:
+                log.warning("could not read max.message.bytes of topic %r (%s): the producer's own limit stands "
+                            "alone; grant DescribeConfigs on it (docs/operations.md) so that records are fitted to "
+                            "the topic's", resource.name, err.name())
             continue
         if entry is not None and str(entry.value).isdigit() and int(entry.value) > 0:
             out[resource.name] = int(entry.value)
@@ -371,6 +376,25 @@ def refused(topic: str, what: str, err: KafkaError) -> RecordRefused:
                          "the worker resumes at that record")
 
 
+#: The broker's answers that an ACL is missing, with what the principal must be granted.
+ACCESS_CODES = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "a topic ACL",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "Read on the group",
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "Write and Describe on the transactional id",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "a cluster ACL",
+}
+
+
+def access_refused(err: KafkaError, doing: str) -> AccessRefused | None:
+    """The stop for ``err`` when it says an ACL is missing (None: it does not), naming what was being done
+    (``doing``: "reading the input topic", "writing to topic 'x'")."""
+    needs = ACCESS_CODES.get(err.code())
+    if needs is None:
+        return None
+    return AccessRefused(f"the broker refused this principal {doing} ({err.name()}: {err.str()}): grant it {needs} "
+                         "as docs/operations.md lists for this mode, then restart (nothing was committed past it)")
+
+
 #: Of :data:`RECORD_REFUSED`, the answers that say a record is over a size limit.
 TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 
@@ -413,6 +437,8 @@ class DeliveryBatch:
         #: and their topic.
         self._owned: dict[int, str] = {}
         self._owned_large: dict[int, str] = {}
+        #: An ACL the broker says is missing: nothing of the group can be written (raised by ``confirm``).
+        self._access: AccessRefused | None = None
         self._owned_topic = ""
         self.broken = False
 
@@ -420,6 +446,9 @@ class DeliveryBatch:
                      owner: object | None = None) -> None:
         # make_producer's producers report failures only; another producer may report successes too
         if err is None:
+            return
+        if err.code() in ACCESS_CODES and self._access is None:
+            self._access = access_refused(err, f"writing to topic {topic or (msg.topic() if msg else '?')!r}")
             return
         if err.code() in RECORD_REFUSED:
             if owner is not None:
@@ -449,6 +478,9 @@ class DeliveryBatch:
                 self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=report)
                 return
             except KafkaException as exc:
+                denied = access_refused(exc.args[0], f"writing to topic {topic!r}") if exc.args else None
+                if denied is not None:
+                    raise denied from None
                 if exc.args and exc.args[0].code() in RECORD_REFUSED:
                     if owner is not None:
                         self._note_refused(topic, owner, exc.args[0])
@@ -471,6 +503,8 @@ class DeliveryBatch:
         # flush returns how many records are still queued, in flight, or with a report not yet
         # served: 0 means each was acknowledged or its failure reported to _on_delivery.
         remaining = self._producer.flush(self._timeout)
+        if self._access is not None:
+            raise self._access
         if self._refused is not None:
             raise self._refused
         if remaining:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
+from connectors.kafka import access_refused
 from schemas.errors import TransientError
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,9 @@ class Transactions:
                 return
             except KafkaException as exc:
                 err = _error(exc)
+                denied = access_refused(err, f"{what} (Write on its transactional.id)")
+                if denied is not None:
+                    raise denied from None
                 if err.fatal() or (not err.retriable() and not err.txn_requires_abort()):
                     raise TransactionsFailed(f"{what}: {err.str()} ({err.name()}): the transactional producer "
                                              "cannot go on (fenced by a newer worker with the same "

@@ -55,6 +55,11 @@ class ConfigError(RuntimeError):
     """A setting is wrong; raised at start-up with a message that says what to fix."""
 
 
+class AccessRefused(ConfigError):
+    """The broker refused this principal an operation it needs (an ACL is missing): not an outage, and
+    no record's fault. The worker stops with one line naming the operation (exit 2)."""
+
+
 class RecordRefused(RuntimeError):
     """The broker refused a record for good; ``str(err)`` names it and says what to do."""
 

@@ -86,3 +86,10 @@ def test_no_page_speaks_of_the_work_log(page: Path):
 def test_the_readme_stays_short():
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= 350, f"README.md has {lines} lines: move reference material into docs/"
+
+
+def test_the_operations_page_lists_the_acls_the_secured_broker_test_grants():
+    from tools.acls import table
+
+    page = (ROOT / "docs" / "operations.md").read_text()
+    assert "\n".join(table()) in page, "docs/operations.md's ACL table differs from tools/acls.py: paste table()"

@@ -34,6 +34,7 @@ def test_the_wheel_holds_every_runtime_module(tmp_path):
 def _declared() -> tuple[set[str], set[str], dict[str, str]]:
     """pyproject's dependencies and its int8 and gpu extras (normalised names), and the constraints."""
     import re
+
     import tomllib
 
     def name(req: str) -> str:

@@ -14,7 +14,7 @@ import socket
 from collections.abc import Callable
 from typing import TypeVar, cast
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaError
 from confluent_kafka.schema_registry import SchemaRegistryError
 
 from connectors.kafka import (
@@ -58,9 +58,24 @@ log = logging.getLogger(__name__)
 
 
 def check_topics(settings: Settings) -> None:
-    meta = make_admin(settings.kafka_common()).list_topics(timeout=10)
-    missing = [t for t in (settings.input_topic, settings.output_topic, settings.dlq_topic)
-               if t not in meta.topics or meta.topics[t].error is not None]
+    """Raise ``ConfigError`` when one of the three topics is missing, or hidden from this principal (a
+    broker with an authorizer lists only the topics a principal may describe: asked by name, it says
+    which it refused)."""
+    admin = make_admin(settings.kafka_common())
+    meta = admin.list_topics(timeout=10)
+    unseen = [t for t in (settings.input_topic, settings.output_topic, settings.dlq_topic)
+              if t not in meta.topics or meta.topics[t].error is not None]
+    refused = []
+    for topic in unseen:
+        found = admin.list_topics(topic, timeout=10).topics.get(topic)
+        error = found.error if found is not None else None
+        if error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            refused.append(topic)
+    if refused:
+        raise ConfigError(f"the broker refused this principal access to topic(s) {', '.join(refused)} "
+                          "(TOPIC_AUTHORIZATION_FAILED): grant the ACLs of docs/operations.md (Describe and Read on "
+                          "the input topic; Describe, Write and DescribeConfigs on the output and DLQ topics)")
+    missing = [t for t in unseen if t not in refused]
     if missing:
         raise ConfigError(f"topic(s) {', '.join(missing)} do not exist on {settings.kafka_bootstrap_servers}: "
                           "create them, or fix EMBEDSTREAM_INPUT_TOPIC / _OUTPUT_TOPIC / _DLQ_TOPIC")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from connectors.kafka import access_refused
 from worker.core.records import TopicPartitionKey
 from worker.process import metrics
 
@@ -114,6 +115,8 @@ class Assignment:
             elif err.code() == KafkaError._PARTITION_EOF:
                 self._at_end[(m.topic(), m.partition())] = True
                 self._ends[(m.topic(), m.partition())] = m.offset()
+            elif (denied := access_refused(err, "reading its input (Read on the input topic and on the group)")):
+                raise denied
             elif err.fatal() or err.code() == KafkaError._FATAL:
                 # librdkafka's _FATAL event (a static member fenced by another with its id) does not
                 # carry the fatal flag: the consumer is dead either way.

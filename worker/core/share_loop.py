@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from connectors.kafka import access_refused
 from schemas.errors import DlqLimitExceeded, RecordRefused, TransientError
 from worker.core.delivery.share import ShareAcks
 from worker.core.loop import ABORT_WAIT_S, Chain, Member
@@ -107,6 +108,9 @@ class ShareWorker(Member):
         good = []
         for m in msgs:
             if m.error() is not None:
+                denied = access_refused(m.error(), "reading its input (Read on the input topic and on the share group)")
+                if denied is not None:
+                    raise denied
                 log.warning("share consumer: %s", m.error())
             else:
                 good.append(m)

@@ -74,6 +74,8 @@ def run(stop_when_idle: StopWhenIdle = None, check: CheckOnly = False,
         raise consumer_died(exc) or refused_property(exc) from None
     except DlqLimitExceeded as exc:
         raise fail(str(exc), 3) from None
+    except ConfigError as exc:  # the broker refused an ACL the worker needs (AccessRefused)
+        raise fail(str(exc), 2) from None
     except RecordRefused as exc:
         raise fail(str(exc), 5) from None
     except TransactionsFailed as exc:
