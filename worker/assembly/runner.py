@@ -38,6 +38,7 @@ from schemas.errors import ConfigError
 from schemas.sparse import SparseMode
 from worker.assembly.chain import build_chain
 from worker.assembly.naming import alias_of, collection_of
+from worker.assembly.upgrade import collection_to_write
 from worker.core.assignment import Assignment
 from worker.core.delivery import AtLeastOnce, Delivery, ExactlyOnce
 from worker.core.delivery.share import ShareAcks
@@ -293,7 +294,11 @@ def open_stores(s: Settings, models: ModelSet, store_factory: Callable[[Settings
     """Each model's collection (made ready behind its alias, or ``store_factory``'s stand-in) and cache."""
     stores, caches = {}, {}
     for name, model in models.handles.items():
-        collection = collection_of(s, name, model)
+        if store_factory is None:
+            setting = models.specs[name].path if s.models is not None else s.model
+            collection = collection_to_write(s, name, model, setting)
+        else:
+            collection = collection_of(s, name, model)
         if store_factory is None:
             stores[name] = open_milvus(s, MilvusStore, collection)
             MilvusAdmin.sharing(stores[name]).prepare(alias_of(s, name), model.model_id, model.dim,

@@ -47,7 +47,6 @@ def produce(file: File, formats: Formats = None, rate: Rate = None, skip_bad: Sk
         count_lines,
         document_record,
         good_documents,
-        produce_records,
         read_documents,
         split_formats,
     )
@@ -59,11 +58,7 @@ def produce(file: File, formats: Formats = None, rate: Rate = None, skip_bad: Sk
     try:
         s.require("kafka_bootstrap_servers")
         fmt, wire = split_formats(formats or [])
-        if str(file) == "-":  # standard input, spooled to a file: read twice (checked, then produced) and counted
-            spooled = file = _spool_stdin()
-            fmt = fmt or "jsonl"
-        elif not file.is_file():
-            raise ValueError(f"{file}: no such file (give - to read standard input)")
+        file, fmt, spooled = _input(file, fmt)
         encode = document_encoder(wire, s, s.input_topic)
         if not skip_bad:  # find a bad line before producing anything, so a fixed file can simply be re-run
             for _line, doc in read_documents(file, fmt, s.max_text_bytes):
@@ -71,14 +66,7 @@ def produce(file: File, formats: Formats = None, rate: Rate = None, skip_bad: Sk
                     raise doc
         skipped: list[int] = []
         docs = good_documents(read_documents(file, fmt, s.max_text_bytes), skipped)
-        records = (document_record(d, encode=encode) for d in docs)
-        with Progress(TextColumn("[bold]producing[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("docs"),
-                      TimeRemainingColumn(), console=err, transient=False) as bar:
-            task = bar.add_task("produce", total=count_lines(file))
-            result = produce_records(s.kafka_common(), s.input_topic, records, rate=rate,
-                                     delivery_timeout_s=s.kafka_timeout_seconds,
-                                     on_progress=lambda n: bar.update(task, completed=n))
-            bar.update(task, total=result.produced, completed=result.produced)
+        result = _produce_with_bar(s, (document_record(d, encode=encode) for d in docs), count_lines(file), rate)
         result.skipped = len(skipped)
     except BadLine as exc:
         raise fail(f"{shown}: {exc} (use --skip-bad to skip such lines)") from None
@@ -88,6 +76,31 @@ def produce(file: File, formats: Formats = None, rate: Rate = None, skip_bad: Sk
         if spooled is not None:
             spooled.unlink(missing_ok=True)
     _say_produced(result, s.input_topic)
+
+
+def _produce_with_bar(s, records, lines: int, rate: float | None):
+    """Produce ``records`` to the input topic behind a progress bar of ``lines``; the result."""
+    from worker.commands.produce import produce_records
+
+    with Progress(TextColumn("[bold]producing[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("docs"),
+                  TimeRemainingColumn(), console=err, transient=False) as bar:
+        task = bar.add_task("produce", total=lines)
+        result = produce_records(s.kafka_common(), s.input_topic, records, rate=rate,
+                                 delivery_timeout_s=s.kafka_timeout_seconds,
+                                 on_progress=lambda n: bar.update(task, completed=n))
+        bar.update(task, total=result.produced, completed=result.produced)
+    return result
+
+
+def _input(file: Path, fmt: str | None) -> tuple[Path, str | None, Path | None]:
+    """The file to read and its format; ``-`` is standard input, spooled to a temporary file (read twice:
+    checked, then produced; and counted), which is also returned for the caller to remove."""
+    if str(file) == "-":
+        spooled = _spool_stdin()
+        return spooled, fmt or "jsonl", spooled
+    if not file.is_file():
+        raise ValueError(f"{file}: no such file (give - to read standard input)")
+    return file, fmt, None
 
 
 def _spool_stdin() -> Path:
