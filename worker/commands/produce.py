@@ -61,7 +61,14 @@ CSV_FIELD_LIMIT = 1_000_000
 def _csv(path: Path, field_limit: int = CSV_FIELD_LIMIT) -> Iterator[tuple[int, Document | BadLine]]:
     """The documents of a CSV file. A row with a field over ``field_limit`` characters, bytes that are not
     UTF-8, or the wrong number of fields is a :class:`BadLine` with its reason, never an exception."""
-    csv.field_size_limit(field_limit)
+    previous = csv.field_size_limit(field_limit)  # the csv module's limit is the process's: put back after
+    try:
+        yield from _csv_rows(path, field_limit)
+    finally:
+        csv.field_size_limit(previous)
+
+
+def _csv_rows(path: Path, field_limit: int) -> Iterator[tuple[int, Document | BadLine]]:
     # surrogateescape: an invalid byte is read as a lone surrogate, and its row alone is refused
     with path.open(newline="", encoding="utf-8", errors="surrogateescape") as fh:
         reader = csv.DictReader(fh)
