@@ -1,9 +1,10 @@
 """Records too large for the sink topics, on the real stack: the worker goes on.
 
 The input topic allows 4 MB records, the DLQ topic has the broker's default (the worker's producer
-then allows 1,000,000 bytes) and the output topic allows 200,000 bytes (the worker reads that from
-the topic's configuration). A 1 MB key, a 2 MB value and a document whose metadata makes its output
-record too large sit among good documents on one partition."""
+then allows 1,000,000 bytes) and the output topic allows 40,000 bytes (the worker reads that from
+the topic's configuration). A 1 MB key, a 2 MB value, a document whose metadata is over Milvus' JSON
+limit and one whose metadata fits Milvus but makes its output record too large sit among good
+documents on one partition."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tests.helpers import documents_in_milvus, fresh_settings, read_topic
 
 pytestmark = pytest.mark.integration
 
-OUTPUT_MAX = 200_000
+OUTPUT_MAX = 40_000
 
 
 def test_records_over_the_sink_topics_limits_are_dead_lettered_cut_to_fit(stack):
@@ -26,14 +27,17 @@ def test_records_over_the_sink_topics_limits_are_dead_lettered_cut_to_fit(stack)
                                                           "output": {"max.message.bytes": str(OUTPUT_MAX)}})
     good = [Document(f"good-{i}", f"a short document about topic number {i}") for i in range(6)]
     # fits the output topic: its metadata is large, but well under its limit
-    good.append(Document("good-meta", "metadata that still fits", metadata={"note": "n" * 50_000}))
+    good.append(Document("good-meta", "metadata that still fits", metadata={"note": "n" * 20_000}))
     big_key = b"K" * 1_000_000
     big_value = encode_document(Document("big-value", "word " * 420_000))
     big_meta = encode_document(Document("big-meta", "a small text", metadata={"blob": "m" * 300_000}))
+    # under the 65,536 bytes Milvus takes, over the output topic's limit
+    wide_meta = encode_document(Document("wide-meta", "a small text", metadata={"blob": "w" * 60_000}))
     bad = {  # offset on the one partition -> (key, value, reason)
         3: (big_key, b"\x02not avro\xff" * 10, "decode_error"),
         4: (b"big-value", big_value, "text_too_long"),
-        5: (b"big-meta", big_meta, "output_too_large"),
+        5: (b"big-meta", big_meta, "metadata_too_large"),
+        6: (b"wide-meta", wide_meta, "output_too_large"),
     }
     producer = make_producer(s.kafka_common(), **{"message.max.bytes": 4_500_000})
     records = [(d.id.encode(), encode_document(d)) for d in good[:3]]
@@ -50,7 +54,7 @@ def test_records_over_the_sink_topics_limits_are_dead_lettered_cut_to_fit(stack)
     out = read_topic(s, s.output_topic, expect=len(good))
     assert sorted(m.key().decode() for m in out) == sorted(d.id for d in good)
 
-    dlq = {int(dict(m.headers())["embedstream.source.offset"]): m for m in read_topic(s, s.dlq_topic, expect=3)}
+    dlq = {int(dict(m.headers())["embedstream.source.offset"]): m for m in read_topic(s, s.dlq_topic, expect=len(bad))}
     assert set(dlq) == set(bad)
     for offset, (key, value, reason) in bad.items():
         m = dlq[offset]
@@ -68,4 +72,5 @@ def test_records_over_the_sink_topics_limits_are_dead_lettered_cut_to_fit(stack)
             assert (m.key(), m.value()) == (key, value) and "embedstream.error.truncated" not in h
     assert dlq[3].headers() and dict(dlq[3].headers())["embedstream.error.truncated"] == b"key"
     assert dict(dlq[4].headers())["embedstream.error.truncated"] == b"value"
-    assert b"200,000" in dict(dlq[5].headers())["embedstream.error.message"]
+    assert b"65,536" in dict(dlq[5].headers())["embedstream.error.message"]
+    assert b"40,000" in dict(dlq[6].headers())["embedstream.error.message"]
