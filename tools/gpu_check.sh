@@ -48,6 +48,11 @@ step processes 240 "$PY" -m worker.commands.cli bench --device "$DEVICE" --proce
   --broker mock --output "$OUT/processes" --state-dir /tmp/gpu-check-processes
 step quick 180 "$PY" -m worker.commands.cli bench --device "$DEVICE" --quick --docs $(( DOCS < 4000 ? DOCS : 4000 )) --broker mock \
   --output "$OUT/quick" --state-dir /tmp/gpu-check-quick
+# A step cut by its time limit leaves its local stack running (the bench stops it only on its way out):
+# stopped here, so the steps after it have the cores.
+for state in /tmp/gpu-check-processes /tmp/gpu-check-quick; do
+  "$PY" -m worker.commands.cli dev down --state-dir "$state" > /dev/null 2>&1 || true
+done
 
 # Under the goal: the best K of S2 again, every process sampled (a sitecustomize that starts the sampler
 # in each Python process and writes its counts on exit, one file a process).
