@@ -11,52 +11,15 @@ ACLs each mode needs.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import subprocess
 import time
 from pathlib import Path
 
 from tools.dev import free_port
 from tools.kafka_broker import _LOG4J2, HEAP, cluster_id, java_bin, kafka_classpath, server_properties
+from tools.pki import make_pki
 
 ADMIN = ("admin", "admin-pw-0")
-
-
-def _pem_pair(directory: Path) -> tuple[Path, Path]:
-    """A CA and a server certificate for 127.0.0.1 and localhost signed by it: ``(ca.pem, server.pem)``
-    (the server file holds its key, unencrypted PKCS#8, then its certificate chain)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-
-    def cert(subject: str, key, issuer_name, issuer_key, ca: bool):
-        builder = (x509.CertificateBuilder()
-                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-                   .issuer_name(issuer_name).public_key(key.public_key())
-                   .serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5))
-                   .not_valid_after(now + datetime.timedelta(days=2))
-                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-        if not ca:
-            builder = builder.add_extension(x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        return builder.sign(issuer_key, hashes.SHA256())
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "embedstream test CA")])
-    ca_cert = cert("embedstream test CA", ca_key, ca_name, ca_key, True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    server = cert("localhost", key, ca_name, ca_key, False)
-    pem = serialization.Encoding.PEM
-    ca_path, server_path = directory / "ca.pem", directory / "server.pem"
-    ca_path.write_bytes(ca_cert.public_bytes(pem))
-    server_path.write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-                            + server.public_bytes(pem) + ca_cert.public_bytes(pem))
-    return ca_path, server_path
 
 
 class SecureKafka:
@@ -113,7 +76,8 @@ class SecureKafka:
 
     def __enter__(self) -> SecureKafka:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.ca, server_pem = _pem_pair(self.dir)
+        pki = make_pki(self.dir)
+        self.ca, server_pem = pki.ca, pki.server
         data = self.dir / "data"
         props, log4j = self.dir / "server.properties", self.dir / "log4j2.properties"
         props.write_text(self._properties(data, server_pem))

@@ -240,6 +240,35 @@ class MilvusSettings(BaseModel):
     milvus_alias: str | None = setting(
         None, "Milvus alias that readers query and `migrate` moves (default: the collection name)", flag=True)
     milvus_timeout_seconds: float = setting(10.0, "deadline of each Milvus call", gt=0)
+    milvus_db_name: str | None = setting(None, "Milvus database the collections live in (default: Milvus' "
+                                               "`default`)", flag=True)
+    milvus_tls_ca_file: str | None = setting(
+        None, "PEM file of the CA that signed Milvus' certificate: TLS to Milvus, trusting that CA (a private one)")
+    milvus_tls_cert_file: str | None = setting(
+        None, "PEM file of this client's certificate, for Milvus servers that ask for one (mutual TLS; with "
+              "EMBEDSTREAM_MILVUS_TLS_KEY_FILE and EMBEDSTREAM_MILVUS_TLS_CA_FILE)")
+    milvus_tls_key_file: str | None = setting(None, "PEM file of the key of EMBEDSTREAM_MILVUS_TLS_CERT_FILE")
+
+    def milvus_options(self) -> dict[str, object]:
+        """The database and TLS options of a Milvus client (pymilvus' names): none when unset."""
+        out: dict[str, object] = {}
+        if self.milvus_db_name:
+            out["db_name"] = self.milvus_db_name
+        if self.milvus_tls_cert_file or self.milvus_tls_key_file:
+            out.update(secure=True, ca_pem_path=self.milvus_tls_ca_file or "",
+                       client_pem_path=self.milvus_tls_cert_file, client_key_path=self.milvus_tls_key_file)
+        elif self.milvus_tls_ca_file:
+            out.update(secure=True, server_pem_path=self.milvus_tls_ca_file)
+        return out
+
+    @model_validator(mode="after")
+    def _milvus_tls_whole(self):
+        given = [n for n in ("milvus_tls_ca_file", "milvus_tls_cert_file", "milvus_tls_key_file") if getattr(self, n)]
+        if given and ("milvus_tls_cert_file" in given or "milvus_tls_key_file" in given) and len(given) != 3:
+            raise ValueError("mutual TLS to Milvus needs EMBEDSTREAM_MILVUS_TLS_CERT_FILE, "
+                             "EMBEDSTREAM_MILVUS_TLS_KEY_FILE and EMBEDSTREAM_MILVUS_TLS_CA_FILE together "
+                             f"(given: {', '.join(given)})")
+        return self
 
 
 class OperationsSettings(BaseModel):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from schemas.errors import ConfigError, Refused, TransientError
@@ -63,9 +65,22 @@ def missing(exc: Exception) -> bool:
     return "not exist" in text or "not found" in text
 
 
-def connect(uri: str, token: str | None, timeout: float) -> Any:
-    """A ``MilvusClient``; a refused handshake is retried for a few seconds before the URI is called wrong."""
+#: pymilvus' TLS options by the setting that gives each.
+_TLS_FILES = {"server_pem_path": "EMBEDSTREAM_MILVUS_TLS_CA_FILE", "ca_pem_path": "EMBEDSTREAM_MILVUS_TLS_CA_FILE",
+              "client_pem_path": "EMBEDSTREAM_MILVUS_TLS_CERT_FILE",
+              "client_key_path": "EMBEDSTREAM_MILVUS_TLS_KEY_FILE"}
+
+
+def connect(uri: str, token: str | None, timeout: float, options: Mapping[str, Any] | None = None) -> Any:
+    """A ``MilvusClient``; a refused handshake is retried for a few seconds before the URI is called wrong.
+    ``options``: pymilvus' own for a database (``db_name``) and TLS (``secure``, ``server_pem_path`` for a
+    private CA; ``ca_pem_path``, ``client_pem_path``, ``client_key_path`` for mutual TLS)."""
     from pymilvus import MilvusClient
+
+    for key, setting in _TLS_FILES.items():  # a missing file said as such, not as a failed handshake
+        path = (options or {}).get(key)
+        if path and not Path(str(path)).is_file():
+            raise ConfigError(f"{setting}={path!r}: no such file")
 
     deadline = time.monotonic() + max(timeout, 5.0)
     delay = 0.25
@@ -73,15 +88,37 @@ def connect(uri: str, token: str | None, timeout: float) -> Any:
         try:
             # dedicated: pymilvus otherwise shares one channel per URI in a process, and recovers it
             # with the timeout of whichever client opened it first.
-            return MilvusClient(uri=uri, token=token or "", timeout=timeout, dedicated=True,
-                                grpc_options=_GRPC_OPTIONS)
+            client = MilvusClient(uri=uri, token=token or "", timeout=timeout, dedicated=True,
+                                  grpc_options=_GRPC_OPTIONS, **dict(options or {}))
+            if (options or {}).get("db_name"):
+                # a server may take the connection and refuse each call after it: asked now, said once
+                client.list_collections(timeout=timeout)
+            return client
         except Exception as exc:
+            if "database" in str(exc).lower() and missing(exc):
+                raise ConfigError(f"Milvus at {without_userinfo(uri)!r} has no database "
+                                  f"{(options or {}).get('db_name')!r}: create it, or check "
+                                  "EMBEDSTREAM_MILVUS_DB_NAME (unset: Milvus' `default`)") from None
             # A busy or just-starting server refuses the handshake now and then.
             if time.monotonic() + delay > deadline:
-                raise ConfigError(f"cannot reach Milvus at {without_userinfo(uri)!r}: {exc}. Check "
-                                  "EMBEDSTREAM_MILVUS_URI.") from None
+                check = _what_to_check(exc, options, uri)
+                raise ConfigError(f"cannot reach Milvus at {without_userinfo(uri)!r}: {exc}. {check}") from None
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+def _what_to_check(exc: Exception, options: Mapping[str, Any] | None, uri: str = "") -> str:
+    """The settings to look at for a handshake that failed with ``exc`` (TLS ones when TLS was asked for:
+    gRPC says only "unavailable" of a certificate it does not trust)."""
+    text = str(exc).lower()
+    if "database" in text and "not" in text:
+        return "Check EMBEDSTREAM_MILVUS_DB_NAME: the database must exist (create it, or unset it for `default`)."
+    tls = (options or {}).get("secure") or uri.lower().startswith("https://")
+    if tls or "ssl" in text or "certificate" in text or "handshake" in text:
+        return ("Check EMBEDSTREAM_MILVUS_URI and the TLS settings: EMBEDSTREAM_MILVUS_TLS_CA_FILE must be the CA "
+                "that signed the server's certificate, and a server that asks for a client certificate needs "
+                "EMBEDSTREAM_MILVUS_TLS_CERT_FILE and _KEY_FILE.")
+    return "Check EMBEDSTREAM_MILVUS_URI."
 
 
 class _QuietProbes(logging.Filter):
@@ -102,12 +139,12 @@ class MilvusConnection:
     version of each document id's last delete)."""
 
     def __init__(self, uri: str, collection: str, token: str | None = None, timeout: float = 10.0, *,
-                 client: Any = None) -> None:
+                 client: Any = None, options: Mapping[str, Any] | None = None) -> None:
         self.uri = uri
         self.collection = collection
         self.tombstones = f"{collection}_deleted"
         self.timeout = timeout
-        self._client = client if client is not None else connect(uri, token, timeout)
+        self._client = client if client is not None else connect(uri, token, timeout, options)
 
     @classmethod
     def sharing(cls: type[C], other: MilvusConnection, collection: str | None = None) -> C:

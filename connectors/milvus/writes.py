@@ -48,9 +48,13 @@ class MilvusStore(MilvusConnection):
         if not self._columnar_lost:
             request = upsert_request(self.collection, rows, model, updated_at)
             try:
-                # A prepared request skips pymilvus' packing; ``schema`` only saves it a describe call.
+                # A prepared request skips pymilvus' packing; ``schema`` only saves it a describe call. The
+                # call context carries the client's database (EMBEDSTREAM_MILVUS_DB_NAME), as pymilvus'
+                # own calls do: without it the request goes to `default`.
+                context = self._client._generate_call_context()
+                request.db_name = context.get_db_name()
                 self._client._get_connection().upsert(self.collection, [], upsert_param=request,
-                                                      schema={"fields": []}, timeout=self.timeout)
+                                                      schema={"fields": []}, timeout=self.timeout, context=context)
                 return
             except (AttributeError, TypeError) as exc:  # pymilvus moved or changed its private call
                 self._lose_columnar(exc)

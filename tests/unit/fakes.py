@@ -83,10 +83,15 @@ class RecordingMilvusClient:
     def _get_connection(self):
         return self
 
+    def _generate_call_context(self, **kwargs):
+        from pymilvus.client.call_context import CallContext
+
+        return CallContext(db_name="")
+
     def _table(self, collection: str) -> dict[str, dict]:
         return self.deleted if collection.endswith("_deleted") else self.rows
 
-    def upsert(self, collection, data, upsert_param=None, schema=None, timeout=None):
+    def upsert(self, collection, data, upsert_param=None, schema=None, timeout=None, context=None):
         assert timeout is not None, "every Milvus call needs a timeout"
         rows = rows_of(upsert_param) if upsert_param is not None else data
         if collection.endswith("_deleted"):

@@ -145,7 +145,7 @@ def open_milvus(settings: Settings, job: type[M], collection: str | None = None)
     ``collection`` (EMBEDSTREAM_MILVUS_COLLECTION when None)."""
     return job(settings.milvus_uri or "", collection or settings.milvus_collection,
                settings.milvus_token.get_secret_value() if settings.milvus_token else None,
-               settings.milvus_timeout_seconds)
+               settings.milvus_timeout_seconds, options=settings.milvus_options())
 
 
 def open_cache(settings: Settings, embedder: Embedder) -> RedisCache | None:

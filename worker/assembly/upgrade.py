@@ -69,7 +69,8 @@ def collection_to_write(s: Settings, name: str, model: Embedder, setting: str | 
     if legacy is None:
         return ours
     reader = MilvusReader(s.milvus_uri or "", alias_of(s, name),
-                          s.milvus_token.get_secret_value() if s.milvus_token else None, s.milvus_timeout_seconds)
+                          s.milvus_token.get_secret_value() if s.milvus_token else None, s.milvus_timeout_seconds,
+                          options=s.milvus_options())
     try:
         target = MilvusAdmin.sharing(reader).alias_target(alias_of(s, name))
         if target != legacy:
