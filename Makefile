@@ -6,9 +6,9 @@ STAMP  := $(VENV)/.installed
 # torch pinned: PyPI's 2.13.0 (its CUDA build, ~2.6 GB with the nvidia-* wheels) runs on CPUs too.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup constraints check-install docs test test-fast test-gpu gpu-check soak mutate demo bench bench-quick bench-cpu bench-gpu bench-gpu-processes bench-peer-env dev-up dev-down lint clean
+.PHONY: setup constraints check-install docs test test-fast test-guarantees test-gpu gpu-check soak mutate demo bench bench-quick bench-cpu bench-gpu bench-gpu-processes bench-peer-env dev-up dev-down lint clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(BIN)/promtool
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,14 @@ $(STAMP): pyproject.toml
 	@# environment's path, so that `embedstream dev|bench|demo` and the tests find them.
 	$(BIN)/python -c "import site, sys; open(site.getsitepackages()[0] + '/embedstream-checkout.pth', 'w').write(sys.argv[1] + '\n')" "$(CURDIR)"
 	touch $(STAMP)
+
+# Prometheus' own rule-test runner, for the tests of the chart's alerts (tests/unit/test_helm_chart.py): built
+# with Go from the module proxy, minutes the first time and seconds from Go's caches after. Without Go the
+# setup goes on, and those tests say they were skipped and why.
+PROMTOOL_VERSION ?= v0.316.0
+$(BIN)/promtool: | $(STAMP)
+	@GOBIN="$(CURDIR)/$(BIN)" GOFLAGS=-mod=mod go install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION) \
+		|| echo "promtool not built (Go $(PROMTOOL_VERSION) from the module proxy): the alert rule tests will be skipped"
 
 # constraints.txt: the versions of the development venv, which the suite passed on; the image installs with them.
 constraints: setup
@@ -37,14 +45,22 @@ docs: setup
 	$(BIN)/python -m tools.config_docs
 	$(BIN)/python -m tools.metrics_docs
 
-# The whole suite: lint and types first, then every test (unit, connectors on fakes and on the real
-# stack, integration, the fault suite).
+# The whole suite, in the order that shows a break soonest: lint and types, the fast tier (no stack), the
+# guarantees tier, then every other test (connectors on the real stack, integration, the fault suite).
 test: lint
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -m fast tests/unit tests/connectors
+	$(BIN)/python -m pytest -q -m "guarantee and not fast" --durations=10
+	$(BIN)/python -m pytest -q -m "not fast and not guarantee" --durations=25
 
 # No model and no stack: the unit tests and the connector contracts on their fakes (under a minute).
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not integration" tests/unit tests/connectors
+	$(BIN)/python -m pytest -q -m fast tests/unit tests/connectors
+
+# The tests behind the core promises (docs/promises.md: nothing lost to kill -9 or SIGTERM, exactly-once,
+# the zombie fence, the version guard, the DLQ and its breaker, stale chunks, share groups, hostile
+# records), on the real stack: minutes, not the half hour of make test.
+test-guarantees: setup
+	$(BIN)/python -m pytest -q -m guarantee --durations=10
 
 # The GPU path: the model in fp16 on CUDA, alone and in the worker on a local stack (skipped without a
 # CUDA device), then the bench on the device. BROKER=mock where Tansu's binary cannot go.

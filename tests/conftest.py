@@ -75,9 +75,16 @@ def model():
     return SentenceTransformerEmbedder()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """The soak runs only when the -m expression names it (``make soak``): ``-m faults`` or
-    ``-m integration`` would otherwise start its half hour."""
+    """``fast`` marks the tests of ``make test-fast`` (tests/unit and tests/connectors without the stack)
+    before ``-m`` selects, so that ``make test`` runs them first and everything else after. The soak runs
+    only when the -m expression names it (``make soak``): ``-m faults`` or ``-m integration`` would
+    otherwise start its half hour."""
+    fast_dirs = (config.rootpath / "tests" / "unit", config.rootpath / "tests" / "connectors")
+    for item in items:
+        if any(item.path.is_relative_to(d) for d in fast_dirs) and item.get_closest_marker("integration") is None:
+            item.add_marker(pytest.mark.fast)
     if "soak" in (config.option.markexpr or ""):
         return
     soak = [item for item in items if item.get_closest_marker("soak") is not None]

@@ -72,6 +72,7 @@ def _produce_small_batches(s: Settings, docs: list[Document], expected: Expected
     expected.records += len(docs)
 
 
+@pytest.mark.guarantee
 def test_four_workers_share_one_partition_end_at_the_newest_versions_and_lose_nothing_to_a_kill_9(
         fault_stack, model, tmp_path):
     s = _share_settings(fault_stack)
@@ -127,6 +128,7 @@ def test_a_record_that_never_finishes_within_its_lock_reaches_the_dlq_after_its_
             return model.embed_prepared(prepared)
 
     expected = Expected()
+    before = _share_metrics()
     worker = build_worker(s, embedder=StallOnMarker())  # type: ignore[arg-type]
     ran: list = []
     runner = threading.Thread(target=lambda: ran.append(worker.run(stop_when_idle=LOCK_MS / 1000 + 4)))
@@ -149,10 +151,32 @@ def test_a_record_that_never_finishes_within_its_lock_reaches_the_dlq_after_its_
     headers = dict(dlq[0].headers())
     assert headers["embedstream.error.reason"] == b"delivery_count_exceeded"
     assert b"delivered 3 times" in headers["embedstream.error.message"]
+    # what an operator sees of it: the two later deliveries, the acknowledgements past the lock (the two
+    # stalled ones at least), every record accepted (the dead letter too), none released
+    moved = {k: v - before[k] for k, v in _share_metrics().items()}
+    assert moved["redeliveries"] == 2 and moved["lock_expiries"] >= 2, moved
+    assert moved["accept"] == 12 + 3 and moved["release"] == 0 and moved["reject"] == 0, moved
+    assert moved["acknowledged"] == 15 and moved["acknowledged_past_lock"] == moved["lock_expiries"], moved
     # the fine documents are in Milvus; the stalled one was written by the deliveries that outlived
     # their locks (each a whole, idempotent write) before it was dead-lettered: not counted as lost
     expected.good["poison-1"] = poison.text
     check_nothing_lost(s, model, expected, partitions=1, lag=False)
+
+
+def _share_metrics() -> dict[str, float]:
+    """The share-group series of this process' /metrics registry."""
+    from prometheus_client import REGISTRY
+
+    def value(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    return {"redeliveries": value("embedstream_share_redeliveries_total"),
+            "lock_expiries": value("embedstream_share_lock_expiries_total"),
+            **{t: value("embedstream_share_acknowledgements_total", type=t) for t in ("accept", "release", "reject")},
+            "acknowledged": value("embedstream_share_ack_seconds_count"),
+            # (the lock, 2.5 s, is one of the histogram's bounds)
+            "acknowledged_past_lock": value("embedstream_share_ack_seconds_count") - value(
+                "embedstream_share_ack_seconds_bucket", le=str(LOCK_MS / 1000))}
 
 
 def _get(port: int, path: str) -> str:
@@ -187,7 +211,7 @@ def test_the_backlog_kedas_trigger_reads_rises_with_the_input_and_drains_to_zero
         wait_until(lambda: backlog() == 40, 60, what="a backlog of 40")
         _produce_small_batches(s, short_docs(20, "backlog-more"), expected)
         wait_until(lambda: backlog() == 60, 30, what="the backlog to rise to 60")
-        total = f'embedstream_share_backlog_total{{group="{s.group_id}",topic="{s.input_topic}"}} 60.0'
+        total = f'embedstream_share_topic_backlog{{group="{s.group_id}",topic="{s.input_topic}"}} 60.0'
         assert total in _get(port, "/metrics")
         stats = build_worker(s, embedder=model).run(stop_when_idle=3)
         assert stats.embedded == 60

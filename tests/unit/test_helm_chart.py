@@ -263,7 +263,7 @@ def test_a_share_group_scales_on_the_backlog_the_exporter_serves():
         "serverAddress": "http://prometheus.monitoring:9090"}}}})))
     [trigger] = prom["ScaledObject"]["spec"]["triggers"]
     assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "500"
-    assert trigger["metadata"]["query"] == 'sum(embedstream_share_backlog_total{group="emb",topic="docs"})'
+    assert trigger["metadata"]["query"] == 'sum(embedstream_share_topic_backlog{group="emb",topic="docs"})'
     with pytest.raises(HelmError, match="serverAddress"):
         render(merge(BASE, merge(SHARE, {"keda": {"share": {"trigger": "prometheus"}}})))
     with pytest.raises(HelmError, match="OAUTHBEARER"):
@@ -336,7 +336,7 @@ def test_a_model_set_is_a_configmap_the_worker_reads():
 def test_dashboard_is_valid_json_with_the_contract_metrics():
     import json
 
-    from tools.metrics_docs import declared
+    from tools.metrics_docs import declared, exporter_declared
 
     data = render(BASE)["ConfigMap"]["data"]["embedstream.json"]
     dashboard = json.loads(data)
@@ -349,11 +349,20 @@ def test_dashboard_is_valid_json_with_the_contract_metrics():
                    "embedstream_fenced_records_total", "embedstream_model_loads_total",
                    "embedstream_model_load_seconds_bucket", "embedstream_rebalances_total"):
         assert metric in text, metric
-    # every series named is one the worker serves, and every query is scoped to the chosen release(s)
+    # every series named is one the worker (or, for the backlog, the share group's exporter) serves, and
+    # every query is scoped to the chosen release(s): the exporter's by its job, "<release>-backlog"
     ours = {name for name, *_ in declared()}
-    used = {re.sub(r"_(count|bucket|sum)$", "", m) for m in re.findall(r"embedstream_[a-z_]+", text)}
-    assert used <= ours, used - ours
-    assert all('namespace=~"$namespace", job=~"$job"' in e for e in exprs)
+    exporter = {name for name, *_ in exporter_declared()}
+    for e in exprs:
+        used = {re.sub(r"_(count|bucket|sum)$", "", m) for m in re.findall(r"embedstream_[a-z_]+", e)}
+        if used & exporter:
+            assert used <= exporter and 'namespace=~"$namespace", job=~"$job-backlog"' in e, e
+        else:
+            assert used <= ours and 'namespace=~"$namespace", job=~"$job"' in e, (e, used - ours)
+    for metric in ("embedstream_share_topic_backlog", "embedstream_share_acknowledgements_total",
+                   "embedstream_share_redeliveries_total", "embedstream_share_lock_expiries_total",
+                   "embedstream_share_ack_seconds_bucket"):
+        assert metric in text, metric
     variables = {v["name"] for v in dashboard["templating"]["list"]}
     assert {"datasource", "namespace", "job"} <= variables
     # pods are counted as pods, not as processes x models
@@ -439,27 +448,178 @@ def test_extra_env_volumes_and_the_cache_volume_reach_the_worker_and_the_migrati
     assert {v["name"]: v for v in pod["volumes"]}["cache"] == {"name": "cache", "emptyDir": {"sizeLimit": "2Gi"}}
 
 
+#: Worker series a share-group member never moves (it commits no offsets, has no consumer lag and no
+#: rebalances); a consumer-group member never moves the ``embedstream_share_*`` ones.
+CONSUMER_ONLY = {"embedstream_consumer_lag", "embedstream_commit_seconds", "embedstream_commit_failures_total",
+                 "embedstream_rebalances_total"}
+ALERTS = {"consumer": {"EmbedstreamLagGrowing", "EmbedstreamStalled", "EmbedstreamDeadLetters", "EmbedstreamFenced",
+                       "EmbedstreamRestarting", "EmbedstreamGpuIdle"},
+          "share": {"EmbedstreamBacklogGrowing", "EmbedstreamStalled", "EmbedstreamRedeliveries",
+                    "EmbedstreamLockExpiries", "EmbedstreamDeadLetters", "EmbedstreamFenced", "EmbedstreamRestarting",
+                    "EmbedstreamGpuIdle"}}
+MONITORED = {"prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
+             "metrics": {"serviceMonitor": {"enabled": True}}}
+
+
+def rendered_rules(mode: str, extra: dict | None = None) -> tuple[dict, dict[str, dict]]:
+    values = merge(merge(BASE, MONITORED), SHARE if mode == "share" else {})
+    objs = render(merge(values, extra or {}))
+    [group] = objs["PrometheusRule"]["spec"]["groups"]
+    return objs, {r["alert"]: r for r in group["rules"]}
+
+
+def scraped_series(objs: dict, mode: str) -> set[str]:
+    """Every series a target the chart has scraped serves in ``mode``: the workers' (their ServiceMonitor),
+    and in share mode the backlog exporter's (its own ServiceMonitor)."""
+    from tools.metrics_docs import declared, exporter_declared
+
+    worker = {name for name, *_ in declared()}
+    share = {name for name in worker if name.startswith("embedstream_share_")}
+    out: set[str] = set()
+    if "ServiceMonitor" in objs:
+        out |= worker - CONSUMER_ONLY if mode == "share" else worker - share
+    if "ServiceMonitor/backlog" in objs:
+        out |= {name for name, *_ in exporter_declared()}
+    return out
+
+
 def test_alerts_are_off_by_default_and_each_rule_names_metrics_the_worker_serves():
-    import re
-
-    from tools.metrics_docs import declared
-
     assert "PrometheusRule" not in render(BASE)
-    rule = render(merge(BASE, {"prometheusRule": {"enabled": True, "labels": {"release": "kps"}}}))["PrometheusRule"]
-    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["labels"]["release"] == "kps"
-    [group] = rule["spec"]["groups"]
-    alerts = {r["alert"]: r for r in group["rules"]}
-    assert set(alerts) == {"EmbedstreamLagGrowing", "EmbedstreamStalled", "EmbedstreamDeadLetters",
-                           "EmbedstreamFenced", "EmbedstreamRestarting", "EmbedstreamGpuIdle"}
-    ours = {name for name, *_ in declared()}
-    for name, r in alerts.items():
-        assert r["annotations"]["summary"] and r["annotations"]["runbook"], name
-        used = set(re.findall(r"embedstream_[a-z_]+", r["expr"]))
-        assert used or name == "EmbedstreamRestarting", name  # kube-state-metrics' restarts
-        # a series name as scraped: histograms by _count/_bucket/_sum
-        assert {re.sub(r"_(count|bucket|sum)$", "", m) for m in used} <= ours, (name, used - ours)
-        assert 'namespace="ml"' in r["expr"] or name == "EmbedstreamRestarting", r["expr"]
-        assert r["expr"].count("(") == r["expr"].count(")"), r["expr"]
+    operations = (CHART.parents[1] / "docs" / "operations.md").read_text()
+    for mode in ("consumer", "share"):
+        objs, alerts = rendered_rules(mode)
+        rule = objs["PrometheusRule"]
+        assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["labels"]["release"] == "kps"
+        assert set(alerts) == ALERTS[mode], mode
+        served = scraped_series(objs, mode)
+        for name, r in alerts.items():
+            notes = r["annotations"]
+            assert notes["summary"] and notes["description"] and "runbook" not in notes, name
+            assert notes["runbook_url"] == f"docs/operations.md#{name.lower()}", notes
+            assert f"\n### {name}\n" in operations, f"docs/operations.md has no section for {name}"
+            used = set(re.findall(r"embedstream_[a-z_]+", r["expr"]))
+            assert used or name == "EmbedstreamRestarting", name  # kube-state-metrics' restarts
+            # each series as scraped (histograms by _count/_bucket/_sum), from a target the chart scrapes
+            missing = {re.sub(r"_(count|bucket|sum)$", "", m) for m in used} - served
+            assert not missing, (mode, name, missing)
+            assert 'namespace="ml"' in r["expr"] or name == "EmbedstreamRestarting", r["expr"]
+            assert r["expr"].count("(") == r["expr"].count(")"), r["expr"]
+    _, alerts = rendered_rules("share", {"prometheusRule": {"runbookBaseUrl": "https://wiki.example.com/embedstream"}})
+    assert alerts["EmbedstreamLockExpiries"]["annotations"]["runbook_url"] == (
+        "https://wiki.example.com/embedstream#embedstreamlockexpiries")
+
+
+def _promtool() -> str | None:
+    import shutil
+
+    local = CHART.parents[1] / ".venv" / "bin" / "promtool"
+    return str(local) if local.exists() else shutil.which("promtool")
+
+
+WORKER_POD = 'namespace="ml", pod="es-embedstream-6d8f9-x2x7q"'
+BACKLOG_POD = 'namespace="ml", pod="es-embedstream-backlog-7c5d4-k9p2m"'
+#: Each alert with a synthetic series that must make it fire and one that must not, as Prometheus' own
+#: rule-test runner reads them: (alert, eval time, input series that fire it, input series that do not).
+RULE_CASES = {
+    "consumer": [
+        ("EmbedstreamLagGrowing", "25m",
+         [(f'embedstream_consumer_lag{{{WORKER_POD}, topic="docs", partition="0"}}', "100+50x40")],
+         [(f'embedstream_consumer_lag{{{WORKER_POD}, topic="docs", partition="0"}}', "100+0x40")]),
+        ("EmbedstreamStalled", "20m",
+         [(f'embedstream_commit_seconds_count{{{WORKER_POD}, mode="async"}}', "7+0x40"),
+          (f'embedstream_consumer_lag{{{WORKER_POD}, topic="docs", partition="0"}}', "100+0x40")],
+         [(f'embedstream_commit_seconds_count{{{WORKER_POD}, mode="async"}}', "7+30x40"),
+          (f'embedstream_consumer_lag{{{WORKER_POD}, topic="docs", partition="0"}}', "100+0x40")]),
+    ],
+    "share": [
+        ("EmbedstreamBacklogGrowing", "25m",
+         [(f'embedstream_share_topic_backlog{{{BACKLOG_POD}, group="emb", topic="docs"}}', "100+50x40")],
+         [(f'embedstream_share_topic_backlog{{{BACKLOG_POD}, group="emb", topic="docs"}}', "100+0x40")]),
+        ("EmbedstreamStalled", "20m",
+         [(f'embedstream_share_acknowledgements_total{{{WORKER_POD}, type="accept"}}', "7+0x40"),
+          (f'embedstream_share_topic_backlog{{{BACKLOG_POD}, group="emb", topic="docs"}}', "100+0x40")],
+         [(f'embedstream_share_acknowledgements_total{{{WORKER_POD}, type="accept"}}', "7+30x40"),
+          (f'embedstream_share_topic_backlog{{{BACKLOG_POD}, group="emb", topic="docs"}}', "100+0x40")]),
+        ("EmbedstreamRedeliveries", "25m",  # 2 a second, over the threshold of 1; then 0.5 a second
+         [(f"embedstream_share_redeliveries_total{{{WORKER_POD}}}", "0+120x40")],
+         [(f"embedstream_share_redeliveries_total{{{WORKER_POD}}}", "0+30x40")]),
+        ("EmbedstreamLockExpiries", "15m",
+         [(f"embedstream_share_lock_expiries_total{{{WORKER_POD}}}", "0x10 3+0x30")],
+         [(f"embedstream_share_lock_expiries_total{{{WORKER_POD}}}", "0+0x40")]),
+    ],
+}
+
+
+#: The alerts of both modes (the GPU's rule reads what the mode waits on: lag, or the backlog).
+COMMON_CASES = [
+    ("EmbedstreamDeadLetters", "25m",  # 2 a second over 10 minutes, over the threshold of 1
+     [(f'embedstream_dlq_messages_total{{{WORKER_POD}, reason="decode_error"}}', "0+120x40")],
+     [(f'embedstream_dlq_messages_total{{{WORKER_POD}, reason="decode_error"}}', "0+6x40")]),
+    ("EmbedstreamFenced", "15m",
+     [(f"embedstream_fenced_records_total{{{WORKER_POD}}}", "0x10 4+0x30")],
+     [(f"embedstream_fenced_records_total{{{WORKER_POD}}}", "0+0x40")]),
+    ("EmbedstreamRestarting", "20m",
+     [(f'kube_pod_container_status_restarts_total{{{WORKER_POD}, container="worker"}}', "0x5 1x5 2x5 3x30")],
+     [(f'kube_pod_container_status_restarts_total{{{WORKER_POD}, container="worker"}}', "0x5 1x35")]),
+]
+GPU_CASE = {"consumer": f'embedstream_consumer_lag{{{WORKER_POD}, topic="docs", partition="0"}}',
+            "share": f'embedstream_share_topic_backlog{{{BACKLOG_POD}, group="emb", topic="docs"}}'}
+
+
+def _gpu_case(mode: str) -> tuple:
+    util = f'embedstream_gpu_utilization_ratio{{{WORKER_POD}, gpu="0"}}'
+    return ("EmbedstreamGpuIdle", "25m", [(util, "0.05x40"), (GPU_CASE[mode], "100+50x40")],
+            [(util, "0.9x40"), (GPU_CASE[mode], "100+50x40")])
+
+
+@pytest.mark.parametrize("mode", ["consumer", "share"])
+def test_each_alert_fires_on_a_series_that_must_fire_it_and_not_on_one_that_must_not(mode, tmp_path):
+    """The rendered rules, run by Prometheus' own rule-test runner (``promtool test rules``; `make setup`
+    builds it): each alert of the mode on a synthetic series that must fire it, and on one that must not,
+    with the labels and annotations the rule gives it."""
+    import subprocess
+
+    promtool = _promtool()
+    if promtool is None:
+        pytest.skip("promtool is not built (make setup builds it with Go): the rules are not run")
+    _, alerts = rendered_rules(mode)
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "embedstream", "rules": list(
+        alerts.values())}]}))
+    tests = []
+    cases = [*RULE_CASES[mode], *COMMON_CASES, _gpu_case(mode)]
+    assert {c[0] for c in cases} == set(alerts), "an alert without its rule test"
+    for alert, at, fire, calm in cases:
+        rule = alerts[alert]
+        expected = [{"exp_labels": dict(rule["labels"]), "exp_annotations": dict(rule["annotations"])}]
+        for series, exp in ((fire, expected), (calm, [])):
+            tests.append({"interval": "1m", "input_series": [{"series": k, "values": v} for k, v in series],
+                          "alert_rule_test": [{"eval_time": at, "alertname": alert, "exp_alerts": exp}]})
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+                                                         "tests": tests}))
+    run = subprocess.run([promtool, "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert "SUCCESS" in run.stdout + run.stderr
+
+
+def test_the_backlog_exporter_is_scraped_and_gets_extra_volumes_and_only_what_it_reads():
+    objs = render(merge(merge(BASE, MONITORED), merge(SHARE, {
+        "extraVolumes": [{"name": "ca", "secret": {"secretName": "corp-ca"}}],
+        "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/corp-ca"}],
+        "milvus": {"tls": {"existingSecret": "milvus-ca"}}, "redis": {"enabled": True, "existingSecret": "r"}})))
+    monitor = objs["ServiceMonitor/backlog"]
+    kubernetes_validate.validate(objs["Deployment/backlog"], "1.30", strict=True)
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= objs["Service/backlog"]["metadata"]["labels"].items()
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == [p["name"] for p in objs["Service/backlog"]["spec"][
+        "ports"]]
+    pod = objs["Deployment/backlog"]["spec"]["template"]["spec"]
+    assert {"name": "ca", "secret": {"secretName": "corp-ca"}} in pod["volumes"]
+    [c] = pod["containers"]
+    assert {"name": "ca", "mountPath": "/etc/corp-ca"} in c["volumeMounts"]
+    env = {e["name"] for e in c["env"]}
+    assert env == {"EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS", "EMBEDSTREAM_INPUT_TOPIC", "EMBEDSTREAM_GROUP_ID",
+                   "EMBEDSTREAM_GROUP_TYPE", "EMBEDSTREAM_LOG_FORMAT"}, env
+    assert "ServiceMonitor/backlog" not in render(merge(BASE, MONITORED))  # consumer mode: no exporter
 
 
 def _object_paths(schema: dict, path: tuple = ()) -> list[tuple]:
@@ -606,6 +766,8 @@ RELEASES = {
     "SASL and mutual TLS": VALUE_SETS["OAUTHBEARER (OIDC) and mutual TLS"],
     "migration Job": VALUE_SETS["migration Job, named alias"],
     "large numbers everywhere a number goes": LARGE,
+    "a Milvus database over mutual TLS": {"milvus": {"dbName": "search", "tls": {"existingSecret": "m",
+                                                                                 "clientCert": True}}},
     "large numbers, share mode, metrics-api": merge(LARGE, {"kafka": {"groupType": "share"}}),
 }
 
@@ -690,3 +852,21 @@ def check_keda_metadata(trigger: dict) -> None:
             assert value in ("true", "false"), (key, value)  # strconv.ParseBool
         elif key == "tls" and trigger["type"] == "kafka":
             assert value in ("enable", "disable"), value  # the Kafka scaler's own words
+
+
+def test_a_milvus_database_and_mutual_tls_reach_the_worker_and_the_migration_job():
+    objs = render(merge(BASE, {"milvus": {"dbName": "search", "tls": {"existingSecret": "milvus-mtls",
+                                                                      "clientCert": True}},
+                               "migration": {"model": "/models/e5-small"}}))
+    for kind in ("Deployment", "Job"):
+        pod = objs[kind]["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["EMBEDSTREAM_MILVUS_DB_NAME"] == "search", kind
+        assert env["EMBEDSTREAM_MILVUS_TLS_CA_FILE"] == "/etc/embedstream/milvus-tls/ca.crt", kind
+        assert env["EMBEDSTREAM_MILVUS_TLS_CERT_FILE"] == "/etc/embedstream/milvus-tls/tls.crt", kind
+        assert env["EMBEDSTREAM_MILVUS_TLS_KEY_FILE"] == "/etc/embedstream/milvus-tls/tls.key", kind
+        assert {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["milvus-tls"] == "/etc/embedstream/milvus-tls"
+        assert {v["name"]: v for v in pod["volumes"]}["milvus-tls"]["secret"]["secretName"] == "milvus-mtls"
+    env = env_of(render(BASE))
+    assert not {"EMBEDSTREAM_MILVUS_DB_NAME", "EMBEDSTREAM_MILVUS_TLS_CA_FILE"} & set(env)

@@ -50,6 +50,12 @@ class _ShareConsumer:
         return {TopicPartition("docs", 0): error}
 
 
+def _acknowledged(kind: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("embedstream_share_acknowledgements_total", {"type": kind}) or 0.0
+
+
 def test_a_finished_batch_is_accepted_record_by_record_and_what_the_sink_left_is_released(caplog):
     consumer = _ShareConsumer()
     acks = ShareAcks(consumer, RecordingProducer, 5.0)
@@ -59,7 +65,9 @@ def test_a_finished_batch_is_accepted_record_by_record_and_what_the_sink_left_is
         batch.add(v.validate(_record(offset, 1, partition)))
     batch.fenced = {("docs", 1)}
     assert acks.commit(sync=False) and consumer.sent == []  # nothing acknowledged: nothing to send
+    before = {t: _acknowledged(t) for t in ("accept", "release", "reject")}
     assert acks.acknowledge(batch) == 1
+    assert {t: _acknowledged(t) - n for t, n in before.items()} == {"accept": 2, "release": 1, "reject": 0}
     assert consumer.acks == [("docs", 0, 4, AcknowledgeType.ACCEPT), ("docs", 0, 9, AcknowledgeType.ACCEPT),
                              ("docs", 1, 2, AcknowledgeType.RELEASE)]
     assert acks.commit(sync=False) and consumer.sent == ["async"]

@@ -127,6 +127,6 @@ def test_the_exporter_answers_503_until_a_read_succeeds_then_the_backlog_and_its
     assert (code, ctype) == (200, "application/json") and json.loads(body)["backlog"] == 57
     metrics = exporter.answer("/metrics")[2].decode()
     assert 'embedstream_share_backlog{group="g",partition="1",topic="docs"} 50.0' in metrics
-    assert 'embedstream_share_backlog_total{group="g",topic="docs"} 57.0' in metrics
+    assert 'embedstream_share_topic_backlog{group="g",topic="docs"} 57.0' in metrics
     assert "embedstream_share_backlog_read_failures_total 1.0" in metrics
     assert exporter.answer("/healthz")[0] == 200 and exporter.answer("/nope")[0] == 404

@@ -30,7 +30,13 @@ from worker.core.delivery.share import ShareAcks
 from worker.core.loop import ABORT_WAIT_S, Chain, Member
 from worker.core.records import TopicPartitionKey
 from worker.core.stats import RunStats
-from worker.process.metrics import ASSIGNED_PARTITIONS, Health
+from worker.process.metrics import (
+    ASSIGNED_PARTITIONS,
+    SHARE_ACK_SECONDS,
+    SHARE_LOCK_EXPIRIES,
+    SHARE_REDELIVERIES,
+    Health,
+)
 from worker.process.startup import StartClock
 
 log = logging.getLogger(__name__)
@@ -114,6 +120,9 @@ class ShareWorker(Member):
                 log.warning("share consumer: %s", m.error())
             else:
                 good.append(m)
+        again = sum(1 for m in good if (m.delivery_count() or 1) > 1)
+        if again:
+            SHARE_REDELIVERIES.inc(again)
         self.outstanding += len(good)
         return self._take(good)
 
@@ -135,6 +144,11 @@ class ShareWorker(Member):
         for batch in self.chain.pipeline.completed(timeout):
             self.stats.account(batch)
             released = self.acks.acknowledge(batch)
+            # every record outstanding came with the last poll (the next waits until all are acknowledged)
+            held = time.monotonic() - self._polled_at
+            SHARE_ACK_SECONDS.observe_many([held] * len(batch.entries))
+            if self.lock_s is not None and held > self.lock_s:
+                SHARE_LOCK_EXPIRIES.inc(len(batch.entries))
             if released:
                 log.warning("%d records left unwritten after a stall: released for another delivery", released)
             self.outstanding -= len(batch.entries)

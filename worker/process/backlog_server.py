@@ -8,7 +8,7 @@ the backlog every ``interval`` seconds (:func:`connectors.share_backlog.group_ba
   ``metrics-api`` scaler (``valueLocation: backlog``); 503 while the last read failed, so KEDA counts a
   failure (and holds its fallback replicas) instead of scaling on a stale number;
 - ``/metrics``: ``embedstream_share_backlog{group,topic,partition}``,
-  ``embedstream_share_backlog_total{group,topic}`` and ``embedstream_share_backlog_read_failures_total``,
+  ``embedstream_share_topic_backlog{group,topic}`` and ``embedstream_share_backlog_read_failures_total``,
   for a Prometheus trigger or a dashboard;
 - ``/healthz``: 200 while reads succeed.
 """
@@ -43,7 +43,7 @@ class BacklogExporter:
         self.registry = CollectorRegistry()
         self.by_partition = Gauge("embedstream_share_backlog", "records of the topic the share group has not "
                                   "finished, per partition", ["group", "topic", "partition"], registry=self.registry)
-        self.total = Gauge("embedstream_share_backlog_total", "records of the topic the share group has not "
+        self.total = Gauge("embedstream_share_topic_backlog", "records of the topic the share group has not "
                            "finished", ["group", "topic"], registry=self.registry)
         self.failures = Counter("embedstream_share_backlog_read_failures", "backlog reads that failed",
                                 registry=self.registry)

@@ -123,6 +123,20 @@ DOCUMENTS_TRUNCATED = Counter("embedstream_documents_truncated_total",
 TOKENS_TRUNCATED = Counter("embedstream_tokens_truncated_total", "Tokens cut off by truncation (chunking off)")
 # Batches waiting for or inside the pipeline.
 INFLIGHT_BATCHES = Gauge("embedstream_inflight_batches", "Batches in the pipeline")
+# Share groups (EMBEDSTREAM_GROUP_TYPE=share): what a member did with the records it was delivered.
+# Acknowledgements by type: accept (written or dead-lettered) | release (left unwritten after a stall:
+# delivered again) | reject (never sent by this worker: a record that cannot succeed is dead-lettered
+# and accepted). A delivery count above 1: the record came back (a crash, a lock that ran out, a release).
+SHARE_ACKNOWLEDGEMENTS = Counter("embedstream_share_acknowledgements_total",
+                                 "Records a share-group member acknowledged, by type", ["type"])
+SHARE_REDELIVERIES = Counter("embedstream_share_redeliveries_total",
+                             "Records delivered to this member that had been delivered before (delivery count > 1)")
+SHARE_LOCK_EXPIRIES = Counter("embedstream_share_lock_expiries_total",
+                              "Records acknowledged after their acquisition lock ran out (the group may have "
+                              "delivered them again meanwhile)")
+SHARE_ACK_SECONDS = BatchHistogram("embedstream_share_ack_seconds",
+                                   "Time from a record's delivery (the poll) to its acknowledgement",
+                                   buckets=_SECONDS)
 
 
 def record_lag_from_stats(stats_json: str) -> None:

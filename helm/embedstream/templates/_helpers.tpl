@@ -86,39 +86,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
-{{/* The worker's environment: the deployment's and the migration Job's. */}}
-{{- define "embedstream.env" -}}
-- name: POD_NAME
-  valueFrom:
-    fieldRef:
-      fieldPath: metadata.name
-{{- if .Values.kafka.staticMembership }}
-- name: EMBEDSTREAM_GROUP_INSTANCE_ID
-  value: "$(POD_NAME)"
-{{- end }}
-- name: EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS
-  value: {{ .Values.kafka.bootstrapServers | quote }}
-- name: EMBEDSTREAM_INPUT_TOPIC
-  value: {{ .Values.kafka.inputTopic | quote }}
-- name: EMBEDSTREAM_OUTPUT_TOPIC
-  value: {{ .Values.kafka.outputTopic | quote }}
-- name: EMBEDSTREAM_DLQ_TOPIC
-  value: {{ .Values.kafka.dlqTopic | quote }}
-- name: EMBEDSTREAM_GROUP_ID
-  value: {{ .Values.kafka.groupId | quote }}
-- name: EMBEDSTREAM_DELIVERY
-  value: {{ .Values.kafka.delivery | quote }}
-- name: EMBEDSTREAM_GROUP_PROTOCOL
-  value: {{ .Values.kafka.groupProtocol | default "classic" | quote }}
-- name: EMBEDSTREAM_GROUP_TYPE
-  value: {{ .Values.kafka.groupType | default "consumer" | quote }}
-{{- if eq (.Values.kafka.groupType | default "consumer") "share" }}
-- name: EMBEDSTREAM_SHARE_MAX_DELIVERIES
-  value: {{ include "embedstream.value" (.Values.kafka.shareMaxDeliveries | default 4) | quote }}
-{{- else }}
-- name: EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS
-  value: {{ include "embedstream.value" .Values.kafka.sessionTimeoutMs | quote }}
-{{- end }}
+{{/* The Kafka client's properties (extra properties, SASL, TLS): the workers', the migration Job's and the
+   backlog exporter's. */}}
+{{- define "embedstream.kafkaClientEnv" -}}
 {{- range $k, $v := .Values.kafka.extraProperties }}
 - name: {{ printf "EMBEDSTREAM_KAFKA__%s" ($k | replace "." "_" | upper) }}
   value: {{ include "embedstream.value" $v | quote }}
@@ -175,6 +145,58 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   value: /etc/embedstream/kafka-tls/{{ .Values.kafka.tls.keyKey }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* The backlog exporter's environment: only what `embedstream lag` reads (the broker, the group, its input
+   topic, the client's properties, the log format). */}}
+{{- define "embedstream.backlogEnv" -}}
+- name: EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS
+  value: {{ .Values.kafka.bootstrapServers | quote }}
+- name: EMBEDSTREAM_INPUT_TOPIC
+  value: {{ .Values.kafka.inputTopic | quote }}
+- name: EMBEDSTREAM_GROUP_ID
+  value: {{ .Values.kafka.groupId | quote }}
+- name: EMBEDSTREAM_GROUP_TYPE
+  value: "share"
+{{ include "embedstream.kafkaClientEnv" . }}
+- name: EMBEDSTREAM_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
+{{- end -}}
+
+{{/* The worker's environment: the deployment's and the migration Job's. */}}
+{{- define "embedstream.env" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- if .Values.kafka.staticMembership }}
+- name: EMBEDSTREAM_GROUP_INSTANCE_ID
+  value: "$(POD_NAME)"
+{{- end }}
+- name: EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS
+  value: {{ .Values.kafka.bootstrapServers | quote }}
+- name: EMBEDSTREAM_INPUT_TOPIC
+  value: {{ .Values.kafka.inputTopic | quote }}
+- name: EMBEDSTREAM_OUTPUT_TOPIC
+  value: {{ .Values.kafka.outputTopic | quote }}
+- name: EMBEDSTREAM_DLQ_TOPIC
+  value: {{ .Values.kafka.dlqTopic | quote }}
+- name: EMBEDSTREAM_GROUP_ID
+  value: {{ .Values.kafka.groupId | quote }}
+- name: EMBEDSTREAM_DELIVERY
+  value: {{ .Values.kafka.delivery | quote }}
+- name: EMBEDSTREAM_GROUP_PROTOCOL
+  value: {{ .Values.kafka.groupProtocol | default "classic" | quote }}
+- name: EMBEDSTREAM_GROUP_TYPE
+  value: {{ .Values.kafka.groupType | default "consumer" | quote }}
+{{- if eq (.Values.kafka.groupType | default "consumer") "share" }}
+- name: EMBEDSTREAM_SHARE_MAX_DELIVERIES
+  value: {{ include "embedstream.value" (.Values.kafka.shareMaxDeliveries | default 4) | quote }}
+{{- else }}
+- name: EMBEDSTREAM_KAFKA__SESSION_TIMEOUT_MS
+  value: {{ include "embedstream.value" .Values.kafka.sessionTimeoutMs | quote }}
+{{- end }}
+{{ include "embedstream.kafkaClientEnv" . }}
 {{- with .Values.model.name }}
 - name: EMBEDSTREAM_MODEL
   value: {{ . | quote }}
@@ -300,6 +322,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 - name: EMBEDSTREAM_MILVUS_TIMEOUT_SECONDS
   value: {{ include "embedstream.value" .Values.milvus.timeoutSeconds | quote }}
+{{- with .Values.milvus.dbName }}
+- name: EMBEDSTREAM_MILVUS_DB_NAME
+  value: {{ . | quote }}
+{{- end }}
+{{- if .Values.milvus.tls.existingSecret }}
+- name: EMBEDSTREAM_MILVUS_TLS_CA_FILE
+  value: /etc/embedstream/milvus-tls/{{ .Values.milvus.tls.caKey }}
+{{- if .Values.milvus.tls.clientCert }}
+- name: EMBEDSTREAM_MILVUS_TLS_CERT_FILE
+  value: /etc/embedstream/milvus-tls/{{ .Values.milvus.tls.certKey }}
+- name: EMBEDSTREAM_MILVUS_TLS_KEY_FILE
+  value: /etc/embedstream/milvus-tls/{{ .Values.milvus.tls.keyKey }}
+{{- end }}
+{{- end }}
 {{- if .Values.milvus.tokenSecret.name }}
 - name: EMBEDSTREAM_MILVUS_TOKEN
   valueFrom:
@@ -333,6 +369,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   mountPath: /etc/embedstream/registry-tls
   readOnly: true
 {{- end }}
+{{- if .Values.milvus.tls.existingSecret }}
+- name: milvus-tls
+  mountPath: /etc/embedstream/milvus-tls
+  readOnly: true
+{{- end }}
 {{- if .Values.models.set }}
 - name: models
   mountPath: /etc/embedstream/models
@@ -359,6 +400,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - name: registry-tls
   secret:
     secretName: {{ .Values.schemaRegistry.tls.existingSecret }}
+{{- end }}
+{{- if .Values.milvus.tls.existingSecret }}
+- name: milvus-tls
+  secret:
+    secretName: {{ .Values.milvus.tls.existingSecret }}
 {{- end }}
 {{- if .Values.models.set }}
 - name: models

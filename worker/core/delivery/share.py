@@ -24,6 +24,7 @@ from confluent_kafka import AcknowledgeType, KafkaException, Producer, TopicPart
 from schemas.errors import TransientError
 from worker.core.delivery.at_least_once import AtLeastOnce
 from worker.core.records import Batch
+from worker.process.metrics import SHARE_ACKNOWLEDGEMENTS
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,9 @@ class ShareAcks(AtLeastOnce):
         #: The share consumer (``confluent_kafka.ShareConsumer``): acknowledged through, sent by its commits.
         self.share: Any = consumer
         self._unsent = 0
+        self._accepted = SHARE_ACKNOWLEDGEMENTS.labels("accept")
+        self._released = SHARE_ACKNOWLEDGEMENTS.labels("release")
+        SHARE_ACKNOWLEDGEMENTS.labels("reject")  # exported at 0: this worker dead-letters instead of rejecting
 
     def acknowledge(self, batch: Batch) -> int:
         """Acknowledge every record of ``batch``, which has left the pipeline: ACCEPT, or RELEASE for
@@ -48,6 +52,8 @@ class ShareAcks(AtLeastOnce):
             released += kind == AcknowledgeType.RELEASE
             self.share.acknowledge_offset(src.topic, src.partition, src.offset, kind)
         self._unsent += len(batch.entries)
+        self._accepted.inc(len(batch.entries) - released)
+        self._released.inc(released)
         return released
 
     def commit(self, sync: bool) -> bool:
