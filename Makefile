@@ -84,9 +84,8 @@ soak: setup
 # survivor judged again against its module's tests (tools/mutants.py: mutants/survivors.md), outside
 # make test: about an hour here.
 mutate: setup
-	$(BIN)/python -m tools.switch_offs
-	$(BIN)/mutmut run --max-children 2
-	$(BIN)/python -m tools.mutants --jobs 2
+	@status=0; $(BIN)/python -m tools.switch_offs || status=$$?; \
+	$(BIN)/mutmut run --max-children 2 && $(BIN)/python -m tools.mutants --jobs 2 && exit $$status
 
 bench-gpu: setup
 	$(BIN)/embedstream bench --device cuda --quick --docs 4000 --broker $(BROKER) --output bench-gpu

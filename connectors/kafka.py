@@ -63,6 +63,9 @@ def consumer_conf(common: Conf, group_id: str, group_instance_id: str | None = N
         # fetch slot meanwhile: after a resume (back-pressure) the refetch waited behind it (~0.25 s
         # idle per resume at the default 500 ms, measured).
         "fetch.wait.max.ms": 100,
+        # How soon partitions added to the input topic (or a topic re-created with more) are seen and
+        # assigned: librdkafka's default is 5 minutes. One metadata request each 30 s costs nothing.
+        "topic.metadata.refresh.interval.ms": 30_000,
     }
     if group_instance_id:
         conf["group.instance.id"] = group_instance_id

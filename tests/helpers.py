@@ -122,7 +122,7 @@ def documents_in_milvus(s: Settings) -> dict[str, list[dict]]:
     exactly the chunks of one version (indexes 0..count-1, one count, one source offset)."""
     from connectors.milvus import MilvusReader
 
-    store = MilvusReader(s.milvus_uri, s.milvus_collection, timeout=30)
+    store = MilvusReader(s.milvus_uri, s.milvus_collection, timeout=30, options=s.milvus_options())
     rows = store.query_ids(fields=CHUNK_ROW_FIELDS)
     store.close()
     ids = [r["id"] for r in rows]
@@ -182,6 +182,17 @@ def reference_model(model):
     if key not in _FP32_TWINS:
         _FP32_TWINS[key] = SentenceTransformerEmbedder(key, "fp32", "cpu")
     return _FP32_TWINS[key]
+
+
+def rows_not_at(docs: dict[str, list[dict]], texts: dict[str, str]) -> list[str]:
+    """The documents of ``docs`` (``documents_in_milvus``) with a row whose ``content_hash`` is not the
+    hash of its span of ``texts[doc]`` (the text as produced): a row of another version. Exact where a
+    cosine is not: versions that differ by a word embed within any usable threshold of each other."""
+    from worker.core.records import content_hash, normalise_text
+
+    clean = {d: normalise_text(texts[d]) for d in docs}
+    return sorted({r["doc_id"] for chunks in docs.values() for r in chunks
+                   if r["content_hash"] != content_hash(clean[r["doc_id"]][r["span_start"]:r["span_end"]])})
 
 
 def min_cosine_to_direct_encode(model, docs: dict[str, list[dict]], texts: dict[str, str]) -> float:

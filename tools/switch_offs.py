@@ -1,20 +1,26 @@
 """Does the suite notice when a guarantee is switched off? (``make mutate`` runs this first.)
 
-Each :class:`SwitchOff` is one edit that turns a guarantee off in a scratch copy of the checkout
-(exactly-once delivery, the fence, the version guard, the DLQ breaker), and the tests that must then
-fail. The copy is made from the working tree's files (``git ls-files``), so uncommitted work is
-judged too; the worker processes that the fault tests start import the copy (``PYTHONPATH``).
+Each :class:`SwitchOff` is one edit that turns a guarantee off in a scratch copy of the checkout, inside a
+function named by its dotted name (found by reading the module, so a refactor that moves or renames it
+fails :func:`apply` loudly, and ``tests/unit/test_switch_offs.py`` runs that in ``make test-fast``), and
+the end-to-end tests that must then fail. The copy is made from the working tree's files (``git
+ls-files``), so uncommitted work is judged too; the worker processes that the fault tests start import
+the copy (``PYTHONPATH``).
 
-A switch-off whose tests still pass is a promise nothing checks: the run ends with exit 1 and a table
-that names it.
+A switch-off is judged in two runs of the same tests: on the unedited copy first (they must pass: else
+the verdict is "inconclusive"), then on the edited copy, where it is **caught** only when a test fails on
+an assertion. A stack that would not start, a timeout or an error in a fixture is "inconclusive", not
+caught. The end-to-end tests are judged first; when they do not catch it, its unit tests are, so the
+table says which tier did. The run ends with exit 1 when any switch-off is not caught end to end.
 
-    python -m tools.switch_offs            # every switch-off
-    python -m tools.switch_offs fence      # one
+    python -m tools.switch_offs                  # every switch-off
+    python -m tools.switch_offs "fence lease"    # one
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import shutil
 import subprocess
@@ -23,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from xml.etree import ElementTree
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -31,27 +38,70 @@ REPO = Path(__file__).resolve().parent.parent
 class SwitchOff:
     name: str
     path: str
-    #: The text of the guarantee, and what it becomes when switched off (each must occur once).
+    #: The function (``name`` or ``Class.method``) the edit is made in.
+    function: str
+    #: The text of the guarantee inside that function, and what it becomes when switched off (``find``
+    #: must occur there exactly once).
     find: str
     replace: str
-    #: pytest arguments (paths, -k) of the tests that must fail without it.
+    #: pytest arguments (paths, -k) of the end-to-end tests that must fail without it (``embedstream run``
+    #: or the worker on the real stack); empty where no end-to-end test can see it yet.
     tests: tuple[str, ...]
+    #: The unit tests judged when the end-to-end ones do not catch it (so the table says which tier did).
+    unit: tuple[str, ...] = ()
+
+
+def _span(source: str, function: str) -> tuple[int, int]:
+    """The lines (1-based, inclusive) of ``function`` (``name`` or ``Class.method``) in ``source``."""
+    parts = function.split(".")
+    body: list[ast.stmt] = ast.parse(source).body
+    node: ast.AST | None = None
+    for part in parts:
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                     and n.name == part), None)
+        if node is None:
+            raise LookupError(f"no {function} (no {part!r})")
+        body = getattr(node, "body", [])
+    assert node is not None
+    return node.lineno, node.end_lineno or node.lineno  # type: ignore[attr-defined]
+
+
+def apply(switch: SwitchOff, source: str) -> str:
+    """``source`` with ``switch`` applied; raises ``LookupError`` naming what moved when the function or
+    the text is not where the switch-off says (update :data:`SWITCH_OFFS` to the code)."""
+    first, last = _span(source, switch.function)
+    lines = source.splitlines(keepends=True)
+    inside = "".join(lines[first - 1:last])
+    if inside.count(switch.find) != 1:
+        raise LookupError(f"{switch.name}: {switch.find!r} is in {switch.path}:{switch.function} "
+                          f"{inside.count(switch.find)} times, not once")
+    return "".join(lines[:first - 1]) + inside.replace(switch.find, switch.replace) + "".join(lines[last:])
 
 
 SWITCH_OFFS = (
-    SwitchOff("exactly-once", "worker/assembly/runner.py",
+    SwitchOff("exactly-once", "worker/assembly/runner.py", "open_delivery",
               'if s.delivery == "exactly-once":', "if False:",
               ("tests/faults/test_exactly_once.py", "-k", "kill_9")),
-    SwitchOff("fence", "worker/core/fence.py",
+    SwitchOff("fence lease", "worker/core/fence.py", "Fence.check",
               "if age > self.lease_s:", "if False:",
-              ("tests/unit/test_fence.py", "tests/unit/test_sink.py")),
-    SwitchOff("version guard", "worker/steps/writing/versions.py",
+              ("tests/faults/test_zombie.py",), ("tests/unit/test_fence.py",)),
+    SwitchOff("fence ownership", "worker/core/fence.py", "Fence.stale",
+              "return {tp for tp in batch.offsets if tenures.get(tp) is None or tenures.get(tp) != "
+              "batch.tenure.get(tp)}", "return set()",
+              ("tests/faults/test_zombie.py",), ("tests/unit/test_fence.py", "tests/unit/test_sink.py")),
+    SwitchOff("version guard", "worker/steps/writing/versions.py", "VersionGuard.superseded",
               "return have[0] == self.source(entry.source) and have[1] > entry.source.offset", "return False",
-              ("tests/unit/test_versions.py", "tests/unit/test_sink.py")),
-    SwitchOff("DLQ breaker", "worker/steps/polling/dlq_limit.py",
-              "        reason, count = (self._reasons.most_common(1)", "        return\n        reason, count = "
-              "(self._reasons.most_common(1)",
-              ("tests/unit/test_dlq_limit.py", "tests/unit/test_intake.py")),
+              ("tests/integration/test_recreated_topic.py", "-k", "older_version"), ("tests/unit/test_versions.py",)),
+    SwitchOff("DLQ breaker", "worker/steps/polling/dlq_limit.py", "DlqLimit._trip",
+              "raise DlqLimitExceeded(", "return DlqLimitExceeded(",
+              ("tests/faults/test_data_and_group.py", "-k", "breaker"), ("tests/unit/test_dlq_limit.py",)),
+    SwitchOff("stale chunks", "worker/steps/writing/targets.py", "write_collection",
+              "store.delete(stale)", "pass",
+              ("tests/faults/test_long_documents.py",), ("tests/unit/test_sink_rows.py",)),
+    SwitchOff("share ack after durability", "worker/core/delivery/share.py", "ShareAcks.acknowledge",
+              "kind = AcknowledgeType.RELEASE if src.tp in batch.fenced else AcknowledgeType.ACCEPT",
+              "kind = AcknowledgeType.ACCEPT",
+              (), ("tests/unit/test_share.py",)),
 )
 
 
@@ -66,24 +116,83 @@ def scratch_copy(dest: Path) -> None:
             shutil.copy2(src, dest / name)
 
 
-def judge(switch: SwitchOff, root: Path) -> tuple[bool, float, str]:
-    """Apply ``switch`` in a fresh copy under ``root`` and run its tests: (caught, seconds, last line);
-    caught is pytest's exit 1 (tests failed), never an error of collection or usage."""
+def _pytest(copy: Path, tests: tuple[str, ...]) -> tuple[subprocess.CompletedProcess, str]:
+    """Run ``tests`` in ``copy``: the process and its JUnit XML report (read for the verdict: the summary
+    line is cut to the terminal's width, the report is not)."""
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    report = copy / ".switch-off-report.xml"
+    report.unlink(missing_ok=True)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider",
+                          f"--junitxml={report}", *tests], cwd=copy, env=env, capture_output=True, text=True)
+    return run, report.read_text() if report.exists() else ""
+
+
+def verdict(returncode: int, junit: str) -> str:
+    """``caught`` (a test failed on an assertion, and none errored), ``passed``, or ``inconclusive`` (an
+    error in a fixture, a timeout, a crash, a stack that did not start, nothing collected).
+
+    ``junit`` is pytest's JUnit XML report: each failure's text ends with ``path:line: ExceptionType``."""
+    if returncode == 0:
+        return "passed"
+    if returncode != 1 or not junit:
+        return "inconclusive"
+    cases = ElementTree.fromstring(junit).iter("testcase")
+    failures, errors = [], 0
+    for case in cases:
+        errors += len(case.findall("error"))
+        for failure in case.findall("failure"):
+            last = (failure.text or "").strip().splitlines()[-1:] or [""]
+            failures.append((last[0].rsplit(": ", 1)[-1].strip(), failure.get("message", "")))
+    return "caught" if failures and not errors and all(map(_asserted, failures)) else "inconclusive"
+
+
+def _asserted(failure: tuple[str, str]) -> bool:
+    """An assertion: ``AssertionError``, or pytest's own ``Failed`` of an expectation (``pytest.raises``'
+    "DID NOT RAISE"), never its timeout."""
+    kind, message = failure
+    return kind == "AssertionError" or (kind == "Failed" and "DID NOT" in message and "Timeout" not in message)
+
+
+def _judge_tests(copy: Path, switch: SwitchOff, tests: tuple[str, ...]) -> tuple[str, str]:
+    """``tests`` on the unedited copy, then with ``switch`` applied (the copy is put back after):
+    ``(verdict, the edited run's first failure or last line)``; ``caught`` only when the unedited run
+    passed and the edited one failed on an assertion."""
+    target = copy / switch.path
+    original = target.read_text()
+    baseline, report = _pytest(copy, tests)
+    if verdict(baseline.returncode, report) != "passed":
+        lines = [line for line in baseline.stdout.splitlines() if line.strip()]
+        return "inconclusive (fails unedited)", lines[-1] if lines else baseline.stderr[-200:]
+    target.write_text(apply(switch, original))
+    try:
+        run, report = _pytest(copy, tests)
+    finally:
+        target.write_text(original)
+    lines = [line for line in run.stdout.splitlines() if line.strip()]
+    failed = [line for line in lines if line.startswith("FAILED ")]
+    return verdict(run.returncode, report), failed[0] if failed else lines[-1] if lines else run.stderr[-200:]
+
+
+def judge(switch: SwitchOff, root: Path) -> tuple[str, float, str]:
+    """Judge ``switch`` on a scratch copy under ``root``: its end-to-end tests first, then (when they do not
+    catch it) its unit tests. ``(verdict, seconds, the deciding run's line)``; the verdict is ``caught end
+    to end``, ``caught by unit tests only``, ``not caught`` or ``inconclusive …``."""
     copy = Path(tempfile.mkdtemp(prefix=switch.name.replace(" ", "-") + "-", dir=root))
     scratch_copy(copy)
-    target = copy / switch.path
-    text = target.read_text()
-    if text.count(switch.find) != 1:
-        raise SystemExit(f"{switch.name}: {switch.find!r} is not in {switch.path} exactly once: update "
-                         "tools/switch_offs.py to the code")
-    target.write_text(text.replace(switch.find, switch.replace))
-    env = {**os.environ, "PYTHONPATH": str(copy)}
+    apply(switch, (copy / switch.path).read_text())  # a moved target fails here, before any run
     t0 = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *switch.tests],
-                         cwd=copy, env=env, capture_output=True, text=True)
-    lines = [line for line in run.stdout.splitlines() if line.strip()]
-    shutil.rmtree(copy, ignore_errors=True)
-    return run.returncode == 1, time.monotonic() - t0, lines[-1] if lines else run.stderr[-200:]
+    found, last = "not caught", "no end-to-end test"
+    try:
+        for tier, tests in (("end to end", switch.tests), ("by unit tests only", switch.unit)):
+            if not tests:
+                continue
+            found, last = _judge_tests(copy, switch, tests)
+            if found == "caught":
+                return f"caught {tier}", time.monotonic() - t0, last
+            found = "not caught" if found == "passed" else found
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    return found, time.monotonic() - t0, last
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,14 +204,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no switch-off named {args.names}: choose from {[s.name for s in SWITCH_OFFS]}")
     missed = []
     with tempfile.TemporaryDirectory(prefix="switch-offs-") as root:
-        print(f"{'switched off':<16} {'caught':<7} {'seconds':>7}  tests' last line")
+        print(f"{'switched off':<28} {'verdict':<30} {'seconds':>7}  the failing test, or the deciding run's line")
         for switch in chosen:
-            caught, seconds, last = judge(switch, Path(root))
-            print(f"{switch.name:<16} {'yes' if caught else 'NO':<7} {seconds:>7.0f}  {last}", flush=True)
-            if not caught:
+            found, seconds, last = judge(switch, Path(root))
+            print(f"{switch.name:<28} {found:<30} {seconds:>7.0f}  {last[:200]}", flush=True)
+            if found != "caught end to end":
                 missed.append(switch.name)
     if missed:
-        print(f"not caught: {', '.join(missed)}: the suite passes with these guarantees switched off")
+        print(f"not caught end to end: {', '.join(missed)}")
         return 1
     return 0
 

@@ -391,15 +391,30 @@ def test_a_worker_that_loses_the_race_to_create_its_collection_waits_for_the_win
 @pytest.mark.integration
 def test_workers_creating_the_same_collections_at_once_all_start(stack):
     """Four workers' start-ups at once against the real server, three times: each ends with the
-    collection and its companion, and none raises."""
+    collection and its companion, and none raises. The race is made, not hoped for: each worker's
+    ``create_collection`` of the collection waits until all four have seen it missing and got there."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     uri = stack["EMBEDSTREAM_MILVUS_URI"]
     for _ in range(3):
         name = f"race_{uuid.uuid4().hex[:8]}"
         admins = [MilvusAdmin(uri, name, timeout=30) for _ in range(4)]
+        barrier, racers = threading.Barrier(len(admins), timeout=30), []
+
+        def at_once(admin, real, name=name, barrier=barrier, racers=racers):
+            def create_collection(collection, **kw):
+                if collection == name:
+                    barrier.wait()  # all four saw no collection and now create it together
+                    racers.append(admin)
+                return real(collection, **kw)
+            return create_collection
+
+        for a in admins:
+            a._client.create_collection = at_once(a, a._client.create_collection)
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda a: a.ensure_collection(4), admins))
+        assert len(racers) == len(admins), "the race did not happen"
         assert admins[0].collections(name) == [name, f"{name}_deleted"]
         admins[0].drop()
         for a in admins:

@@ -40,6 +40,7 @@ from tests.helpers import (
     documents_in_milvus,
     min_cosine_to_direct_encode,
     read_topic,
+    rows_not_at,
     settings_env,
 )
 from tools.corpus import stdlib_docstrings
@@ -308,8 +309,18 @@ def committed_reader(s: Settings, partitions: int):
     a backlog drain every few milliseconds (``committed_total`` opens a consumer per call, ~1 s)."""
     c = Consumer({**s.kafka_common(), "group.id": s.group_id})
     tps = [TopicPartition(s.input_topic, p) for p in range(partitions)]
+    last = [0]
+
+    def total() -> int:
+        try:
+            last[0] = sum(max(tp.offset, 0) for tp in c.committed(tps, timeout=10))
+        except KafkaException as exc:  # the coordinator still loading on a fresh broker, or moved: asked again
+            if exc.args[0].code() not in _COORDINATOR_BUSY:
+                raise
+        return last[0]
+
     try:
-        yield lambda: sum(max(tp.offset, 0) for tp in c.committed(tps, timeout=10))
+        yield total
     finally:
         c.close()
 
@@ -344,15 +355,33 @@ def records_in_open_transactions(s: Settings, topic: str, partitions: int) -> in
     return sum(u - c for u, c in zip(marks["read_uncommitted"], marks["read_committed"]))
 
 
-def transaction_markers(s: Settings, topic: str) -> int:
+def transaction_markers(s: Settings, topic: str, deadline: float = 60.0) -> int:
     """Offsets of ``topic`` that hold no record even a read_uncommitted reader gets: the commit and
     abort markers that transactions write, one per partition a transaction touched. 0 on a topic
-    that only non-transactional producers wrote (no compaction runs on the tests' fresh topics)."""
-    records = Counter(m.partition() for m in read_topic(s, topic, idle=1.0, isolation="read_uncommitted"))
-    c = Consumer({**s.kafka_common(), "group.id": f"marks-{uuid.uuid4().hex[:6]}"})
+    that only non-transactional producers wrote (no compaction runs on the tests' fresh topics).
+
+    Every partition is read to its high-water mark (a read that stopped early would count the records
+    it did not read as markers); one that cannot be within ``deadline`` seconds fails the test."""
+    c = Consumer({**s.kafka_common(), "group.id": f"marks-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False,
+                  "enable.partition.eof": True, "isolation.level": "read_uncommitted"})
     try:
         partitions = c.list_topics(topic, timeout=10).topics[topic].partitions
         marks = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False) for p in partitions}
+        c.assign([TopicPartition(topic, p, low) for p, (low, _) in marks.items()])
+        records: Counter[int] = Counter()
+        done = {p for p, (low, high) in marks.items() if high <= low}
+        end = time.monotonic() + deadline
+        while len(done) < len(marks):
+            assert time.monotonic() < end, f"{topic}: partitions {sorted(set(marks) - done)} not read to their end"
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF and m.offset() >= marks[m.partition()][1]:
+                    done.add(m.partition())
+                continue
+            if m.offset() < marks[m.partition()][1]:  # (anything written since is not in the count)
+                records[m.partition()] += 1
     finally:
         c.close()
     return sum(high - low - records[p] for p, (low, high) in marks.items())
@@ -396,6 +425,8 @@ def check_nothing_lost(s: Settings, model, expected: Expected, partitions: int, 
     docs = documents_in_milvus(s)
     want = expected.in_milvus
     assert set(docs) == want, f"Milvus: {len(want - set(docs))} missing, {len(set(docs) - want)} unexpected"
+    stale = rows_not_at(docs, expected.good)
+    assert not stale, f"Milvus holds another version than the newest of {len(stale)}: {stale[:5]}"
     floor = cosine_floor(model.precision)
     if want:  # (a scenario of bad records alone has no vectors to compare)
         worst = min_cosine_to_direct_encode(model, docs, expected.good)

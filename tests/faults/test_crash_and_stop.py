@@ -28,6 +28,7 @@ from tests.helpers import read_topic
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 
+@pytest.mark.guarantee
 def test_kill_9_mid_stream_three_times(fs, model, tmp_path):
     expected = Expected()
     # was 2000: each kill still lands mid-stream. Texts no earlier test cached: from the cache, a
@@ -66,6 +67,7 @@ def test_kill_9_mid_stream_three_times(fs, model, tmp_path):
     record_row("1 kill -9", f"{kills} kills", report, max(recoveries))
 
 
+@pytest.mark.guarantee
 def test_sigterm_under_load_then_restart_has_no_duplicates(fs, model, tmp_path):
     expected = Expected()
     # texts no earlier scenario cached: the model sets the pace, so the stop lands mid-stream

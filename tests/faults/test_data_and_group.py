@@ -103,6 +103,7 @@ def _spy(fn, calls):
     return wrapper
 
 
+@pytest.mark.guarantee
 def test_poison_pills_go_to_the_dlq_and_block_nothing(fs, model, tmp_path):
     expected = Expected()
     docs = short_docs(600, "pp")
@@ -127,6 +128,7 @@ def test_poison_pills_go_to_the_dlq_and_block_nothing(fs, model, tmp_path):
                report, None)
 
 
+@pytest.mark.guarantee
 def test_dlq_breaker_halts_and_commits_nothing_past_the_bad_run(fault_stack, tmp_path):
     _, env = fault_stack
     s = fresh_settings(env, partitions=1, max_batch_size=16, commit_interval_ms=0, dlq_max_consecutive=20)

@@ -140,6 +140,7 @@ def repeats_outside(fs, at: list[dict[int, int]]) -> list[tuple[int, int]]:
     return [(p, o) for (p, o), n in seen.items() if n > 1 and not any(c[p] <= o < c[p] + window for c in at)]
 
 
+@pytest.mark.guarantee
 def test_exactly_once_through_kill_9(fs, model, tmp_path):
     """On Kafka a restarted worker's ``init_transactions`` aborts the transaction its killed
     predecessor left open: 0 duplicates. Tansu shows that transaction's records instead, so there the

@@ -40,6 +40,7 @@ def _versions(n: int) -> tuple[list[Document], list[Document]]:
     return v1, v2
 
 
+@pytest.mark.guarantee
 def test_kill_9_while_long_documents_are_updated(fs, model, tmp_path):
     s = fs.model_copy(update={"chunk_tokens": CHUNK_TOKENS, "chunk_overlap": OVERLAP, "sparse": "bm25"})
     expected = Expected()

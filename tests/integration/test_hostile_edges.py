@@ -42,6 +42,7 @@ def _backtracking(size: int) -> bytes:
     return head + b'\\"' * ((size - len(head) - 101) // 2) + b"[" * 101
 
 
+@pytest.mark.guarantee
 def test_no_record_a_producer_writes_can_wipe_stall_or_stop_the_worker(stack):
     from confluent_kafka.schema_registry import SchemaRegistryClient
 

@@ -3,8 +3,10 @@ re-created (its offsets start again at 0) is a new source whose updates are writ
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 
 import pytest
 
@@ -99,9 +101,19 @@ def test_a_replay_never_goes_back_and_a_recreated_topic_writes_its_updates(stack
 
 def test_a_topic_recreated_while_the_worker_runs_is_a_new_source(stack, model):
     """The worker reads the topic's id again when the group hands it the re-created topic's partition."""
-    import threading
-
     s = fresh_settings(stack, partitions=1)
+    with _running_past_x(s, model) as done:
+        _recreate(s, s.input_topic, 1)
+        _produce(s, [Document("x", "x after the reset")])
+        _wait_for(lambda: _offset_of(s, "x") == 0, "x rewritten from the re-created topic's offset 0")
+    assert _row(s, "x")["content_hash"] == _hash("x after the reset")
+    assert done["stats"].superseded == 0
+
+
+@contextmanager
+def _running_past_x(s, model):
+    """A worker running on a thread over twenty fillers and then x (at offset 20), once x is written;
+    stopped when the block ends. Yields the dict its run's stats land in (``stats``)."""
     _produce(s, [*(Document(f"f{i}", f"filler {i}") for i in range(20)), Document("x", "x before the reset")])
     worker = build_worker(s, embedder=model)
     done: dict = {}
@@ -109,14 +121,10 @@ def test_a_topic_recreated_while_the_worker_runs_is_a_new_source(stack, model):
     thread.start()
     try:
         _wait_for(lambda: _offset_of(s, "x") == 20, "x at offset 20")
-        _recreate(s, s.input_topic, 1)
-        _produce(s, [Document("x", "x after the reset")])
-        _wait_for(lambda: _offset_of(s, "x") == 0, "x rewritten from the re-created topic's offset 0")
+        yield done
     finally:
         worker.stop.requested = True
         thread.join(60)
-    assert _row(s, "x")["content_hash"] == _hash("x after the reset")
-    assert done["stats"].superseded == 0
 
 
 def _offset_of(s, doc_id: str) -> int | None:
@@ -131,3 +139,72 @@ def _wait_for(check, what: str, seconds: float = 90) -> None:
             return
         time.sleep(0.5)
     raise AssertionError(f"not within {seconds:.0f} s: {what}")
+
+
+@pytest.mark.guarantee
+def test_an_older_version_replayed_alone_is_kept_out_of_milvus_and_the_output_topic(stack, model):
+    """The version guard's own test: versions 1 of twenty documents, 200 fillers, then their versions 2,
+    written; then the group reset to the start, read in batches of ten with one batch in flight, so each
+    version 1 reaches the sink alone, long before its version 2 (a replay, a rebalance's redo). Milvus stays
+    at version 2 and the output topic never goes back from a version 2 to a version 1 of any document.
+    With the guard off, every version 1 is written again after its version 2: the output goes back."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    s = fresh_settings(stack, partitions=1)
+    ids = [f"x{i}" for i in range(20)]
+    first = {d: f"{d}, the first version" for d in ids}
+    second = {d: f"{d}, the second version" for d in ids}
+    _produce(s, [*(Document(d, t) for d, t in first.items()),
+                 *(Document(f"f{i}", f"filler {i} between the versions") for i in range(200)),
+                 *(Document(d, t) for d, t in second.items())])
+    # batches of 64 never hold a version 1 with its version 2 (200 offsets apart): all 240 are written
+    build_worker(s.model_copy(update={"max_batch_size": 64}), embedder=model).run(stop_when_idle=2)
+    assert {d: _row(s, d)["content_hash"] for d in ids} == {d: _hash(t) for d, t in second.items()}
+
+    admin = make_admin(s.kafka_common())  # the group reset to the start, as an operator's replay does
+    fut = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(s.group_id, [TopicPartition(
+        s.input_topic, 0, 0)])])
+    for f in fut.values():
+        f.result(30)
+    replay = s.model_copy(update={"max_batch_size": 10, "max_inflight_batches": 1})
+    stats = build_worker(replay, embedder=model).run(stop_when_idle=2)
+    assert stats.superseded >= len(ids), stats  # every version 1 judged older than what Milvus holds
+    assert {d: _row(s, d)["content_hash"] for d in ids} == {d: _hash(t) for d, t in second.items()}
+    newer = {_hash(t): d for d, t in second.items()}
+    older = {_hash(t): d for d, t in first.items()}
+    seen_newer: set[str] = set()
+    went_back = []
+    # 240 from the first run, then the replay's 200 fillers and 20 versions 2 (its versions 1 superseded)
+    for m in read_topic(s, s.output_topic, expect=240 + 220):
+        if m.value() is None or m.key().decode() not in ids:
+            continue
+        h = decode_embedding(m.value(), m.headers())["content_hash"]
+        if h in newer:
+            seen_newer.add(newer[h])
+        elif h in older and older[h] in seen_newer:
+            went_back.append(older[h])
+    assert seen_newer == set(ids) and went_back == [], f"the output went back to version 1 for {went_back}"
+
+
+def test_a_topic_recreated_with_more_partitions_is_read_whole(stack, model):
+    """The input topic of one partition re-created with three under a running worker: the group hands
+    it all three, and what is produced to each (a newer version of a document among them) is written
+    from the new topic's own offsets."""
+    s = fresh_settings(stack, partitions=1)
+    with _running_past_x(s, model) as done:
+        _recreate(s, s.input_topic, 3)
+        producer = make_producer(s.kafka_common())
+        # (partition, offset) of each: x then y2 on partition 2, y0 and y1 alone on theirs
+        placed = {"x": (2, 0), "y0": (0, 0), "y1": (1, 0), "y2": (2, 1)}
+        texts = {d: "x after the reset" if d == "x" else f"{d} on partition {p}" for d, (p, _) in placed.items()}
+        for doc_id, (partition, _) in placed.items():
+            producer.produce(s.input_topic, key=doc_id, value=encode_document(Document(doc_id, texts[doc_id])),
+                             partition=partition)
+        assert producer.flush(30) == 0
+
+        def written() -> bool:
+            rows = {d: chunks[0] for d, chunks in documents_in_milvus(s).items()}
+            return all(d in rows and (rows[d]["content_hash"], rows[d]["source_offset"]) == (_hash(t), placed[d][1])
+                       for d, t in texts.items())
+        _wait_for(written, "every partition of the re-created topic read")
+    assert done["stats"].superseded == 0

@@ -178,7 +178,8 @@ def test_a_principal_missing_one_acl_gets_a_line_naming_what_was_refused(acl_kaf
     last = [line for line in res.stderr.splitlines() if line.strip()][-1]
     assert "refused this principal" in last and "AUTHORIZATION_FAILED" in last and "docs/operations.md" in last, last
     expect = {"READ on the input topic": "TOPIC_AUTHORIZATION_FAILED", "READ on the group": "GROUP_AUTHORIZATION",
-              "WRITE on the output topic": s.output_topic,  # from the produce or the transaction, as the broker answers first
+              # from the produce or from the transaction, whichever the broker answers first
+              "WRITE on the output topic": s.output_topic,
               "WRITE on the transactional id": "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"}[missing]
     assert expect in last, last
     assert not _read_as_admin(acl_kafka, s.output_topic), "something was written past the refusal"
