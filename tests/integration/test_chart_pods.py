@@ -1,0 +1,199 @@
+"""A pod as a process: the closest this machine gets to `helm install`.
+
+The chart is rendered by Helm's engine for the local stack (its broker, Milvus and Redis), and each
+rendered container's args run as `embedstream` with the container's env as the kubelet would give it:
+Secrets filled from the stack, the pod's name for its field, ``$(VAR)`` references expanded. What a
+cluster would add and this leaves out: the image (the checkout's worker runs), mounted volumes (none of
+these releases mounts one), the network namespace (each process gets a free port where the pod would
+have its own: the metrics port, the exporter's port), probes, KEDA and the scheduler.
+
+- The default release: its worker embeds what is produced into Milvus and the output topic, and stops
+  on SIGTERM with exit 0.
+- A share release: the backlog exporter answers ``/backlog`` with what was produced, the worker drains
+  it, the exporter then reads 0.
+- The migration Job: `migrate --model <a new model>` runs to its end (exit 0) and moves the alias.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from connectors.kafka import make_producer
+from connectors.milvus import MilvusAdmin
+from schemas.codec import Document, encode_document
+from tests.helpers import REPO, documents_in_milvus, fresh_settings, read_topic
+from tests.unit.helm_engine import Engine, available
+from tools.dev import free_port
+
+pytestmark = pytest.mark.integration
+
+if not available():
+    pytest.skip("needs Helm's engine, helm_python (the dev extra's helm-python-sdk)", allow_module_level=True)
+
+CHART = REPO / "helm" / "embedstream"
+
+
+@pytest.fixture(scope="module")
+def helm():
+    engine = Engine()
+    yield engine
+    engine.close()
+
+
+def _render(helm, values: dict) -> dict[str, dict]:
+    objs: dict[str, dict] = {}
+    for name, text in helm.render(str(CHART), values, name="es", namespace="ml").items():
+        if name.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                backlog = doc["metadata"]["name"].endswith("-backlog")
+                objs[f"{doc['kind']}/backlog" if backlog else doc["kind"]] = doc
+    return objs
+
+
+def _values(s, **extra) -> dict:
+    values = {"kafka": {"bootstrapServers": s.kafka_bootstrap_servers, "inputTopic": s.input_topic,
+                        "outputTopic": s.output_topic, "dlqTopic": s.dlq_topic, "groupId": s.group_id},
+              "milvus": {"uri": s.milvus_uri, "collection": s.milvus_collection},
+              "redis": {"enabled": True, "existingSecret": "embedstream-redis"}, "keda": {"checkCRDs": False}}
+    for key, more in extra.items():
+        values[key] = {**values.get(key, {}), **more}
+    return values
+
+
+def _pod(obj: dict, secrets: dict[tuple[str, str], str], pod: str) -> tuple[list[str], dict[str, str]]:
+    """The first container's args and env, as the kubelet gives them to the pod ``pod``."""
+    [c] = obj["spec"]["template"]["spec"]["containers"]
+    env: dict[str, str] = {}
+    for e in c.get("env", []):
+        value = e.get("value")
+        if value is None:
+            ref = e["valueFrom"]
+            if "secretKeyRef" in ref:
+                value = secrets[(ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])]
+            else:
+                assert ref["fieldRef"]["fieldPath"] == "metadata.name", ref
+                value = pod
+        env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), ""), str(value))
+    return list(c.get("args", [])), env
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """``embedstream <args>`` with exactly the pod's env (plus what a process needs to start here)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDSTREAM_")}
+    env = {**base, **env, "HF_HUB_OFFLINE": "1"}
+    if "EMBEDSTREAM_METRICS_PORT" in env:  # a pod has its own network namespace; processes here share one
+        env["EMBEDSTREAM_METRICS_PORT"] = str(free_port())
+    return subprocess.Popen([sys.executable, "-m", "worker.commands.cli", *args], cwd=REPO, env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def _until(check, seconds: float, what: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return
+        assert proc.poll() is None, f"exited {proc.returncode} while waiting for {what}: {log.read_text()[-3000:]}"
+        time.sleep(0.5)
+    raise AssertionError(f"not within {seconds:.0f} s: {what}\n{log.read_text()[-3000:]}")
+
+
+def _produce(s, n: int, prefix: str) -> set[str]:
+    producer = make_producer(s.kafka_common())
+    for i in range(n):
+        d = Document(f"{prefix}{i}", f"a document the pod embeds, number {i}")
+        producer.produce(s.input_topic, key=d.id, value=encode_document(d))
+    assert producer.flush(30) == 0
+    return {f"{prefix}{i}" for i in range(n)}
+
+
+def _in_milvus(s) -> set[str]:
+    """The document ids in Milvus; none before the worker has made its collection."""
+    from schemas.errors import TransientError
+
+    try:
+        return set(documents_in_milvus(s))
+    except TransientError:
+        return set()
+
+
+def _stop(proc: subprocess.Popen, log: Path) -> None:
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(90) == 0, log.read_text()[-3000:]
+
+
+def test_the_default_release_s_worker_and_the_migration_job_run_as_their_pods_would(helm, stack, tmp_path):
+    from tools.derived_models import projected_model
+
+    s = fresh_settings(stack, partitions=2, compacted_input=True)  # what `migrate` re-reads
+    secrets = {("embedstream-redis", "url"): stack["EMBEDSTREAM_REDIS_URL"]}
+    objs = _render(helm, _values(s))
+    args, env = _pod(objs["Deployment"], secrets, "es-embedstream-5d8c7-abcde")
+    assert args == ["run"] and env["EMBEDSTREAM_REDIS_URL"] == stack["EMBEDSTREAM_REDIS_URL"]
+    ids = _produce(s, 12, "pod")
+    log = tmp_path / "worker.log"
+    worker = _start(args, env, log)
+    try:
+        _until(lambda: _in_milvus(s) == ids, 180, "the documents in Milvus", worker, log)
+        assert {m.key().decode() for m in read_topic(s, s.output_topic, expect=len(ids))} == ids
+    finally:
+        if worker.poll() is None:
+            _stop(worker, log)
+
+    before = MilvusAdmin(s.milvus_uri, s.milvus_collection, timeout=30).alias_target(s.milvus_collection)
+    new_model = projected_model(tmp_path / "new-model", dim=128)
+    objs = _render(helm, _values(s, migration={"model": str(new_model)}))
+    [job] = [obj for kind, obj in objs.items() if kind.startswith("Job")]
+    args, env = _pod(job, secrets, "es-embedstream-migrate-0a1b2c3d-xyz12")
+    assert args[:3] == ["migrate", "--model", str(new_model)]
+    log = tmp_path / "migrate.log"
+    migrate = _start(args, env, log)
+    assert migrate.wait(300) == 0, log.read_text()[-3000:]
+    after = MilvusAdmin(s.milvus_uri, s.milvus_collection, timeout=30).alias_target(s.milvus_collection)
+    assert before is not None and after not in (None, before), (before, after)  # the alias moved
+    assert set(documents_in_milvus(s)) == ids  # read through the alias, from the new model's collection
+
+
+def test_a_share_release_s_exporter_and_worker_run_as_their_pods_would(helm, stack, tmp_path):
+    s = fresh_settings(stack, partitions=1)
+    secrets = {("embedstream-redis", "url"): stack["EMBEDSTREAM_REDIS_URL"]}
+    objs = _render(helm, _values(s, kafka={"groupType": "share"}))
+    args, env = _pod(objs["Deployment/backlog"], secrets, "es-embedstream-backlog-6f9d8-k2m4p")
+    port = free_port()  # the pod's own port, here one that is free
+    args = [str(port) if a == str(objs["Service/backlog"]["spec"]["ports"][0]["port"]) else a for a in args]
+    assert args[:2] == ["lag", "--serve"]
+    ids = _produce(s, 10, "share")
+    elog, wlog = tmp_path / "exporter.log", tmp_path / "worker.log"
+    exporter = _start(args, env, elog)
+    worker = None
+    try:
+        def backlog() -> int | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/backlog", timeout=5) as reply:
+                    return json.loads(reply.read())["backlog"]
+            except OSError:
+                return None
+
+        _until(lambda: backlog() == len(ids), 120, "the exporter's backlog to read what was produced", exporter,
+               elog)
+        wargs, wenv = _pod(objs["Deployment"], secrets, "es-embedstream-7b6c5-q8r9s")
+        assert wenv["EMBEDSTREAM_GROUP_TYPE"] == "share"
+        worker = _start(wargs, wenv, wlog)
+        _until(lambda: _in_milvus(s) == ids, 180, "the documents in Milvus", worker, wlog)
+        _until(lambda: backlog() == 0, 120, "the backlog to drain to 0", exporter, elog)
+    finally:
+        for proc, log in ((worker, wlog), (exporter, elog)):
+            if proc is not None and proc.poll() is None:
+                _stop(proc, log)
