@@ -202,3 +202,63 @@ def test_a_principal_with_exactly_the_migrate_acls_migrates(acl_kafka, stack, tm
     res = run_cli(["migrate", "--model", str(new_model)], env, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert "switched" in res.stdout and "could not read" not in res.stdout + res.stderr, res.stdout[-2000:]
+
+
+def test_a_dlq_topic_that_refuses_writes_mid_run_commits_nothing_past_it(acl_kafka, stack, tmp_path):
+    """A worker running at-least-once with every ACL; its Write on the DLQ topic is taken away mid-run and a
+    bad record arrives among good ones. It stops with one line naming the DLQ topic (exit 2), committing
+    nothing at or past that record (it reached neither topic); given the ACL back, a restart dead-letters
+    it and embeds the rest: nothing lost."""
+    import subprocess
+    import time
+
+    from confluent_kafka import ConsumerGroupTopicPartitions, Producer, TopicPartition
+    from confluent_kafka.admin import AclBindingFilter, AclOperation, AclPermissionType, AdminClient
+    from confluent_kafka.admin import ResourcePatternType as P
+    from confluent_kafka.admin import ResourceType as R
+
+    from schemas.codec import Document, encode_document
+    from tests.helpers import CLI, REPO
+    from tools.acls import ACLS
+
+    s = _topics_with_documents(acl_kafka, stack)  # 12 good documents and one bad record: d0..d11, "bad"
+    user = "alo"
+    _grant(acl_kafka, user, ACLS["at-least-once"], _names(s))
+    env = {**settings_env(s), **_client_env(acl_kafka.client(user))}
+    log = tmp_path / "worker.log"
+    worker = subprocess.Popen([*CLI, "run"], env=env, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    admin = AdminClient(acl_kafka.admin_conf)
+    try:
+        deadline = time.monotonic() + 180
+        while len(_read_as_admin(acl_kafka, s.dlq_topic)) < 1:  # running: the first bad record dead-lettered
+            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+        for fut in admin.delete_acls([AclBindingFilter(R.TOPIC, s.dlq_topic, P.LITERAL, f"User:{user}", None,
+                                                       AclOperation.WRITE, AclPermissionType.ANY)]).values():
+            assert fut.result(30), "no ACL removed"
+        producer = Producer(acl_kafka.admin_conf)
+        late = [f"late{i}" for i in range(6)]
+        producer.produce(s.input_topic, key="bad2", value=b"{still not json", partition=0)
+        for key in late:
+            producer.produce(s.input_topic, key=key, value=encode_document(Document(key, f"after the refusal {key}")),
+                             partition=0)
+        assert producer.flush(30) == 0
+        assert worker.wait(180) == 2, log.read_text()[-3000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    last = [line for line in log.read_text().splitlines() if line.strip()][-1]
+    assert s.dlq_topic in last and "AUTHORIZATION_FAILED" in last, last
+    # where bad2 sits on partition 0: nothing at or past it is committed
+    c_end = [tp for tp in admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(
+        s.group_id, [TopicPartition(s.input_topic, 0)])])[s.group_id].result(30).topic_partitions][0].offset
+    offsets = {m.key().decode(): m.offset() for m in _read_as_admin(acl_kafka, s.input_topic) if m.partition() == 0}
+    assert c_end <= offsets["bad2"], (c_end, offsets["bad2"])
+
+    _grant(acl_kafka, user, ACLS["at-least-once"], _names(s))
+    res = run_cli(["run", "--stop-when-idle", "3"], env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(m.key().decode() for m in _read_as_admin(acl_kafka, s.dlq_topic)) == ["bad", "bad2"]
+    out = {m.key().decode() for m in _read_as_admin(acl_kafka, s.output_topic)}
+    assert out == {f"d{i}" for i in range(12)} | set(late), out
+
