@@ -13,9 +13,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory):
-    with SecureKafka(tmp_path_factory.mktemp("secure-kafka"), users={"alice": "alice-pw-1"}) as kafka:
-        yield kafka
+def secured(acl_kafka):
+    """The module's one secured broker (a second one cost a broker start): alice is one of its users."""
+    return acl_kafka
 
 
 def _client_env(client: dict[str, str]) -> dict[str, str]:
@@ -45,8 +45,8 @@ def test_a_refused_login_or_an_untrusted_certificate_is_said_as_such(secured, st
 
 
 # -- the ACLs each mode needs (tools/acls.py, the table of docs/operations.md) ----------------------------
-USERS = {"alo": "alo-pw-1", "eos": "eos-pw-2", "share": "share-pw-3", "lagger": "lag-pw-4", "migrator": "mig-pw-5",
-         "short": "short-pw-6"}
+USERS = {"alice": "alice-pw-1", "alo": "alo-pw-1", "eos": "eos-pw-2", "share": "share-pw-3", "lagger": "lag-pw-4",
+         "migrator": "mig-pw-5", "short": "short-pw-6"}
 MODE_ENV = {"at-least-once": {}, "exactly-once": {"EMBEDSTREAM_DELIVERY": "exactly-once"},
             "share group": {"EMBEDSTREAM_GROUP_TYPE": "share"}}
 
