@@ -30,12 +30,14 @@ MUTANTS = REPO / "mutants"
 
 #: The unit tests of each mutated module (a prefix of the mutant's name), fastest first.
 TESTS = {
-    "worker.core.delivery": ["test_transactions.py", "test_offsets.py", "test_sink.py", "test_sink_rows.py",
-                             "test_loop.py"],
+    "worker.core.delivery": ["test_share.py", "test_transactions.py", "test_offsets.py", "test_sink.py",
+                             "test_sink_rows.py", "test_loop.py"],
     "worker.core.offsets": ["test_offsets.py", "test_transactions.py", "test_loop.py"],
     "worker.core.fence": ["test_fence.py", "test_sink.py", "test_sink_rows.py", "test_loop.py"],
     "worker.steps.writing.versions": ["test_versions.py", "test_sink.py"],
     "worker.steps.writing.sink": ["test_sink.py", "test_sink_rows.py", "test_transactions.py"],
+    "worker.steps.writing.planning": ["test_sink_rows.py", "test_sink.py", "test_versions.py"],
+    "worker.steps.writing.targets": ["test_sink_rows.py", "test_sink.py", "test_refusals.py"],
     "worker.steps.polling.validate": ["test_validate.py", "test_intake.py"],
     "worker.steps.polling.dlq_limit": ["test_dlq_limit.py", "test_intake.py"],
 }
