@@ -264,7 +264,7 @@ class MilvusSettings(BaseModel):
     @model_validator(mode="after")
     def _milvus_tls_whole(self):
         given = [n for n in ("milvus_tls_ca_file", "milvus_tls_cert_file", "milvus_tls_key_file") if getattr(self, n)]
-        if given and ("milvus_tls_cert_file" in given or "milvus_tls_key_file" in given) and len(given) != 3:
+        if ("milvus_tls_cert_file" in given or "milvus_tls_key_file" in given) and len(given) != 3:
             raise ValueError("mutual TLS to Milvus needs EMBEDSTREAM_MILVUS_TLS_CERT_FILE, "
                              "EMBEDSTREAM_MILVUS_TLS_KEY_FILE and EMBEDSTREAM_MILVUS_TLS_CA_FILE together "
                              f"(given: {', '.join(given)})")

@@ -77,8 +77,9 @@ def connect(uri: str, token: str | None, timeout: float, options: Mapping[str, A
     private CA; ``ca_pem_path``, ``client_pem_path``, ``client_key_path`` for mutual TLS)."""
     from pymilvus import MilvusClient
 
+    options = dict(options or {})
     for key, setting in _TLS_FILES.items():  # a missing file said as such, not as a failed handshake
-        path = (options or {}).get(key)
+        path = options.get(key)
         if path and not Path(str(path)).is_file():
             raise ConfigError(f"{setting}={path!r}: no such file")
 
@@ -89,15 +90,15 @@ def connect(uri: str, token: str | None, timeout: float, options: Mapping[str, A
             # dedicated: pymilvus otherwise shares one channel per URI in a process, and recovers it
             # with the timeout of whichever client opened it first.
             client = MilvusClient(uri=uri, token=token or "", timeout=timeout, dedicated=True,
-                                  grpc_options=_GRPC_OPTIONS, **dict(options or {}))
-            if (options or {}).get("db_name"):
+                                  grpc_options=_GRPC_OPTIONS, **options)
+            if options.get("db_name"):
                 # a server may take the connection and refuse each call after it: asked now, said once
                 client.list_collections(timeout=timeout)
             return client
         except Exception as exc:
             if "database" in str(exc).lower() and missing(exc):
                 raise ConfigError(f"Milvus at {without_userinfo(uri)!r} has no database "
-                                  f"{(options or {}).get('db_name')!r}: create it, or check "
+                                  f"{options.get('db_name')!r}: create it, or check "
                                   "EMBEDSTREAM_MILVUS_DB_NAME (unset: Milvus' `default`)") from None
             # A busy or just-starting server refuses the handshake now and then.
             if time.monotonic() + delay > deadline:
@@ -107,13 +108,11 @@ def connect(uri: str, token: str | None, timeout: float, options: Mapping[str, A
             delay = min(delay * 2, 2.0)
 
 
-def _what_to_check(exc: Exception, options: Mapping[str, Any] | None, uri: str = "") -> str:
+def _what_to_check(exc: Exception, options: Mapping[str, Any], uri: str) -> str:
     """The settings to look at for a handshake that failed with ``exc`` (TLS ones when TLS was asked for:
     gRPC says only "unavailable" of a certificate it does not trust)."""
     text = str(exc).lower()
-    if "database" in text and "not" in text:
-        return "Check EMBEDSTREAM_MILVUS_DB_NAME: the database must exist (create it, or unset it for `default`)."
-    tls = (options or {}).get("secure") or uri.lower().startswith("https://")
+    tls = options.get("secure") or uri.lower().startswith("https://")
     if tls or "ssl" in text or "certificate" in text or "handshake" in text:
         return ("Check EMBEDSTREAM_MILVUS_URI and the TLS settings: EMBEDSTREAM_MILVUS_TLS_CA_FILE must be the CA "
                 "that signed the server's certificate, and a server that asks for a client certificate needs "

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,19 +26,19 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
 from connectors.kafka import make_producer
 from connectors.milvus import MilvusAdmin
 from schemas.codec import Document, encode_document
 from tests.helpers import REPO, documents_in_milvus, fresh_settings, read_topic
-from tests.unit.helm_engine import Engine, available
+from tests.unit.helm_engine import Engine, available, container_env, objects
 from tools.dev import free_port
 
 pytestmark = pytest.mark.integration
 
 if not available():
-    pytest.skip("needs Helm's engine, helm_python (the dev extra's helm-python-sdk)", allow_module_level=True)
+    pytest.skip("the chart's pods need Helm's engine, helm_python (the dev extra's helm-python-sdk): `make setup` "
+                "installs it", allow_module_level=True)
 
 CHART = REPO / "helm" / "embedstream"
 
@@ -52,15 +51,7 @@ def helm():
 
 
 def _render(helm, values: dict) -> dict[str, dict]:
-    objs: dict[str, dict] = {}
-    for name, text in helm.render(str(CHART), values, name="es", namespace="ml").items():
-        if name.endswith("NOTES.txt"):
-            continue
-        for doc in yaml.safe_load_all(text):
-            if doc:
-                backlog = doc["metadata"]["name"].endswith("-backlog")
-                objs[f"{doc['kind']}/backlog" if backlog else doc["kind"]] = doc
-    return objs
+    return objects(helm.render(str(CHART), values, name="es", namespace="ml"))
 
 
 def _values(s, **extra) -> dict:
@@ -76,18 +67,15 @@ def _values(s, **extra) -> dict:
 def _pod(obj: dict, secrets: dict[tuple[str, str], str], pod: str) -> tuple[list[str], dict[str, str]]:
     """The first container's args and env, as the kubelet gives them to the pod ``pod``."""
     [c] = obj["spec"]["template"]["spec"]["containers"]
-    env: dict[str, str] = {}
-    for e in c.get("env", []):
-        value = e.get("value")
-        if value is None:
-            ref = e["valueFrom"]
-            if "secretKeyRef" in ref:
-                value = secrets[(ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])]
-            else:
-                assert ref["fieldRef"]["fieldPath"] == "metadata.name", ref
-                value = pod
-        env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), ""), str(value))
-    return list(c.get("args", [])), env
+
+    def value_from(e: dict) -> str:
+        ref = e["valueFrom"]
+        if "secretKeyRef" in ref:
+            return secrets[(ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])]
+        assert ref["fieldRef"]["fieldPath"] == "metadata.name", ref
+        return pod
+
+    return list(c.get("args", [])), container_env(c, value_from)
 
 
 def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
+
+import yaml
 
 #: The child: one request per line on stdin ({"op": "render"|"lint", ...}), one answer per line on
 #: stdout ({"ok": ...} or {"error": message}). Helm's own errors become answers; anything else kills
@@ -82,3 +86,28 @@ class Engine:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+def objects(files: dict[str, str]) -> dict[str, dict]:
+    """The objects of rendered ``files`` by kind; the backlog exporter's under ``"<kind>/backlog"``."""
+    objs = {}
+    for name, text in files.items():
+        if name.endswith("NOTES.txt"):
+            continue
+        for doc in yaml.safe_load_all(text):
+            if doc:
+                backlog = doc["metadata"]["name"].endswith("-backlog")
+                objs[f"{doc['kind']}/backlog" if backlog else doc["kind"]] = doc
+    return objs
+
+
+def container_env(c: dict, value_from: Callable[[dict], str]) -> dict[str, str]:
+    """A container's environment as the kubelet gives it: ``value_from(entry)`` for each entry without a
+    value (a Secret's key, a field of the pod), ``$(VAR)`` references expanded."""
+    env: dict[str, str] = {}
+    for e in c.get("env", []):
+        value = e.get("value")
+        if value is None:
+            value = value_from(e)
+        env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), ""), str(value))
+    return env

@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import cast
 
 from confluent_kafka import Consumer, KafkaError
 from confluent_kafka.schema_registry import SchemaRegistryError
@@ -28,7 +28,7 @@ from connectors.kafka import (
     topic_ids,
     topic_max_bytes,
 )
-from connectors.milvus import MilvusAdmin, MilvusConnection, MilvusStore
+from connectors.milvus import MilvusAdmin, MilvusStore
 from connectors.redis_cache import VECTORS, WITH_SPARSE, RedisCache
 from connectors.registry import SchemaRegistry, client_conf
 from connectors.transactions import Transactions, transactional_id
@@ -37,6 +37,7 @@ from schemas.codec import DOCUMENT_SCHEMA_TEXT
 from schemas.errors import ConfigError
 from schemas.sparse import SparseMode
 from worker.assembly.chain import build_chain
+from worker.assembly.milvus import open_milvus
 from worker.assembly.naming import alias_of, collection_of
 from worker.assembly.upgrade import collection_to_write
 from worker.core.assignment import Assignment
@@ -135,17 +136,6 @@ def inflight_limit(settings: Settings, models: ModelSet) -> int:
     each, embedded 323 docs/s with 8 batches in flight against 381 with 16, where each model alone
     ran the same at both)."""
     return settings.max_inflight_batches * len(models.handles)
-
-
-M = TypeVar("M", bound=MilvusConnection)
-
-
-def open_milvus(settings: Settings, job: type[M], collection: str | None = None) -> M:
-    """A client of Milvus for ``job`` (``MilvusStore``, ``MilvusReader`` or ``MilvusAdmin``) on
-    ``collection`` (EMBEDSTREAM_MILVUS_COLLECTION when None)."""
-    return job(settings.milvus_uri or "", collection or settings.milvus_collection,
-               settings.milvus_token.get_secret_value() if settings.milvus_token else None,
-               settings.milvus_timeout_seconds, options=settings.milvus_options())
 
 
 def open_cache(settings: Settings, embedder: Embedder) -> RedisCache | None:

@@ -24,6 +24,7 @@ import numpy as np
 from connectors.milvus import MilvusAdmin, MilvusReader
 from connectors.milvus.schema import EXCERPT_CHARS
 from schemas.errors import ConfigError
+from worker.assembly.milvus import open_milvus
 from worker.assembly.naming import alias_of, collection_of, versioned_name
 from worker.embedding.base import PACKAGED_MODEL_ID, Embedder
 from worker.settings import Settings
@@ -68,9 +69,7 @@ def collection_to_write(s: Settings, name: str, model: Embedder, setting: str | 
     legacy = legacy_collection(s, name, model, setting)
     if legacy is None:
         return ours
-    reader = MilvusReader(s.milvus_uri or "", alias_of(s, name),
-                          s.milvus_token.get_secret_value() if s.milvus_token else None, s.milvus_timeout_seconds,
-                          options=s.milvus_options())
+    reader = open_milvus(s, MilvusReader, alias_of(s, name))
     try:
         target = MilvusAdmin.sharing(reader).alias_target(alias_of(s, name))
         if target != legacy:
