@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -28,6 +29,7 @@ from tests.faults.harness import (
 )
 from tests.helpers import fresh_settings, read_topic
 from tools.corpus import stdlib_docstrings
+from tools.grpc_hold import GrpcHold
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -148,15 +150,7 @@ def _frozen_member(fault_stack, model, tmp_path, freeze_at: float, row: str, **s
     expected = Expected()
     n = 200  # freezes 30, 100 and 160 documents in (was 400: ~50 s a run more to drain and check)
     v1, v2 = _two_versions(n, f"z{int(freeze_at * 100)}")
-    a = WorkerProcess(s, tmp_path, "a", EMBEDSTREAM_METRICS_PORT="auto")
-    port = a.metrics_port()
-    wait_until(lambda: "assigned [0]" in a.log(), 120, what="a to own the partition")
-    b = WorkerProcess(s, tmp_path, "b")
-    if s.group_protocol == "consumer":  # KIP-848 calls back only on a change: b, given nothing, says nothing
-        wait_until(lambda: "joining the group" in b.log(), 120, what="b to join")
-        time.sleep(3)  # its first heartbeats: a member of the group
-    else:
-        wait_until(lambda: "assigned [" in b.log(), 120, what="b to join (with nothing to do)")
+    a, port, b = _a_owns_b_waits(s, tmp_path)
     with committed_reader(s, 1) as committed:
         feeder = _trickle(s, v1, expected)  # version 1 for a alone
         # frozen with batches in the pipeline: the fence then has something to hold back when a wakes
@@ -170,6 +164,74 @@ def _frozen_member(fault_stack, model, tmp_path, freeze_at: float, row: str, **s
     assert fenced >= 1, "a froze with batches in flight, yet its fence held nothing back when it woke"
     record_row(row, f"SIGSTOP a at {frozen_at}/{n} committed, past the session; fence held {fenced} "
                "records/groups", report, None)
+
+
+def _a_owns_b_waits(s, tmp_path, **a_env: str) -> tuple[WorkerProcess, int, WorkerProcess]:
+    """Worker a (its metrics on the returned port) owning the one partition, and b a member beside it
+    with nothing to do."""
+    a = WorkerProcess(s, tmp_path, "a", EMBEDSTREAM_METRICS_PORT="auto", **a_env)
+    port = a.metrics_port()
+    wait_until(lambda: "assigned [0]" in a.log(), 120, what="a to own the partition")
+    b = WorkerProcess(s, tmp_path, "b")
+    if s.group_protocol == "consumer":  # KIP-848 calls back only on a change: b, given nothing, says nothing
+        wait_until(lambda: "joining the group" in b.log(), 120, what="b to join")
+        time.sleep(3)  # its first heartbeats: a member of the group
+    else:
+        wait_until(lambda: "assigned [" in b.log(), 120, what="b to join (with nothing to do)")
+    return a, port, b
+
+
+@pytest.mark.parametrize("answered", ["on waking", "once re-validated"])
+def test_a_member_frozen_between_its_version_read_and_its_write_writes_nothing_old(fault_stack, model, tmp_path,
+                                                                                     answered):
+    """a's read of the versions Milvus holds reaches the server, and its answer is held on the way
+    back (``tools.grpc_hold``) while a is frozen past its session; b takes over and writes version 2
+    and tombstones; a gets the answer, older than what Milvus now holds. The version guard has done
+    its read: only the fence can keep version 1 out.
+
+    * ``on waking``: the answer is there the moment a wakes. Its lease ran out while it was frozen,
+      whatever its polling thread has learnt yet (under KIP-848 the loss comes with the broker's
+      answer to a heartbeat, after the sink has its answer): the lease holds the group back.
+    * ``once re-validated``: the answer comes only after a re-validated its membership, with its
+      lease renewed: only ownership holds it back (the partition is b's, or a's again under a new
+      tenure). The fence asks again after the reads for that reason."""
+    _, env = fault_stack
+    protocol = {"group_protocol": "consumer"} if answered == "on waking" else {}
+    s = fresh_settings(env, partitions=1, **_SETTINGS, **protocol)
+    expected = Expected()
+    n = 160
+    v1, v2 = _two_versions(n, "zr" + answered[0])
+    milvus = urlsplit(env["EMBEDSTREAM_MILVUS_URI"])
+    with GrpcHold((milvus.hostname, milvus.port)) as hold:
+        # no deadline on a's Milvus calls to speak of: its held read must come back as an answer
+        a, port, b = _a_owns_b_waits(s, tmp_path, EMBEDSTREAM_MILVUS_URI=f"http://127.0.0.1:{hold.port}",
+                                     EMBEDSTREAM_MILVUS_TIMEOUT_SECONDS="600")
+        with committed_reader(s, 1) as committed:
+            feeder = _trickle(s, v1, expected)
+            wait_until(lambda: committed() >= 0.3 * n, 180, every=0.05, what="30% of version 1 committed")
+        hold.arm("Query")
+        assert hold.held.wait(60), f"a read no versions in 60 s: {hold.calls}"
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: not feeder.is_alive() and "assigned [0]" in b.log(), 120,
+                       what="b to take the frozen member's partition over")
+            produce_docs(s, v2, expected)
+            gone = [d.id for d in v2[::10]]
+            produce_tombstones(s, gone, expected, existing=set(gone))
+            wait_until(lambda: committed_total(s, 1) >= expected.records, 240, what="version 2 drained")
+        finally:
+            if answered == "on waking":
+                hold.release()
+            os.kill(a.proc.pid, signal.SIGCONT)
+        for d in v2:
+            expected.good[d.id] = d.text
+        if answered == "once re-validated":
+            wait_until(lambda: "membership re-validated" in a.log(), 90, what="a to re-validate")
+            hold.release()
+        report, fenced = _stop_and_check(s, model, [a, b], port, expected, v1, v2, gone, 1)
+    assert fenced >= 1, "a's held group was older than Milvus when it came back, yet its fence held nothing back"
+    record_row(f"11 zombie, read answered {answered}", f"a's versions read held, SIGSTOP past the session; fence "
+               f"held {fenced} records/groups; {hold.pings_answered} keep-alive pings answered", report, None)
 
 
 @pytest.mark.guarantee

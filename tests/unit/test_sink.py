@@ -237,6 +237,34 @@ def test_an_expired_lease_stops_the_group_before_any_write():
     assert client.calls == [] and producer.records == []
 
 
+class _LostDuringTheRead(RecordingMilvusClient):
+    """Milvus answers the first version read while the polling thread publishes that this member
+    lost ``lost`` (another member takes it over, and its newer writes come after this read)."""
+
+    def __init__(self, fence: Fence, lost: int) -> None:
+        super().__init__()
+        self.fence, self.lost = fence, lost
+
+    def query(self, *args, **kwargs):
+        if self.lost is not None:
+            self.fence.publish(self.fence.owned_now() - {("docs", self.lost)})
+            self.lost = None
+        return super().query(*args, **kwargs)
+
+
+def test_a_partition_lost_during_the_version_read_is_written_nowhere():
+    fence = _owned(0, 1)
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), _item("b", 5, 0.2, partition=1)):
+        batch.add(e)
+    client, producer = _LostDuringTheRead(fence, 1), RecordingProducer()
+    _sink(client, producer, fence).process([batch])
+    # its new owner may have written a newer "b" that the read did not see: b is left to it
+    assert [r["id"] for r in client.calls[-1][1]] == ["a#0"]
+    assert [k for _, k, _, _ in producer.records] == [b"a"]
+    assert batch.fenced == {("docs", 1)}
+
+
 def test_an_older_version_than_milvus_holds_is_written_nowhere_and_a_newer_one_is():
     client, producer = RecordingMilvusClient(), RecordingProducer()
     sink = _sink(client, producer)

@@ -80,7 +80,11 @@ class Planner:
         now = int(time.time() * 1000)
         self._dead_letter_oversized(group, now)
         entries, plans = self._news(group)
-        self.fence.check()  # the Strong reads above may have taken a while
+        # The reads above may have taken a while: a partition lost meanwhile may have a newer version
+        # written by its new owner that they did not see, and the version guard would let the older one
+        # through. Ownership (and the lease) are asked again; a change plans the group again.
+        while any(self.fence.stale(batch) - batch.fenced for batch in group):
+            entries, plans = self._news(group)
         return Planned(group, entries, plans, now)
 
     def _dead_letter_oversized(self, group: list[Batch], now: int) -> None:
