@@ -175,3 +175,29 @@ def test_the_runners_fence_beats_ten_times_a_second_and_revalidates_for_2_s():
     """The runner builds its fence with these defaults (the module's docstring promises them)."""
     fence = Fence(lease_s=5)
     assert (fence.beat_s, fence.revalidate_s) == (0.1, 2.0)
+
+
+def test_a_share_members_batch_is_stale_whole_once_its_lock_ran_out_and_not_a_moment_before():
+    from worker.core.records import Batch, Item, Source
+    from worker.core.share_loop import lock_margin
+
+    clock = Clock(100.0)
+    fence = Fence(lease_s=60, clock=clock)
+    fence.publish({("t", 0), ("t", 1)})
+    batch = Batch()
+    for p in (0, 1):
+        batch.add(Item(Source("t", p, 7), f"d{p}", "x", "h", 1, {}, []))
+    fence.stamp(batch)
+    assert fence.stale(batch) == set()  # no lock known: never stale by it
+    fence.lock(2.0)
+    clock.now = 102.0
+    assert fence.stale(batch) == set()  # at the bound: still its own
+    clock.now = 102.01
+    assert fence.stale(batch) == {("t", 0), ("t", 1)}
+    fence.lock(2.0)  # the next poll's records: locked anew
+    assert fence.stale(batch) == set()
+    fence.lock(None)
+    clock.now = 150.0
+    assert fence.stale(batch) == set()
+    # a poll's lock less a margin (the broker started it before the records arrived): a fifth, at most 1 s
+    assert lock_margin(None) is None and lock_margin(2.5) == 2.0 and lock_margin(30.0) == 29.0

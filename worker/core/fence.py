@@ -37,8 +37,11 @@ reaches ``owned`` first.
 The producer's ``message.timeout.ms`` is at most the lease (see ``worker.assembly.runner``): records already
 handed to librdkafka when the process froze are then timed out on waking instead of being sent after
 the new owner's (measured: 10 of 10 queued records timed out after an 8 s freeze with a 3 s timeout;
-all 10 were sent with 30 s). What remains is the instant between the sink's last lease check and
-its request reaching the socket; for Milvus the version guard covers it (``worker.steps.writing.sink``).
+all 10 were sent with 30 s). The sink asks the fence before it reads the versions Milvus holds and
+again once it has them (``worker.steps.writing.planning``): a member frozen, or cut off and re-validated,
+while its read was on the way gets an answer older than what the new owner has written since, and
+only the fence can tell. What remains is the instant between the sink's last check and its request
+reaching the socket.
 """
 
 from __future__ import annotations
@@ -99,6 +102,9 @@ class Fence:
         #: Per owned partition, its tenure: a number drawn when this member was given it.
         self._tenures: dict[TopicPartitionKey, int] = {}
         self._tenure_counter = itertools.count(1)
+        #: A share member's: the clock's time past which the records in flight are no longer its own
+        #: (their lock ran out, and the group hands them to another member); None: no such bound.
+        self._locked_until: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -174,6 +180,11 @@ class Fence:
         batch.tenure = {tp: tenures[tp] for tp in batch.offsets if tp in tenures}
         return batch
 
+    def lock(self, seconds: float | None) -> None:
+        """A share member's records, just polled, are locked to it for ``seconds`` (None: for as long
+        as it takes); past that, ``stale`` gives every partition of a batch."""
+        self._locked_until = None if seconds is None else self._clock() + seconds
+
     # -- the sink -----------------------------------------------------------------------------
     def check(self) -> None:
         """Raise :class:`FenceClosed` if the lease has expired. Cheap: call it before every write."""
@@ -192,8 +203,12 @@ class Fence:
         another tenure than the batch was read in (lost and assigned again meanwhile: the consumer
         reads them again from the committed offset, so writing these too would repeat them, and
         under exactly-once commit the older offsets after the newer ones). Raises
-        :class:`FenceClosed` when the lease expired."""
+        :class:`FenceClosed` when the lease expired. A share member's batch is stale whole once its
+        records' lock ran out (``lock``): another member has them, and may have written newer versions."""
         self.check()
+        locked_until = self._locked_until
+        if locked_until is not None and self._clock() > locked_until:
+            return set(batch.offsets)
         tenures = self._tenures
         if batch.tenure is None:  # a batch never stamped (built by hand): ownership alone
             return {tp for tp in batch.offsets if tp not in tenures}

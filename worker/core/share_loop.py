@@ -42,6 +42,12 @@ from worker.process.startup import StartClock
 log = logging.getLogger(__name__)
 
 
+def lock_margin(lock_s: float | None) -> float | None:
+    """How long a poll's records stay this member's to write: their lock, less a margin (the broker
+    started it when it acquired them, before they arrived here): a fifth of it, at most a second."""
+    return None if lock_s is None else lock_s - min(1.0, lock_s / 5)
+
+
 class ShareWorker(Member):
     """One share-group member. ``run()`` blocks until stopped, idle (if asked), or a bug.
     ``partitions``: the input topic's, every one of which this member may be handed records of."""
@@ -120,11 +126,29 @@ class ShareWorker(Member):
                 log.warning("share consumer: %s", m.error())
             else:
                 good.append(m)
+        self._know_partitions(good)
+        if good:
+            self.chain.fence.lock(lock_margin(self.lock_s))
         again = sum(1 for m in good if (m.delivery_count() or 1) > 1)
         if again:
             SHARE_REDELIVERIES.inc(again)
         self.outstanding += len(good)
         return self._take(good)
+
+    def _know_partitions(self, msgs: list) -> None:
+        """Records of a partition added to the topic since this member started (no rebalance tells a
+        share member of one): its records are this member's to write like any other's, so the fence
+        is told before they are taken (else it would leave them unwritten, released again and again
+        until the broker archives them)."""
+        new = {(m.topic(), m.partition()) for m in msgs} - set(self.partitions)
+        if not new:
+            return
+        self.partitions = sorted({*self.partitions, *new})
+        self.chain.fence.publish(self.partitions)
+        self.health.assigned = len(self.partitions)
+        ASSIGNED_PARTITIONS.set(len(self.partitions))
+        log.info("records of partitions %s too (added to %s since this member started)",
+                 sorted(p for _, p in new), self.topic)
 
     def _take(self, msgs: list) -> int:
         if not msgs:

@@ -3,11 +3,15 @@ and the input is acknowledged record by record instead of committed by offset.
 
 A record is acknowledged ACCEPT once its batch has left the pipeline: its output records (or its
 dead letter) acknowledged by the broker and its Milvus writes done (``worker.core.delivery`` tells
-that order). A record the sink left unwritten (``Batch.fenced``: this member stalled past its lease)
-is RELEASEd for another delivery. What is acknowledged goes to the broker with the next
-:meth:`ShareAcks.commit` (the share consumer sends acknowledgements with its commits and polls); a
-record never acknowledged (a crash, a stop before its batch finished) goes back to the group when
-its lock expires or its member leaves, and is delivered again, its delivery count one higher.
+that order). A share member may be handed records of every partition of the topic (those added since
+it started too), but only for as long as they are locked to it: once a poll's lock has run out, the
+group hands its records to another member, which may write newer versions of them, so the fence
+makes them stale and the sink writes none (``worker.core.fence``). Those records (``Batch.fenced``)
+are RELEASEd, never accepted unwritten (the broker refuses either once the lock is gone). What is
+acknowledged goes to the broker with the next :meth:`ShareAcks.commit` (the share consumer sends
+acknowledgements with its commits and polls); a record never acknowledged (a crash, a stop before
+its batch finished) goes back to the group when its lock expires or its member leaves, and is
+delivered again, its delivery count one higher.
 
 Share groups have no transactions (exactly-once is refused at start-up) and no offsets to commit:
 the offset calls of :class:`~worker.core.delivery.base.Delivery` are refused here.
