@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from urllib.parse import urlsplit
 
 import pytest
@@ -166,13 +167,14 @@ def _frozen_member(fault_stack, model, tmp_path, freeze_at: float, row: str, **s
                "records/groups", report, None)
 
 
-def _a_owns_b_waits(s, tmp_path, **a_env: str) -> tuple[WorkerProcess, int, WorkerProcess]:
+def _a_owns_b_waits(s, tmp_path, both: dict[str, str] | None = None,
+                    **a_env: str) -> tuple[WorkerProcess, int, WorkerProcess]:
     """Worker a (its metrics on the returned port) owning the one partition, and b a member beside it
-    with nothing to do."""
-    a = WorkerProcess(s, tmp_path, "a", EMBEDSTREAM_METRICS_PORT="auto", **a_env)
+    with nothing to do; ``both``: the environment of both."""
+    a = WorkerProcess(s, tmp_path, "a", EMBEDSTREAM_METRICS_PORT="auto", **(both or {}), **a_env)
     port = a.metrics_port()
     wait_until(lambda: "assigned [0]" in a.log(), 120, what="a to own the partition")
-    b = WorkerProcess(s, tmp_path, "b")
+    b = WorkerProcess(s, tmp_path, "b", **(both or {}))
     if s.group_protocol == "consumer":  # KIP-848 calls back only on a change: b, given nothing, says nothing
         wait_until(lambda: "joining the group" in b.log(), 120, what="b to join")
         time.sleep(3)  # its first heartbeats: a member of the group
@@ -232,6 +234,53 @@ def test_a_member_frozen_between_its_version_read_and_its_write_writes_nothing_o
     assert fenced >= 1, "a's held group was older than Milvus when it came back, yet its fence held nothing back"
     record_row(f"11 zombie, read answered {answered}", f"a's versions read held, SIGSTOP past the session; fence "
                f"held {fenced} records/groups; {hold.pings_answered} keep-alive pings answered", report, None)
+
+
+def test_a_member_frozen_with_a_transaction_open_writes_nothing_visible(fault_stack, model, tmp_path):
+    """Under exactly-once: a's group has its output records in an open transaction and its Milvus
+    write on the server, and the write's answer is held (``tools.grpc_hold``) while a is frozen past
+    its session; b takes over, reads a's records again from the committed offset, writes them and
+    version 2 in transactions of its own. When a wakes, its transaction never commits: a
+    read_committed reader sees every input record on the output topic exactly once, and Milvus ends
+    at the newest versions."""
+    from tests.faults.test_exactly_once import assert_transactional
+
+    _, env = fault_stack
+    s = fresh_settings(env, partitions=1, **_SETTINGS)
+    expected = Expected()
+    n = 120
+    v1, v2 = _two_versions(n, "zt")
+    milvus = urlsplit(env["EMBEDSTREAM_MILVUS_URI"])
+    with GrpcHold((milvus.hostname, milvus.port)) as hold:
+        a, port, b = _a_owns_b_waits(s, tmp_path, {"EMBEDSTREAM_DELIVERY": "exactly-once"},
+                                     EMBEDSTREAM_MILVUS_URI=f"http://127.0.0.1:{hold.port}",
+                                     EMBEDSTREAM_MILVUS_TIMEOUT_SECONDS="600")
+        with committed_reader(s, 1) as committed:
+            feeder = _trickle(s, v1, expected)
+            wait_until(lambda: committed() >= 0.3 * n, 180, every=0.05, what="30% of version 1 committed")
+        hold.arm("Upsert")  # the group's records are in its open transaction by then
+        assert hold.held.wait(60), f"a wrote nothing to Milvus in 60 s: {hold.calls}"
+        os.kill(a.proc.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: not feeder.is_alive() and "assigned [0]" in b.log(), 120,
+                       what="b to take the frozen member's partition over")
+            produce_docs(s, v2, expected)
+            wait_until(lambda: committed_total(s, 1) >= expected.records, 240, what="version 2 drained")
+        finally:
+            hold.release()
+            os.kill(a.proc.pid, signal.SIGCONT)
+        for d in v2:
+            expected.good[d.id] = d.text
+        report, fenced = _stop_and_check(s, model, [a, b], port, expected, v1, v2, [], 1)
+    assert_transactional(s)
+    # every input record on the output topic once: a's open transaction (a copy of what b wrote
+    # again after the takeover) never became visible
+    seen = Counter((r["source_offset"], r["chunk_index"]) for r in (decode_embedding(m.value()) for m in
+                                                                    read_topic(s, s.output_topic) if m.value()))
+    repeated = sorted(k for k, c in seen.items() if c > 1)
+    assert not repeated, f"{len(repeated)} output records visible twice, e.g. {repeated[:5]}"
+    record_row("11 zombie, exactly-once", f"a frozen with its transaction open; fence held {fenced} records/groups",
+               report, None)
 
 
 @pytest.mark.guarantee
