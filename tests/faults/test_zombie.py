@@ -129,7 +129,7 @@ def _stop_and_check(s, model, workers: list[WorkerProcess], port: int, expected:
 
 
 @pytest.mark.guarantee
-@pytest.mark.parametrize("freeze_at", [0.15, 0.5, 0.8])
+@pytest.mark.parametrize("freeze_at", [0.15, 0.5])
 def test_a_frozen_member_writes_nothing_old_when_it_wakes(fault_stack, model, tmp_path, freeze_at):
     # the middle freeze with EMBEDSTREAM_SPARSE=bm25: the fence holds the rows' texts back as well
     _frozen_member(fault_stack, model, tmp_path, freeze_at, "11 zombie member",
@@ -149,7 +149,9 @@ def _frozen_member(fault_stack, model, tmp_path, freeze_at: float, row: str, **s
     _, env = fault_stack
     s = fresh_settings(env, partitions=1, **_SETTINGS, **settings)
     expected = Expected()
-    n = 200  # freezes 30, 100 and 160 documents in (was 400: ~50 s a run more to drain and check)
+    # freezes 30 and 100 documents in (was 400: ~50 s a run more to drain and check; a third point at 160 is
+    # left to the scenario that freezes a member at the one moment only the fence can cover)
+    n = 200
     v1, v2 = _two_versions(n, f"z{int(freeze_at * 100)}")
     a, port, b = _a_owns_b_waits(s, tmp_path)
     with committed_reader(s, 1) as committed:
@@ -201,7 +203,7 @@ def test_a_member_frozen_between_its_version_read_and_its_write_writes_nothing_o
     protocol = {"group_protocol": "consumer"} if answered == "on waking" else {}
     s = fresh_settings(env, partitions=1, **_SETTINGS, **protocol)
     expected = Expected()
-    n = 160
+    n = 100
     v1, v2 = _two_versions(n, "zr" + answered[0])
     milvus = urlsplit(env["EMBEDSTREAM_MILVUS_URI"])
     with GrpcHold((milvus.hostname, milvus.port)) as hold:
@@ -248,7 +250,7 @@ def test_a_member_frozen_with_a_transaction_open_writes_nothing_visible(fault_st
     _, env = fault_stack
     s = fresh_settings(env, partitions=1, **_SETTINGS)
     expected = Expected()
-    n = 120
+    n = 80
     v1, v2 = _two_versions(n, "zt")
     milvus = urlsplit(env["EMBEDSTREAM_MILVUS_URI"])
     with GrpcHold((milvus.hostname, milvus.port)) as hold:
