@@ -201,3 +201,23 @@ def test_a_share_members_batch_is_stale_whole_once_its_lock_ran_out_and_not_a_mo
     assert fence.stale(batch) == set()
     # a poll's lock less a margin (the broker started it before the records arrived): a fifth, at most 1 s
     assert lock_margin(None) is None and lock_margin(2.5) == 2.0 and lock_margin(30.0) == 29.0
+
+
+def test_the_bounds_of_the_lease_and_of_the_revalidation_window_are_inside(caplog):
+    """A gap of exactly the lease is no stall, an age of exactly the lease still writes, and exactly
+    ``revalidate_s`` of polling turns is enough to ask for the proof. The stall is said with its length."""
+    clock = Clock(0.0)
+    fence = Fence(lease_s=2, revalidate_s=1.5, clock=clock)
+    fence.publish({("t", 0)})
+    clock.now = 2.0
+    fence.check()  # age 2.0 of a 2.0 s lease
+    fence.beat()  # a gap of 2.0 s: no stall
+    assert not fence.suspect
+    clock.now = 7.25
+    fence.beat()  # 5.25 s
+    assert fence.suspect and "stalled for 5.2s (longer than the 2.0s lease)" in caplog.text
+    proofs: list[float] = []
+    fence.tick(lambda: proofs.append(clock.now) or True)  # the window opens
+    clock.now = 8.75
+    fence.tick(lambda: proofs.append(clock.now) or True)  # exactly 1.5 s of turns
+    assert proofs == [8.75] and not fence.suspect

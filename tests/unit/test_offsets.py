@@ -296,6 +296,7 @@ def test_commit_attempts_are_half_a_second_apart_and_the_last_failure_is_an_erro
     assert sleeps == [0.5, 0.5]  # between attempts, not after the last
     assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING", "ERROR"]
     assert caplog.records[-1].getMessage().endswith("; the next commit retries it")
+    assert all(r.getMessage().endswith("; retrying") for r in caplog.records[:-1])
     c.failures = 1
     sleeps.clear()
     assert committer.commit(sync=True, attempts=3) and sleeps == [0.5]
@@ -312,3 +313,62 @@ def test_at_least_once_commits_only_what_was_stored_since_the_last_commit_and_th
     assert delivery.commit(sync=False) and c.commit_kwargs[-1] == {"offsets": None, "asynchronous": True}
     delivery.recommit([TopicPartition("docs", 0, 4)])
     assert c.commit_kwargs[-1]["asynchronous"] is False  # a proof must hear the coordinator's answer
+
+
+def test_an_offset_of_0_stored_or_committed_here_is_the_line_a_commit_of_1_elsewhere_crosses():
+    """An empty partition's end 0, stored by this member (or committed by its own transaction), is
+    what it knows: another member's commit of 1 after a takeover is a takeover."""
+    for learn in ("store", "transaction"):
+        c = _assigned(FakeConsumer({}), {})
+        committer = OffsetCommitter(c, 0, at_least_once(c))
+        if learn == "store":
+            committer.store({("docs", 0): 0}, owned={("docs", 0)})
+        else:
+            committer._committed_elsewhere({("docs", 0): 0})
+        c.committed_offsets[0] = 1
+        assert committer.membership_holds() is False, learn
+
+
+def test_what_this_member_knows_is_the_highest_offset_whatever_the_order_it_learns_them_in():
+    """Under exactly-once the sink's transaction can commit further than the polling thread has
+    stored yet: a smaller store after it must not make the member's own commit read as a takeover."""
+    c = _assigned(FakeConsumer({}), {})
+    committer = OffsetCommitter(c, 0, at_least_once(c))
+    committer._committed_elsewhere({("docs", 0): 7})
+    committer.store({("docs", 0): 5}, owned={("docs", 0)})
+    committer.store({("docs", 0): 9}, owned={("docs", 0)})
+    committer.store({("docs", 0): 8}, owned={("docs", 0)})
+    c.committed_offsets[0] = 9  # its own
+    assert committer.membership_holds()
+    committer._committed_elsewhere({("docs", 0): 6})
+    assert committer.membership_holds()
+    assert committer.behind({("docs", 0): 9}) == {} and committer.behind({("docs", 0): 10}) == {("docs", 0): 10}
+
+
+def test_the_reads_the_loop_makes_for_a_rebalance_and_a_proof_wait_ten_seconds_at_most():
+    """The loop calls both without a timeout of its own: a coordinator that does not answer holds the
+    polling thread (and its heartbeats' partner, the poll) ten seconds at most, within librdkafka's
+    max.poll.interval.ms."""
+    c = _assigned(_TimedConsumer(), {0: 40})
+    committer = OffsetCommitter(c, 0, at_least_once(c))
+    committer.new_generation({("docs", 0)})
+    assert committer.membership_holds()
+    assert c.timeouts == [10.0, 10.0]
+
+
+def test_a_failed_commit_is_an_error_only_when_it_was_retried_and_the_retries_ran_out(monkeypatch, caplog):
+    """One attempt alone (the async commits between batches) failing is a warning; the last of several
+    (the synchronous commits) is an error."""
+    import logging
+
+    import worker.core.offsets as offsets
+
+    monkeypatch.setattr(offsets.time, "sleep", lambda s: None)
+    for attempts, levels in ((1, ["WARNING"]), (2, ["WARNING", "ERROR"])):
+        caplog.clear()
+        c = FlakyConsumer(failures=attempts)
+        committer = OffsetCommitter(c, 0, at_least_once(c))
+        committer.store({("docs", 0): 2}, owned={("docs", 0)})
+        with caplog.at_level(logging.WARNING, logger="worker.core.offsets"):
+            assert committer.commit(sync=True, attempts=attempts) is False
+        assert [r.levelname for r in caplog.records] == levels, attempts

@@ -7,6 +7,7 @@ import pytest
 from confluent_kafka import AcknowledgeType
 
 from schemas.codec import Document, encode_document
+from schemas.errors import TransientError
 from worker.core.delivery.share import ShareAcks
 from worker.core.records import Batch, DeadLetter, Item
 from worker.settings import Settings
@@ -83,3 +84,50 @@ def test_a_share_group_refuses_exactly_once_at_start_up():
     with pytest.raises(ValueError, match="share groups have no transactions"):
         Settings(group_type="share", delivery="exactly-once")
     assert Settings(group_type="share").share_max_deliveries == 4
+
+
+class _TimedShareConsumer(_ShareConsumer):
+    def __init__(self, failing: bool = False) -> None:
+        super().__init__()
+        self.timeouts: list = []
+        self.failing = failing
+
+    def commit_sync(self, timeout):
+        self.timeouts.append(timeout)
+        return super().commit_sync(timeout)
+
+    def commit_async(self):
+        if self.failing:
+            from confluent_kafka import KafkaError, KafkaException
+
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+        super().commit_async()
+
+
+def _batch(*fenced_partitions: int) -> Batch:
+    batch = Batch()
+    for offset, partition in ((1, 0), (2, 1), (3, 1)):
+        batch.add(Validator(1000, lambda name: "").validate(_record(offset, 1, partition)))
+    batch.fenced = {("docs", p) for p in fenced_partitions}
+    return batch
+
+
+def test_acknowledgements_wait_for_the_broker_as_long_as_configured_and_count_every_release():
+    consumer = _TimedShareConsumer()
+    acks = ShareAcks(consumer, RecordingProducer, 7.5)
+    before = _acknowledged("release")
+    assert acks.acknowledge(_batch(1)) == 2  # both records of partition 1
+    assert _acknowledged("release") - before == 2
+    assert acks.commit(sync=True) and consumer.timeouts == [7.5]
+    # what was acknowledged goes with the next commit, whatever came after it
+    acks.acknowledge(_batch())
+    acks.acknowledge(Batch())
+    assert acks.commit(sync=True) and consumer.timeouts == [7.5, 7.5]
+
+
+def test_acknowledgements_the_broker_cannot_take_now_are_a_kafka_outage_to_retry():
+    acks = ShareAcks(_TimedShareConsumer(failing=True), RecordingProducer, 5.0)
+    acks.acknowledge(_batch())
+    with pytest.raises(TransientError) as raised:
+        acks.commit(sync=False)
+    assert raised.value.system == "kafka" and str(raised.value).startswith("kafka: acknowledging records: ")

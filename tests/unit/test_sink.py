@@ -594,3 +594,49 @@ def test_records_refused_together_are_produced_alone_and_only_the_one_refused_al
     assert [r for r, _ in told] == ["output_too_large"]
     out = [(t, k) for t, k, _, _ in producer.records]
     assert out == [("embeddings", b"a"), ("documents.dlq", b"fat"), ("embeddings", b"c")]
+
+
+def test_a_tombstone_whose_version_milvus_will_not_read_is_dead_lettered_with_milvus_answer():
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), Delete(Source("docs", 0, 1), "oddgone", headers=[("h", b"1")])):
+        batch.add(e)
+    told: list = []
+    client, producer = RecordingMilvusClient(refuse_reads=lambda i: i.startswith("odd")), RecordingProducer()
+    _sink(client, producer, dead_lettered=lambda *dead: told.append(dead)).process([batch])
+    dead = batch.entries[1]
+    assert isinstance(dead, DeadLetter) and dead.reason == "milvus_rejected" and dead.source == Source("docs", 0, 1)
+    assert (dead.key, dead.value, dead.headers) == (b"oddgone", None, [("h", b"1")])
+    assert dead.message.startswith("Milvus refused it for good: ")
+    assert [r for r, _ in told] == ["milvus_rejected"] and sorted(client.rows) == ["a#0"]
+
+
+def test_a_tombstone_whose_output_record_is_refused_for_good_is_dead_lettered_itself():
+    class RefusingProducer(RecordingProducer):
+        def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
+            if key == b"gone" and topic == "embeddings":
+                raise KafkaException(KafkaError(KafkaError.POLICY_VIOLATION))
+            super().produce(topic, value, key, headers, on_delivery)
+
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), Delete(Source("docs", 0, 1), "gone")):
+        batch.add(e)
+    producer = RefusingProducer()
+    sink = _sink(RecordingMilvusClient(), producer)
+    with pytest.raises(TransientError, match="producing them alone"):
+        sink.process([batch])
+    with pytest.raises(TransientError, match="output topic refused for good were dead-lettered"):
+        sink.process([batch])
+    producer.records.clear()
+    sink.process([batch])
+    out = [(t, k, dict(h or ()).get("embedstream.error.reason")) for t, k, _, h in producer.records]
+    assert out == [("embeddings", b"a", None), ("documents.dlq", b"gone", b"output_rejected")]
+
+
+def test_written_offsets_are_the_highest_next_offset_per_partition_whatever_the_batches_order():
+    first, second, fenced = Batch(), Batch(), Batch()
+    first.add(_item("a", 9, 0.1))
+    second.add(_item("b", 4, 0.1))
+    second.add(_item("c", 0, 0.1, partition=1))
+    fenced.add(_item("d", 20, 0.1, partition=1))
+    fenced.fenced = {("docs", 1)}
+    assert written_offsets([first, second, fenced]) == {("docs", 0): 10, ("docs", 1): 1}

@@ -541,3 +541,23 @@ def test_closing_does_not_wait_past_its_timeout_for_a_commit_that_hangs():
     txn.close(0.3)
     release.set()
     assert time.monotonic() - t0 < 2 and "abort_transaction" not in producer.calls
+
+
+def test_a_milvus_outage_at_exactly_the_time_the_transaction_may_stay_open_aborts_it():
+    producer, client = TransactionalProducer(), RecordingMilvusClient(fail_upserts=1)
+    sink, txn = _sink(producer, client=client)
+    txn.keep_open_s = 5.0
+    txn.open_for = lambda: 5.0  # open exactly as long as it may be: not a second longer
+    with pytest.raises(TransientError):
+        sink.process(_group())
+    assert not txn.open and producer.calls[-1] == "abort_transaction"
+
+
+def test_a_membership_proof_while_a_groups_transaction_is_open_is_a_kafka_outage_to_retry():
+    class Open:
+        def commit_offsets(self, offsets):
+            return False  # a group's transaction holds the producer
+
+    with pytest.raises(TransientError) as raised:
+        ExactlyOnce(Open(), 1.0).recommit([TopicPartition("docs", 0, 5)])  # type: ignore[arg-type]
+    assert raised.value.system == "kafka" and "membership waits for it to end" in str(raised.value)

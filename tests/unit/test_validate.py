@@ -187,3 +187,56 @@ def test_forwarded_headers_count_toward_marking_a_record_that_might_not_fit():
     item = v.validate(FakeMessage(b"a", value, headers=big))
     assert item.large and item.original == (b"a", value, big)
     assert not v.validate(FakeMessage(b"a", value, headers=[("baggage", b"k=v")])).large
+
+
+class _TimestampOf(FakeMessage):
+    def __init__(self, *args, ts_type: int, **kw) -> None:
+        super().__init__(*args, **kw)
+        self._ts_type = ts_type
+
+    def timestamp(self):
+        return (self._ts_type, self._ts)
+
+
+def _raising(error: Exception):
+    def resolve(model):
+        raise error
+    return resolve
+
+
+def test_a_record_whose_reading_raises_anything_else_is_a_decode_error_that_names_it_and_keeps_the_record():
+    """The last guard: an error no decoder foresaw (here the model look-up's) dead-letters the record
+    with its own source and bytes, the exception's type and its text cut at 200 characters."""
+    value = encode_document(Document("a", "hi", "m"))
+    msg = FakeMessage(b"a", value, 3, 41, topic="in", headers=[("h", b"1")], ts=1234)
+    dead = Validator(1000, _raising(ValueError("z" * 250))).validate(msg)
+    assert isinstance(dead, DeadLetter) and dead.reason == "decode_error"
+    assert dead.source == Source("in", 3, 41, 1234)
+    assert (dead.key, dead.value, dead.headers) == (b"a", value, [("h", b"1")])
+    assert dead.message == f"the record could not be read (ValueError: {'z' * 200}…)"
+    at_limit = Validator(1000, _raising(KeyError("y" * 198))).validate(msg)  # str() adds the quotes: 200
+    assert at_limit.message == f"the record could not be read (KeyError: '{'y' * 198}')"
+    # its time as the guard reads it: the producer's, when there is one above 0
+    for ts_type, ts, kept in ((1, 1, 1), (1, 0, None), (0, 5, None), (2, 7, 7)):
+        odd = _TimestampOf(b"a", value, ts=ts, ts_type=ts_type)
+        assert Validator(1000, _raising(ValueError("x"))).validate(odd).source.timestamp_ms == kept
+
+
+def test_metadata_over_what_milvus_takes_is_a_dead_letter_with_its_source_and_size():
+    from connectors.milvus.schema import METADATA_MAX_BYTES
+
+    doc = Document("a", "hi", "m", {"blob": "b" * METADATA_MAX_BYTES})
+    value = encode_document(doc)
+    dead = Validator(10 * len(value), lambda m: "served-m").validate(
+        FakeMessage(b"a", value, 2, 8, topic="in", headers=[("h", b"1")], ts=99))
+    assert isinstance(dead, DeadLetter) and dead.reason == "metadata_too_large"
+    assert dead.source == Source("in", 2, 8, 99)
+    assert (dead.key, dead.value, dead.headers) == (b"a", value, [("h", b"1")])
+    assert dead.message.startswith(f"its metadata is {METADATA_MAX_BYTES + 11:,} bytes as JSON, over the "
+                                   f"{METADATA_MAX_BYTES:,} that Milvus takes")
+
+
+def test_a_record_delivered_past_the_limit_keeps_its_source_in_the_dead_letter():
+    dead = _validator(max_deliveries=1).validate(FakeMessage(b"a", encode_document(Document("a", "hi")), 5, 6,
+                                                             topic="in", ts=7, deliveries=2))
+    assert dead.reason == "delivery_count_exceeded" and dead.source == Source("in", 5, 6, 7)

@@ -47,7 +47,7 @@ def test_refresh_makes_a_recreated_topic_a_new_source(caplog):
     ids["docs"] = "T2"  # deleted and re-created
     with caplog.at_level(logging.WARNING, logger="worker.steps.writing.versions"):
         assert guard.refresh() is True
-    assert "new id (T2, was T1)" in caplog.text
+    assert "topic 'docs' has a new id (T2, was T1)" in caplog.text
     assert guard.topic_ids == {"docs": "T2"}
     assert not guard.superseded(_item("x", 0), stored)
 
