@@ -52,14 +52,14 @@ def _on_kafka():
         pytest.skip(f"share groups are Apache Kafka's (KIP-932); the test broker is {TEST_BROKER}")
 
 
-def _share_settings(fault_stack, **overrides) -> Settings:
+def _share_settings(fault_stack, lock_ms: int = LOCK_MS, **overrides) -> Settings:
     _, env = fault_stack
     s = fresh_settings(env, partitions=1, group_type="share", kafka={}, max_batch_size=8, max_inflight_batches=2,
                        shutdown_grace_seconds=20, milvus_timeout_seconds=5, retry_backoff_max_seconds=2,
                        **overrides)
     admin = make_admin(s.kafka_common())
     group = ConfigResource(ConfigResource.Type.GROUP, s.group_id, incremental_configs=[
-        ConfigEntry("share.record.lock.duration.ms", str(LOCK_MS), incremental_operation=AlterConfigOpType.SET)])
+        ConfigEntry("share.record.lock.duration.ms", str(lock_ms), incremental_operation=AlterConfigOpType.SET)])
     admin.incremental_alter_configs([group])[group].result(timeout=30)
     return s
 
@@ -294,4 +294,42 @@ def test_a_lock_that_expires_while_its_holder_writes_loses_nothing(fault_stack, 
     assert report.documents == 8
     assert released == 8, f"a released {released} of the 8 records whose locks it lost"
     record_row("share, lock lost while writing", "a's versions read held past the 2.5 s lock; b wrote 2 versions",
+               report, None)
+
+
+def test_a_record_released_inside_the_lock_margin_comes_back_at_once(fault_stack, model, tmp_path):
+    """The fence gives a poll's records up a little before the broker's lock runs out (a second, of
+    the 10 s lock here): a member that gets its version read's answer inside that margin writes none
+    of them and releases them while the broker still takes its word. Released, they are delivered
+    again at once and written; accepted unwritten, they would be lost."""
+    from urllib.parse import urlsplit
+
+    from tools.grpc_hold import GrpcHold
+
+    s = _share_settings(fault_stack, lock_ms=10_000, redis_url=None)
+    expected = Expected()
+    milvus = urlsplit(fault_stack[1]["EMBEDSTREAM_MILVUS_URI"])
+    with GrpcHold((milvus.hostname, milvus.port)) as hold:
+        a = WorkerProcess(s, tmp_path, "a", EMBEDSTREAM_METRICS_PORT="auto", EMBEDSTREAM_MILVUS_TIMEOUT_SECONDS="600",
+                          EMBEDSTREAM_MILVUS_URI=f"http://127.0.0.1:{hold.port}")
+        port = a.metrics_port()
+        wait_until(lambda: "joining the share group" in a.log(), 120, what="a to join")
+        hold.arm("Query")
+        _produce_small_batches(s, short_docs(8, "margin"), expected)
+        assert hold.held.wait(60), f"a read no versions in 60 s: {hold.calls}"
+        held_at = time.monotonic()
+        time.sleep(9.3)  # past the fence's 9 s, before the broker's 10 s (from the poll, just before)
+        hold.release()
+        answered_after = time.monotonic() - held_at
+        # the group hands them out again (to a: the only member), and a writes them this time
+        wait_until(lambda: len(read_topic(s, s.output_topic, expect=8, idle=0.3)) >= 8, 60,
+                   what="the released records written")
+        released = scrape(port, "embedstream_share_acknowledgements_total", type="release")
+        redelivered = scrape(port, "embedstream_share_redeliveries_total")
+        a.terminate()
+        assert a.wait(60) == 0, a.log()[-3000:]
+    assert answered_after < 10.0, f"the read answered {answered_after:.1f}s after it was held: past the broker's lock"
+    assert released == 8 and redelivered >= 8, (released, redelivered)
+    report = check_nothing_lost(s, model, expected, partitions=1, lag=False)
+    record_row("share, released inside the margin", f"a's versions read held {answered_after:.1f}s of a 10 s lock",
                report, None)
