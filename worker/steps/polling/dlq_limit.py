@@ -124,9 +124,11 @@ class DlqLimit:
             self._trip(f"{self._bad_in_window} of the last {self.window} records were dead-lettered")
 
     def _trip(self, what: str) -> None:
-        reason = self._reasons.most_common(1)[0][0] if self._reasons else "?"
+        """Raise, naming the run's most frequent reason (a trip always follows a dead letter counted
+        just now, so there is one) with its last message and hint."""
+        reason = self._reasons.most_common(1)[0][0]
         raise DlqLimitExceeded(
-            f"halting: {what} (most often {reason}: {self._messages.get(reason, '')}). {HINTS.get(reason, '')} "
+            f"halting: {what} (most often {reason}: {self._messages[reason]}). {HINTS.get(reason, '')} "
             "Nothing after the first unprocessed record was committed: fix the cause and restart. "
             "(Limits: EMBEDSTREAM_DLQ_MAX_CONSECUTIVE, EMBEDSTREAM_DLQ_MAX_RATIO.)"
         )

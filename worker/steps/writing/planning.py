@@ -48,12 +48,12 @@ class Plan:
         return self.upserts[doc] if doc in self.upserts else self.deletes[doc]
 
     def only(self, docs: list[str]) -> Plan:
-        """The same plan for ``docs`` alone (a half of it, to find the rows Milvus refuses)."""
+        """The same writes for ``docs`` alone (a half of the plan, to find the rows Milvus refuses);
+        the versions read are left behind: the writes do not read them."""
         keep = set(docs)
         return Plan(self.target, {d: e for d, e in self.upserts.items() if d in keep},
                     {d: e for d, e in self.deletes.items() if d in keep},
-                    {d: c for d, c in self.counts.items() if d in keep},
-                    {d: v for d, v in self.stored.items() if d in keep})
+                    {d: c for d, c in self.counts.items() if d in keep})
 
 
 class Planner:
