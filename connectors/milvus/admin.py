@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Any
 
-from connectors.milvus.connection import MilvusConnection, missing, transient
+from connectors.milvus.connection import MilvusConnection, transient
 from connectors.milvus.legacy import adopt as adopt_legacy
 from connectors.milvus.schema import add_indexes, check_shape, collection_schema, tombstone_schema
 from schemas.errors import ConfigError, TransientError
@@ -22,10 +22,6 @@ log = logging.getLogger(__name__)
 class MilvusAdmin(MilvusConnection):
     """Creates, checks, takes over and drops this collection (and its companion of deletes), and
     points aliases to it."""
-
-    def has(self, name: str) -> bool:
-        """Whether ``name`` answers as a collection: an alias of one does too (Milvus resolves it)."""
-        return bool(self._client.has_collection(name, timeout=self.timeout))
 
     #: How long a start-up keeps trying while another worker is half-way through creating the same
     #: collection (milvus-lite makes the directory before the schema file that ``has_collection``
@@ -82,15 +78,6 @@ class MilvusAdmin(MilvusConnection):
             c.load_collection(name, timeout=self.timeout)
             return True
         return False
-
-    def alias_target(self, alias: str) -> str | None:
-        """The collection ``alias`` points to; None when there is no alias of that name."""
-        try:
-            return self._client.describe_alias(alias, timeout=self.timeout)["collection_name"]
-        except Exception as exc:
-            if missing(exc):
-                return None
-            raise transient(exc) from None
 
     def adopt(self, legacy: str, model_id: str, dim: int, sparse: SparseKind = SparseKind.OFF) -> bool:
         """Take over ``legacy``, a collection from before aliases (``connectors.milvus.legacy.adopt``)."""

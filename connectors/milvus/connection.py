@@ -156,6 +156,19 @@ class MilvusConnection:
         """The server's URI as messages show it (without its user info)."""
         return without_userinfo(self.uri)
 
+    def has(self, name: str) -> bool:
+        """Whether ``name`` answers as a collection: an alias of one does too (Milvus resolves it)."""
+        return bool(self._client.has_collection(name, timeout=self.timeout))
+
+    def alias_target(self, alias: str) -> str | None:
+        """The collection ``alias`` points to; None when there is no alias of that name."""
+        try:
+            return self._client.describe_alias(alias, timeout=self.timeout)["collection_name"]
+        except Exception as exc:
+            if missing(exc):
+                return None
+            raise transient(exc) from None
+
     def close(self) -> None:
         try:
             self._client.close()

@@ -5,20 +5,17 @@ collection (its rows and its companion of deletes kept), so that the alias can t
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
+from connectors.milvus.connection import MilvusConnection
 from connectors.milvus.reads import MilvusReader
 from connectors.milvus.schema import check_shape
 from schemas.errors import ConfigError
 from schemas.sparse import SparseKind
 
-if TYPE_CHECKING:
-    from connectors.milvus.admin import MilvusAdmin
-
 log = logging.getLogger(__name__)
 
 
-def adopt(admin: MilvusAdmin, legacy: str, model_id: str, dim: int, sparse: SparseKind = SparseKind.OFF) -> bool:
+def adopt(admin: MilvusConnection, legacy: str, model_id: str, dim: int, sparse: SparseKind = SparseKind.OFF) -> bool:
     """Take over ``legacy``, a collection from before aliases whose name the alias is to bear: it
     is renamed to ``admin``'s collection (its rows and its companion of deletes kept), so that the alias
     can take its name. True when this call renamed it; False when there was nothing to adopt (or
@@ -48,7 +45,7 @@ def adopt(admin: MilvusAdmin, legacy: str, model_id: str, dim: int, sparse: Spar
     return True
 
 
-def _present(admin: MilvusAdmin, legacy: str) -> bool:
+def _present(admin: MilvusConnection, legacy: str) -> bool:
     """Whether ``legacy`` is a collection, not an alias. ``has_collection`` answers True for an alias
     too, so the alias is asked after it: a worker starting beside this one may create the alias (or
     rename the collection) between the two calls, and this order sees either (CI, `run
@@ -56,7 +53,7 @@ def _present(admin: MilvusAdmin, legacy: str) -> bool:
     return admin.has(legacy) and admin.alias_target(legacy) is None
 
 
-def _check(admin: MilvusAdmin, legacy: str, model_id: str, dim: int, sparse: SparseKind) -> None:
+def _check(admin: MilvusConnection, legacy: str, model_id: str, dim: int, sparse: SparseKind) -> None:
     """Refuse to take over ``legacy`` when its shape, dim, sparse side or model is not this worker's."""
     check_shape(legacy, admin._client.describe_collection(legacy, timeout=admin.timeout), dim, sparse)
     admin._client.load_collection(legacy, timeout=admin.timeout)
@@ -67,7 +64,7 @@ def _check(admin: MilvusAdmin, legacy: str, model_id: str, dim: int, sparse: Spa
                           f"alias, then `embedstream migrate --model {model_id}`")
 
 
-def _rename(admin: MilvusAdmin, old: str, new: str) -> bool:
+def _rename(admin: MilvusConnection, old: str, new: str) -> bool:
     """Rename ``old`` to ``new`` and load it again (a renamed collection comes back released in
     milvus-lite); False when ``new`` appeared meanwhile (another worker renamed it)."""
     try:

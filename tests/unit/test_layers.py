@@ -68,10 +68,13 @@ def _module(path: Path) -> str:
 
 
 def _top_level_imports(path: Path) -> set[str]:
-    """Modules of ours imported when ``path`` is imported (at module level; not under TYPE_CHECKING,
-    not inside functions, where the import happens later and cannot close a cycle at import time)."""
+    """Modules of ours ``path`` imports at module level, those under ``if TYPE_CHECKING:`` included (a
+    cycle of types is a cycle of design, even when it cannot fail at import time); not those inside
+    functions (imported late, on purpose: the tools' and the optional back-ends')."""
     names: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
+    body = ast.parse(path.read_text()).body
+    checking = [n for n in body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test)]
+    for node in [*body, *(stmt for block in checking for stmt in block.body)]:
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

@@ -12,7 +12,8 @@ import pytest
 from schemas.codec import Document, encode_document
 from worker.core.assignment import Assignment
 from worker.core.fence import Fence, FenceClosed
-from worker.core.loop import Chain, Worker
+from worker.core.loop import Worker
+from worker.core.member import Chain
 from worker.core.offsets import OffsetCommitter
 from worker.core.pipeline import Pipeline, Stage
 from worker.core.records import DeadLetter

@@ -25,7 +25,7 @@ from connectors.registry import SchemaRegistry
 from schemas.errors import ConfigError
 from worker.core.delivery import Delivery
 from worker.core.fence import Fence
-from worker.core.loop import Chain
+from worker.core.member import Chain
 from worker.core.offsets import OffsetCommitter
 from worker.core.pipeline import Pipeline, Stage, in_turn
 from worker.core.records import Batch, Share, split_by_model

@@ -45,7 +45,8 @@ from worker.core.delivery import AtLeastOnce, Delivery, ExactlyOnce
 from worker.core.delivery.share import ShareAcks
 from worker.core.early_join import EarlyJoin
 from worker.core.fence import Fence, lease_seconds
-from worker.core.loop import Chain, Worker
+from worker.core.loop import Worker
+from worker.core.member import Chain
 from worker.core.share_loop import ShareWorker
 from worker.core.stats import RunStats
 from worker.embedding.base import Embedder

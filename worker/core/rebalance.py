@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, TopicPartition
 
 from worker.core.assignment import Assignment
+from worker.core.member import Chain
 from worker.core.records import TopicPartitionKey
 from worker.process.metrics import ASSIGNED_PARTITIONS, REBALANCES, Health, forget_lag
 from worker.process.startup import StartClock
-
-if TYPE_CHECKING:
-    from worker.core.loop import Chain
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +28,7 @@ REVOKE_BUDGET_S = 20.0
 
 
 class Rebalance:
-    """The call-backs ``subscribe`` takes, for the loop's chain (``worker.core.loop.Chain``).
+    """The call-backs ``subscribe`` takes, for the loop's chain (``worker.core.member.Chain``).
     ``finish_inflight(seconds)`` collects finished batches until none is in flight or the time is up;
     ``drop_held(partitions)`` forgets the records the loop holds back for them."""
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from connectors.kafka import access_refused
 from schemas.errors import DlqLimitExceeded, RecordRefused, TransientError
 from worker.core.delivery.share import ShareAcks
-from worker.core.loop import ABORT_WAIT_S, Chain, Member
+from worker.core.member import ABORT_WAIT_S, Chain, Member
 from worker.core.records import TopicPartitionKey
 from worker.core.stats import RunStats
 from worker.process.metrics import (

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 
 from worker.core.delivery import Planned
@@ -21,39 +20,11 @@ from worker.core.records import Batch, DeadLetter, Delete, Entry, Item, headers_
 from worker.steps.writing.fit import TopicLimits, output_room, record_size
 from worker.steps.writing.output import OutputFormat
 from worker.steps.writing.refusals import MILVUS_REJECTED, dead_letter, isolate
-from worker.steps.writing.targets import ModelTarget
+from worker.steps.writing.targets import ModelTarget, Plan
 from worker.steps.writing.versions import VersionGuard, final_operations
 
 #: An output record's headers by whether its vectors came from a cache, per model name.
 Headers = dict[str, dict[bool, list[tuple[str, bytes]]]]
-
-
-@dataclass
-class Plan:
-    """One model's share of a group: the final operations for its collection and what it holds."""
-
-    target: ModelTarget
-    upserts: dict[str, Item]
-    deletes: dict[str, Delete]
-    counts: dict[str, int]
-    stored: dict = field(default_factory=dict)
-
-    @property
-    def documents(self) -> list[str]:
-        """The ids of the documents it writes (upserted or deleted)."""
-        return [*self.upserts, *self.deletes]
-
-    def entry(self, doc: str) -> Item | Delete:
-        """The entry whose operation it writes for ``doc``."""
-        return self.upserts[doc] if doc in self.upserts else self.deletes[doc]
-
-    def only(self, docs: list[str]) -> Plan:
-        """The same writes for ``docs`` alone (a half of the plan, to find the rows Milvus refuses);
-        the versions read are left behind: the writes do not read them."""
-        keep = set(docs)
-        return Plan(self.target, {d: e for d, e in self.upserts.items() if d in keep},
-                    {d: e for d, e in self.deletes.items() if d in keep},
-                    {d: c for d, c in self.counts.items() if d in keep})
 
 
 class Planner:

@@ -29,9 +29,9 @@ from worker.core.records import Batch, Delete, Item
 from worker.process import metrics
 from worker.steps.writing.fit import TopicLimits, dead_letter_record
 from worker.steps.writing.output import OutputFormat
-from worker.steps.writing.planning import Plan, Planner
+from worker.steps.writing.planning import Planner
 from worker.steps.writing.refusals import Refusals, isolate
-from worker.steps.writing.targets import ModelTarget, write_collection
+from worker.steps.writing.targets import ModelTarget, Plan, write_collection
 from worker.steps.writing.versions import VersionGuard
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """Where a model's documents go, and how its collection is made to hold them.
 
 A :class:`ModelTarget` per model: its collection, the id and dim its records carry, its cache and its
-sparse mode. :func:`write_collection` applies one model's planned operations
-(``worker.steps.writing.planning.Plan``) to its collection in an order a crash at any point can redo;
+sparse mode. :func:`write_collection` applies one model's planned operations (a :class:`Plan`, made
+by ``worker.steps.writing.planning``) to its collection in an order a crash at any point can redo;
 :func:`chunk_rows` makes the rows, one per chunk.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,10 +18,7 @@ from connectors.milvus.schema import EXCERPT_CHARS, ChunkRows, chunk_id
 from connectors.redis_cache import RedisCache
 from schemas import sparse as sparse_modes
 from schemas.sparse import SparseMode
-from worker.core.records import Chunk, Item, Source
-
-if TYPE_CHECKING:
-    from worker.steps.writing.planning import Plan
+from worker.core.records import Chunk, Delete, Item, Source
 
 
 @dataclass
@@ -72,6 +68,34 @@ def _sparse_of(chunks: list[tuple[Item, Chunk]]) -> list[tuple[np.ndarray, np.nd
     if len(out) != len(chunks):
         raise RuntimeError("a chunk reached the sink without its sparse vector")  # a bug of the embed step
     return out
+
+
+@dataclass
+class Plan:
+    """One model's share of a group: the final operations for its collection and what it holds."""
+
+    target: ModelTarget
+    upserts: dict[str, Item]
+    deletes: dict[str, Delete]
+    counts: dict[str, int]
+    stored: dict = field(default_factory=dict)
+
+    @property
+    def documents(self) -> list[str]:
+        """The ids of the documents it writes (upserted or deleted)."""
+        return [*self.upserts, *self.deletes]
+
+    def entry(self, doc: str) -> Item | Delete:
+        """The entry whose operation it writes for ``doc``."""
+        return self.upserts[doc] if doc in self.upserts else self.deletes[doc]
+
+    def only(self, docs: list[str]) -> Plan:
+        """The same writes for ``docs`` alone (a half of the plan, to find the rows Milvus refuses);
+        the versions read are left behind: the writes do not read them."""
+        keep = set(docs)
+        return Plan(self.target, {d: e for d, e in self.upserts.items() if d in keep},
+                    {d: e for d, e in self.deletes.items() if d in keep},
+                    {d: c for d, c in self.counts.items() if d in keep})
 
 
 def write_collection(plan: Plan, source: Callable[[Source], str], now: int) -> None:
