@@ -105,7 +105,7 @@ SWITCH_OFFS = (
     SwitchOff("share release", "worker/core/delivery/share.py", "ShareAcks.acknowledge",
               "kind = AcknowledgeType.RELEASE if src.tp in batch.fenced else AcknowledgeType.ACCEPT",
               "kind = AcknowledgeType.ACCEPT",
-              (), ("tests/unit/test_share.py",)),
+              ("tests/faults/test_share_group.py", "-k", "lock_margin"), ("tests/unit/test_share.py",)),
 )
 
 
