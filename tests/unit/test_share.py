@@ -131,3 +131,15 @@ def test_acknowledgements_the_broker_cannot_take_now_are_a_kafka_outage_to_retry
     with pytest.raises(TransientError) as raised:
         acks.commit(sync=False)
     assert raised.value.system == "kafka" and str(raised.value).startswith("kafka: acknowledging records: ")
+
+
+def test_the_reject_series_is_exported_at_0_and_a_share_member_has_no_offsets_to_commit_again():
+    """``embedstream_share_acknowledgements_total{type="reject"}`` exists from the start (a dashboard
+    and an alert read it; this worker dead-letters instead of rejecting), and the offset calls a
+    consumer group's delivery has are refused by a share member's."""
+    from prometheus_client import REGISTRY
+
+    acks = ShareAcks(_ShareConsumer(), RecordingProducer, 5.0)
+    assert REGISTRY.get_sample_value("embedstream_share_acknowledgements_total", {"type": "reject"}) is not None
+    with pytest.raises(TypeError, match="no committed offsets"):
+        acks.recommit([])

@@ -216,6 +216,8 @@ def test_a_record_whose_reading_raises_anything_else_is_a_decode_error_that_name
     assert dead.message == f"the record could not be read (ValueError: {'z' * 200}…)"
     at_limit = Validator(1000, _raising(KeyError("y" * 198))).validate(msg)  # str() adds the quotes: 200
     assert at_limit.message == f"the record could not be read (KeyError: '{'y' * 198}')"
+    one_over = Validator(1000, _raising(ValueError("w" * 201))).validate(msg)
+    assert one_over.message == f"the record could not be read (ValueError: {'w' * 200}…)"
     # its time as the guard reads it: the producer's, when there is one above 0
     for ts_type, ts, kept in ((1, 1, 1), (1, 0, None), (0, 5, None), (2, 7, 7)):
         odd = _TimestampOf(b"a", value, ts=ts, ts_type=ts_type)
