@@ -22,6 +22,7 @@ from tests.faults.harness import (
     check_nothing_lost,
     committed_reader,
     committed_total,
+    frozen,
     produce_docs,
     produce_tombstones,
     record_row,
@@ -187,15 +188,16 @@ def _a_owns_b_waits(s, tmp_path, both: dict[str, str] | None = None,
 
 @pytest.mark.parametrize("answered", ["on waking", "once re-validated"])
 def test_a_member_frozen_between_its_version_read_and_its_write_writes_nothing_old(fault_stack, model, tmp_path,
-                                                                                     answered):
+                                                                                     parts, answered):
     """a's read of the versions Milvus holds reaches the server, and its answer is held on the way
     back (``tools.grpc_hold``) while a is frozen past its session; b takes over and writes version 2
     and tombstones; a gets the answer, older than what Milvus now holds. The version guard has done
     its read: only the fence can keep version 1 out.
 
-    * ``on waking``: the answer is there the moment a wakes. Its lease ran out while it was frozen,
-      whatever its polling thread has learnt yet (under KIP-848 the loss comes with the broker's
-      answer to a heartbeat, after the sink has its answer): the lease holds the group back.
+    * ``on waking``: the answer is there the moment a wakes, and the broker holds still for a
+      moment then: under KIP-848 a's polling thread learns of the loss only from the broker's answer
+      to its heartbeat, so the sink has its answer first, and only the lease (run out while a was
+      frozen) holds the group back.
     * ``once re-validated``: the answer comes only after a re-validated its membership, with its
       lease renewed: only ownership holds it back (the partition is b's, or a's again under a new
       tenure). The fence asks again after the reads for that reason."""
@@ -225,8 +227,12 @@ def test_a_member_frozen_between_its_version_read_and_its_write_writes_nothing_o
             wait_until(lambda: committed_total(s, 1) >= expected.records, 240, what="version 2 drained")
         finally:
             if answered == "on waking":
-                hold.release()
-            os.kill(a.proc.pid, signal.SIGCONT)
+                with frozen(parts["broker"]):
+                    hold.release()
+                    os.kill(a.proc.pid, signal.SIGCONT)
+                    time.sleep(1.5)
+            else:
+                os.kill(a.proc.pid, signal.SIGCONT)
         for d in v2:
             expected.good[d.id] = d.text
         if answered == "once re-validated":
