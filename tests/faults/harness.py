@@ -478,3 +478,18 @@ def record_row(scenario: str, injected: str, report: Report, recovery_s: float |
     with path.open("a") as fh:
         rec = "" if recovery_s is None else f"{recovery_s:.1f}"
         fh.write(f"{scenario}\t{injected}\t{report.documents}\t{report.dead_lettered}\t{report.duplicates}\t{rec}\n")
+
+
+@contextmanager
+def milvus_hold(env: dict[str, str]):
+    """``(hold, worker_env)``: a :class:`tools.grpc_hold.GrpcHold` in front of the stack's Milvus, and
+    the environment of a worker whose Milvus calls go through it (with no deadline to speak of: a held
+    read must come back as an answer, not as a timeout)."""
+    from urllib.parse import urlsplit
+
+    from tools.grpc_hold import GrpcHold
+
+    milvus = urlsplit(env["EMBEDSTREAM_MILVUS_URI"])
+    with GrpcHold((milvus.hostname, milvus.port)) as hold:
+        yield hold, {"EMBEDSTREAM_MILVUS_URI": f"http://127.0.0.1:{hold.port}",
+                     "EMBEDSTREAM_MILVUS_TIMEOUT_SECONDS": "600"}

@@ -26,6 +26,7 @@ from tests.faults.harness import (
     Expected,
     WorkerProcess,
     check_nothing_lost,
+    milvus_hold,
     record_row,
     scrape,
     short_docs,
@@ -259,17 +260,11 @@ def test_a_lock_that_expires_while_its_holder_writes_loses_nothing(fault_stack, 
     the next version of each. When a gets its answer (older than what Milvus holds by then) the records
     are no longer its own: it writes none of them and releases them, so Milvus ends at the newest
     versions with nothing lost."""
-    from urllib.parse import urlsplit
-
-    from tools.grpc_hold import GrpcHold
-
     s = _share_settings(fault_stack, redis_url=None)
     expected = Expected()
     base = short_docs(8, "lock")
-    milvus = urlsplit(fault_stack[1]["EMBEDSTREAM_MILVUS_URI"])
-    with GrpcHold((milvus.hostname, milvus.port)) as hold:
-        a = WorkerProcess(s, tmp_path, "a", EMBEDSTREAM_METRICS_PORT="auto", EMBEDSTREAM_MILVUS_TIMEOUT_SECONDS="600",
-                          EMBEDSTREAM_MILVUS_URI=f"http://127.0.0.1:{hold.port}")
+    with milvus_hold(fault_stack[1]) as (hold, through_hold):
+        a = WorkerProcess(s, tmp_path, "a", EMBEDSTREAM_METRICS_PORT="auto", **through_hold)
         port = a.metrics_port()
         wait_until(lambda: "joining the share group" in a.log(), 120, what="a to join")
         hold.arm("Query")
@@ -302,16 +297,10 @@ def test_a_record_released_inside_the_lock_margin_comes_back_at_once(fault_stack
     the 10 s lock here): a member that gets its version read's answer inside that margin writes none
     of them and releases them while the broker still takes its word. Released, they are delivered
     again at once and written; accepted unwritten, they would be lost."""
-    from urllib.parse import urlsplit
-
-    from tools.grpc_hold import GrpcHold
-
     s = _share_settings(fault_stack, lock_ms=10_000, redis_url=None)
     expected = Expected()
-    milvus = urlsplit(fault_stack[1]["EMBEDSTREAM_MILVUS_URI"])
-    with GrpcHold((milvus.hostname, milvus.port)) as hold:
-        a = WorkerProcess(s, tmp_path, "a", EMBEDSTREAM_METRICS_PORT="auto", EMBEDSTREAM_MILVUS_TIMEOUT_SECONDS="600",
-                          EMBEDSTREAM_MILVUS_URI=f"http://127.0.0.1:{hold.port}")
+    with milvus_hold(fault_stack[1]) as (hold, through_hold):
+        a = WorkerProcess(s, tmp_path, "a", EMBEDSTREAM_METRICS_PORT="auto", **through_hold)
         port = a.metrics_port()
         wait_until(lambda: "joining the share group" in a.log(), 120, what="a to join")
         # one document first: a's producer has its id and the broker's coordinators are loaded, so that

@@ -11,7 +11,6 @@ import signal
 import threading
 import time
 from collections import Counter
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -23,6 +22,7 @@ from tests.faults.harness import (
     committed_reader,
     committed_total,
     frozen,
+    milvus_hold,
     produce_docs,
     produce_tombstones,
     record_row,
@@ -31,7 +31,6 @@ from tests.faults.harness import (
 )
 from tests.helpers import fresh_settings, read_topic
 from tools.corpus import stdlib_docstrings
-from tools.grpc_hold import GrpcHold
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -207,11 +206,8 @@ def test_a_member_frozen_between_its_version_read_and_its_write_writes_nothing_o
     expected = Expected()
     n = 100
     v1, v2 = _two_versions(n, "zr" + answered[0])
-    milvus = urlsplit(env["EMBEDSTREAM_MILVUS_URI"])
-    with GrpcHold((milvus.hostname, milvus.port)) as hold:
-        # no deadline on a's Milvus calls to speak of: its held read must come back as an answer
-        a, port, b = _a_owns_b_waits(s, tmp_path, EMBEDSTREAM_MILVUS_URI=f"http://127.0.0.1:{hold.port}",
-                                     EMBEDSTREAM_MILVUS_TIMEOUT_SECONDS="600")
+    with milvus_hold(env) as (hold, through_hold):
+        a, port, b = _a_owns_b_waits(s, tmp_path, **through_hold)
         with committed_reader(s, 1) as committed:
             feeder = _trickle(s, v1, expected)
             wait_until(lambda: committed() >= 0.3 * n, 180, every=0.05, what="30% of version 1 committed")
@@ -258,11 +254,8 @@ def test_a_member_frozen_with_a_transaction_open_writes_nothing_visible(fault_st
     expected = Expected()
     n = 80
     v1, v2 = _two_versions(n, "zt")
-    milvus = urlsplit(env["EMBEDSTREAM_MILVUS_URI"])
-    with GrpcHold((milvus.hostname, milvus.port)) as hold:
-        a, port, b = _a_owns_b_waits(s, tmp_path, {"EMBEDSTREAM_DELIVERY": "exactly-once"},
-                                     EMBEDSTREAM_MILVUS_URI=f"http://127.0.0.1:{hold.port}",
-                                     EMBEDSTREAM_MILVUS_TIMEOUT_SECONDS="600")
+    with milvus_hold(env) as (hold, through_hold):
+        a, port, b = _a_owns_b_waits(s, tmp_path, {"EMBEDSTREAM_DELIVERY": "exactly-once"}, **through_hold)
         with committed_reader(s, 1) as committed:
             feeder = _trickle(s, v1, expected)
             wait_until(lambda: committed() >= 0.3 * n, 180, every=0.05, what="30% of version 1 committed")
