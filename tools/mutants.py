@@ -2,7 +2,7 @@
 
 ``mutmut run`` picks the tests a mutant is run against from which tests called its function in a
 first pass. Its first run here reported mutants as surviving that fail their own module's tests when
-run alone (the committer's ``store`` with its offsets list made ``None`` "survived", and fails
+run alone (the offsets' ``store`` with its offsets list made ``None`` "survived", and fails
 ``test_offsets.py``). So each survivor is run again here: its module's unit tests, in the
 ``mutants/`` copy mutmut made, with ``MUTANT_UNDER_TEST`` naming it. What survives that is listed
 with its diff, for a person to sort into "a user would notice" (a test is missing) and "nothing
@@ -30,9 +30,8 @@ MUTANTS = REPO / "mutants"
 
 #: The unit tests of each mutated module (a prefix of the mutant's name), fastest first.
 TESTS = {
-    "worker.core.delivery": ["test_share.py", "test_transactions.py", "test_offsets.py", "test_sink.py",
-                             "test_sink_rows.py", "test_loop.py"],
-    "worker.core.offsets": ["test_offsets.py", "test_transactions.py", "test_loop.py"],
+    "worker.core.delivery": ["test_transactions.py", "test_sink.py", "test_sink_rows.py", "test_loop.py"],
+    "worker.core.ledger": ["test_share.py", "test_offsets.py", "test_transactions.py", "test_loop.py"],
     "worker.core.fence": ["test_fence.py", "test_sink.py", "test_sink_rows.py", "test_loop.py"],
     "worker.steps.writing.versions": ["test_versions.py", "test_sink.py"],
     "worker.steps.writing.sink": ["test_sink.py", "test_sink_rows.py", "test_transactions.py"],

@@ -79,8 +79,8 @@ def apply(switch: SwitchOff, source: str) -> str:
 
 
 SWITCH_OFFS = (
-    SwitchOff("exactly-once", "worker/assembly/runner.py", "open_delivery",
-              'if s.delivery == "exactly-once":', "if False:",
+    SwitchOff("exactly-once", "worker/assembly/groups.py", "join",
+              "kind = KINDS[(s.group_type, s.delivery)]", 'kind = KINDS[(s.group_type, "at-least-once")]',
               ("tests/faults/test_exactly_once.py", "-k", "kill_9")),
     SwitchOff("fence lease", "worker/core/fence.py", "Fence.check",
               "if age > self.lease_s:", "if False:",
@@ -102,7 +102,7 @@ SWITCH_OFFS = (
     SwitchOff("share lock", "worker/core/fence.py", "Fence.stale",
               "if locked_until is not None and self._clock() > locked_until:", "if False:",
               ("tests/faults/test_share_group.py", "-k", "lock_that_expires"), ("tests/unit/test_fence.py",)),
-    SwitchOff("share release", "worker/core/delivery/share.py", "ShareAcks.acknowledge",
+    SwitchOff("share release", "worker/core/ledger/share.py", "ShareLedger.finished",
               "kind = AcknowledgeType.RELEASE if src.tp in batch.fenced else AcknowledgeType.ACCEPT",
               "kind = AcknowledgeType.ACCEPT",
               ("tests/faults/test_share_group.py", "-k", "lock_margin"), ("tests/unit/test_share.py",)),

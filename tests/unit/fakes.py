@@ -273,9 +273,9 @@ class TransactionalProducer(RecordingProducer):
         self.in_transaction = False
 
 
-def at_least_once(consumer=None, producer=None) -> AtLeastOnce:
-    """The at-least-once delivery over ``consumer`` and ``producer`` (a recording one by default)."""
-    return AtLeastOnce(consumer, (lambda: producer) if producer is not None else RecordingProducer, 5.0)
+def at_least_once(producer=None) -> AtLeastOnce:
+    """The at-least-once delivery over ``producer`` (a recording one by default)."""
+    return AtLeastOnce((lambda: producer) if producer is not None else RecordingProducer, 5.0)
 
 
 def share_of(group: list[Batch], model: str = "") -> Share:

@@ -63,7 +63,7 @@ def test_kip_848_leaves_out_what_librdkafka_refuses_there(caplog):
 def test_a_transaction_timeout_below_the_kafka_timeout_makes_a_producer_librdkafka_accepts(monkeypatch):
     """EMBEDSTREAM_KAFKA__TRANSACTION_TIMEOUT_MS under EMBEDSTREAM_KAFKA_TIMEOUT_SECONDS: records may
     wait no longer than the transaction (librdkafka refuses the producer otherwise: found on Kafka)."""
-    import worker.assembly.runner as runner
+    import worker.assembly.groups as runner
     from worker.settings import Settings
 
     made = {}

@@ -12,9 +12,9 @@ import pytest
 from schemas.codec import Document, encode_document
 from worker.core.assignment import Assignment
 from worker.core.fence import Fence, FenceClosed
+from worker.core.ledger import OffsetLedger
 from worker.core.loop import Worker
 from worker.core.member import Chain
-from worker.core.offsets import OffsetCommitter
 from worker.core.pipeline import Pipeline, Stage
 from worker.core.records import DeadLetter
 from worker.process.metrics import Health
@@ -23,7 +23,7 @@ from worker.steps.polling.dlq_limit import DlqLimit, DlqLimitExceeded
 from worker.steps.polling.intake import Intake
 from worker.steps.polling.validate import Validator
 
-from .fakes import Clock, FakeConsumer, FakeMessage, at_least_once
+from .fakes import Clock, FakeConsumer, FakeMessage
 
 
 def _records(partition: int, n: int, bad_from: int | None = None) -> list[FakeMessage]:
@@ -42,10 +42,10 @@ def _worker(consumer, embed=lambda g: None, sink=lambda g: None, *, batch=10, in
     pipeline = Pipeline([embed_stage, Stage("sink", sink)], backoff_max=0.05)
     intake = Intake(Validator(10_000, lambda m: "" if m is None else None), lambda texts, _model: [5] * len(texts),
                     DlqLimit(dlq_run, *dlq_ratio), Batcher(batch, 10_000, 0.01, max_bytes=1 << 24), pipeline.submit)
-    chain = Chain(intake, pipeline, OffsetCommitter(consumer, 0, at_least_once(consumer)), fence,
-                  model_free=lambda: embed_stage.backlog == 0)
-    return Worker(consumer, "docs", chain, Assignment(pause_after=pause_after, join_grace=1.0),
-                  max_inflight=inflight, shutdown_grace=5, health=Health())
+    chain = Chain(intake, pipeline, fence, model_free=lambda: embed_stage.backlog == 0)
+    return Worker(consumer, "docs", chain, OffsetLedger(consumer, 0),
+                  Assignment(pause_after=pause_after, join_grace=1.0), max_inflight=inflight, shutdown_grace=5,
+                  health=Health())
 
 
 def test_drains_every_partition_and_commits_the_next_offsets():

@@ -8,12 +8,12 @@ from confluent_kafka import AcknowledgeType
 
 from schemas.codec import Document, encode_document
 from schemas.errors import TransientError
-from worker.core.delivery.share import ShareAcks
+from worker.core.ledger import ShareLedger
 from worker.core.records import Batch, DeadLetter, Item
 from worker.settings import Settings
 from worker.steps.polling.validate import Validator
 
-from .fakes import FakeMessage, RecordingProducer
+from .fakes import FakeMessage
 
 
 def _record(offset: int, deliveries: int | None, partition: int = 0) -> FakeMessage:
@@ -59,25 +59,23 @@ def _acknowledged(kind: str) -> float:
 
 def test_a_finished_batch_is_accepted_record_by_record_and_what_the_sink_left_is_released(caplog):
     consumer = _ShareConsumer()
-    acks = ShareAcks(consumer, RecordingProducer, 5.0)
+    acks = ShareLedger(consumer, 5.0)
     batch = Batch()
     for offset, partition in ((4, 0), (9, 0), (2, 1)):
         v = Validator(1000, lambda name: "")
         batch.add(v.validate(_record(offset, 1, partition)))
     batch.fenced = {("docs", 1)}
-    assert acks.commit(sync=False) and consumer.sent == []  # nothing acknowledged: nothing to send
+    assert acks.flush(sync=False) and consumer.sent == []  # nothing acknowledged: nothing to send
     before = {t: _acknowledged(t) for t in ("accept", "release", "reject")}
-    assert acks.acknowledge(batch) == 1
+    assert acks.finished(batch) == 1
     assert {t: _acknowledged(t) - n for t, n in before.items()} == {"accept": 2, "release": 1, "reject": 0}
     assert consumer.acks == [("docs", 0, 4, AcknowledgeType.ACCEPT), ("docs", 0, 9, AcknowledgeType.ACCEPT),
                              ("docs", 1, 2, AcknowledgeType.RELEASE)]
-    assert acks.commit(sync=False) and consumer.sent == ["async"]
-    assert acks.commit(sync=True) and consumer.sent == ["async"]  # sent already
-    refusing = ShareAcks(_ShareConsumer(refused=True), RecordingProducer, 5.0)
-    refusing.acknowledge(batch)
-    assert refusing.commit(sync=True) and "refused acknowledgements of ['docs[0]']" in caplog.text
-    with pytest.raises(TypeError, match="stores no offsets"):
-        acks.store([])
+    assert acks.flush(sync=False) and consumer.sent == ["async"]
+    assert acks.flush(sync=True) and consumer.sent == ["async"]  # sent already
+    refusing = ShareLedger(_ShareConsumer(refused=True), 5.0)
+    refusing.finished(batch)
+    assert refusing.flush(sync=True) and "refused acknowledgements of ['docs[0]']" in caplog.text
 
 
 def test_a_share_group_refuses_exactly_once_at_start_up():
@@ -114,32 +112,42 @@ def _batch(*fenced_partitions: int) -> Batch:
 
 def test_acknowledgements_wait_for_the_broker_as_long_as_configured_and_count_every_release():
     consumer = _TimedShareConsumer()
-    acks = ShareAcks(consumer, RecordingProducer, 7.5)
+    acks = ShareLedger(consumer, 7.5)
     before = _acknowledged("release")
-    assert acks.acknowledge(_batch(1)) == 2  # both records of partition 1
+    assert acks.finished(_batch(1)) == 2  # both records of partition 1
     assert _acknowledged("release") - before == 2
-    assert acks.commit(sync=True) and consumer.timeouts == [7.5]
+    assert acks.flush(sync=True) and consumer.timeouts == [7.5]
     # what was acknowledged goes with the next commit, whatever came after it
-    acks.acknowledge(_batch())
-    acks.acknowledge(Batch())
-    assert acks.commit(sync=True) and consumer.timeouts == [7.5, 7.5]
+    acks.finished(_batch())
+    acks.finished(Batch())
+    assert acks.flush(sync=True) and consumer.timeouts == [7.5, 7.5]
 
 
 def test_acknowledgements_the_broker_cannot_take_now_are_a_kafka_outage_to_retry():
-    acks = ShareAcks(_TimedShareConsumer(failing=True), RecordingProducer, 5.0)
-    acks.acknowledge(_batch())
+    consumer = _TimedShareConsumer(failing=True)
+    acks = ShareLedger(consumer, 5.0)
+    acks.finished(_batch())
     with pytest.raises(TransientError) as raised:
-        acks.commit(sync=False)
+        acks._send(sync=False)
     assert raised.value.system == "kafka" and str(raised.value).startswith("kafka: acknowledging records: ")
+    assert acks.flush(sync=False) is False  # a warning; what was acknowledged goes with the next send
+    consumer.failing = False
+    assert acks.flush(sync=False) and consumer.sent == ["async"]
 
 
-def test_the_reject_series_is_exported_at_0_and_a_share_member_has_no_offsets_to_commit_again():
+def test_the_reject_series_is_exported_at_0_and_a_tick_sends_only_what_was_acknowledged():
     """``embedstream_share_acknowledgements_total{type="reject"}`` exists from the start (a dashboard
-    and an alert read it; this worker dead-letters instead of rejecting), and the offset calls a
-    consumer group's delivery has are refused by a share member's."""
+    and an alert read it; this worker dead-letters instead of rejecting); a tick with nothing
+    acknowledged sends nothing (and times no commit)."""
     from prometheus_client import REGISTRY
 
-    acks = ShareAcks(_ShareConsumer(), RecordingProducer, 5.0)
+    consumer = _ShareConsumer()
+    acks = ShareLedger(consumer, 5.0)
     assert REGISTRY.get_sample_value("embedstream_share_acknowledgements_total", {"type": "reject"}) is not None
-    with pytest.raises(TypeError, match="no committed offsets"):
-        acks.recommit([])
+    timed = REGISTRY.get_sample_value("embedstream_commit_seconds_count", {"mode": "async"}) or 0.0
+    acks.tick()
+    assert consumer.sent == [] and REGISTRY.get_sample_value("embedstream_commit_seconds_count",
+                                                               {"mode": "async"}) == timed
+    acks.finished(_batch())
+    acks.tick()
+    assert consumer.sent == ["async"]

@@ -310,7 +310,7 @@ def test_a_producer_that_was_fenced_is_replaced_and_the_group_retried_whole():
     fresh = RecordingProducer()
     made = iter([fenced, fresh])
     sink = SinkStep({"": ModelTarget(_store(RecordingMilvusClient()), "m", 4)},
-                    AtLeastOnce(None, lambda: next(made), 5.0), fence=_owned(0),
+                    AtLeastOnce(lambda: next(made), 5.0), fence=_owned(0),
                     guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
                     delivery_timeout_s=5)
     batch = Batch()

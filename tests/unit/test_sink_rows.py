@@ -289,7 +289,7 @@ def test_at_least_once_closes_within_its_timeout_and_drops_a_broken_producer_wit
             self.closed = True
 
     made = [Noting(), Noting()]
-    delivery = AtLeastOnce(None, lambda: made.pop(0), 6.0)
+    delivery = AtLeastOnce(lambda: made.pop(0), 6.0)
     old = delivery.producer
     delivery._replace_producer()
     assert old.purged and old.flushes == [0]  # what it held is dropped: nothing waited for

@@ -1,4 +1,4 @@
-"""Exactly-once delivery (``connectors.transactions``, the sink's transactions, the committer's):
+"""Exactly-once delivery (``connectors.transactions``, the sink's transactions, the ledger's):
 each failure class as librdkafka defines it, against a fake transactional producer whose
 ``visible`` records are what a read_committed reader sees."""
 
@@ -14,7 +14,7 @@ from connectors.transactions import Transactions, TransactionsFailed, transactio
 from schemas.errors import TransientError
 from worker.core.delivery import ExactlyOnce
 from worker.core.fence import Fence
-from worker.core.offsets import OffsetCommitter
+from worker.core.ledger import TransactionLedger
 from worker.core.records import Batch, DeadLetter, Source
 from worker.steps.writing.sink import SinkStep
 from worker.steps.writing.targets import ModelTarget
@@ -28,14 +28,13 @@ ABORTABLE = KafkaError(KafkaError._STATE, "needs an abort", txn_requires_abort=T
 FENCED = KafkaError(KafkaError._FENCED, "fenced by a newer producer", fatal=True)
 
 
-def _sink(producer, client=None, fence=None, committed=None):
+def _sink(producer, client=None, fence=None):
     if fence is None:
         fence = Fence(lease_s=60)
         fence.publish({("docs", p) for p in range(4)})
     txn = Transactions(lambda: producer, timeout=0.2, sleep=lambda _s: time.sleep(0.02))
     txn.group_metadata = "group-metadata"
     delivery = ExactlyOnce(txn, 5)
-    delivery.on_committed = (committed if committed is not None else {}).update
     sink = SinkStep({"": ModelTarget(_store(client or RecordingMilvusClient()), "m", 4)}, delivery,
                     fence=fence, guard=VersionGuard({"docs": "T1"}), output_topic="embeddings",
                     dlq_topic="documents.dlq", delivery_timeout_s=5)
@@ -56,14 +55,15 @@ def test_transactional_id_names_the_group_and_the_member():
 
 
 def test_a_group_is_one_transaction_with_its_records_and_offsets():
-    producer, committed = TransactionalProducer(), {}
-    sink, _ = _sink(producer, committed=committed)
+    producer = TransactionalProducer()
+    sink, _ = _sink(producer)
     group = _group()
     sink.process(group)
     assert producer.calls == ["init_transactions", "begin_transaction", "send_offsets_to_transaction",
                               "commit_transaction"]
     assert sorted(t for t, *_ in producer.visible) == ["documents.dlq", "embeddings", "embeddings", "embeddings"]
-    assert producer.offsets == {("docs", 0): 2, ("docs", 1): 2} == committed
+    # each batch carries what its transaction committed to the polling thread's ledger
+    assert all(producer.offsets == {("docs", 0): 2, ("docs", 1): 2} == b.committed for b in group)
     assert all(b.delivered for b in group)
 
 
@@ -244,29 +244,27 @@ class _Consumer:
         self.commits += 1
 
 
-def test_the_committer_commits_only_through_transactions():
+def test_the_ledger_commits_only_through_transactions():
     producer = TransactionalProducer()
     txn = Transactions(lambda: producer, timeout=0.2)
     txn.group_metadata = "gm"
     consumer = _Consumer()
-    delivery = ExactlyOnce(txn, 5)
-    committer = OffsetCommitter(consumer, 0, delivery)
-    owned = {("docs", 0), ("docs", 1)}
-    delivery.committed({("docs", 0): 10})                   # the sink's transaction
-    committer.store({("docs", 0): 10}, owned)               # the loop collects the same batch
-    assert committer.commit(sync=True) and producer.calls == ["init_transactions"]
-    committer.store({("docs", 0): 11, ("docs", 1): 5}, owned)  # a drained end past a commit marker
-    assert committer.commit(sync=True)
+    ledger = TransactionLedger(consumer, 0, txn, owned={("docs", 0), ("docs", 1)})
+    batch = Batch(offsets={("docs", 0): 10}, committed={("docs", 0): 10})  # the sink's transaction
+    assert ledger.finished(batch) == 0                                   # the loop collects it
+    assert ledger.flush(sync=True) and producer.calls == ["init_transactions"]
+    ledger.store({("docs", 0): 11, ("docs", 1): 5})  # a drained end past a commit marker
+    assert ledger.flush(sync=True)
     assert producer.offsets == {("docs", 0): 11, ("docs", 1): 5} and consumer.commits == 0
-    committer.store({("docs", 1): 6}, owned)
-    committer.forget([("docs", 1)])                          # revoked before the commit: never committed
-    assert committer.commit(sync=True) and producer.offsets[("docs", 1)] == 5
+    ledger.store({("docs", 1): 6})
+    ledger.revoked([("docs", 1)])                    # revoked before the commit: never committed
+    assert ledger.flush(sync=True) and producer.offsets[("docs", 1)] == 5
 
 
 def test_a_revoke_waits_for_the_transaction_committing_now():
     producer = TransactionalProducer()
     txn = Transactions(lambda: producer, timeout=0.2)
-    committer = OffsetCommitter(_Consumer(), 0, ExactlyOnce(txn, 5))
+    ledger = TransactionLedger(_Consumer(), 0, txn)
     order = []
     held = threading.Event()
 
@@ -278,7 +276,7 @@ def test_a_revoke_waits_for_the_transaction_committing_now():
 
     threading.Thread(target=sink_commit).start()
     held.wait(5)
-    committer.barrier()
+    ledger.revoked([("docs", 0)])
     order.append("revoke goes on")
     assert order == ["commit", "revoke goes on"]
 
@@ -305,19 +303,19 @@ def test_an_abort_that_cannot_finish_replaces_the_producer():
 
 def test_a_generation_moved_on_without_a_callback_is_learnt_at_the_next_tick():
     """On Kafka a member joining that gives this one nothing new calls no rebalance callback, yet
-    moves the group's generation on: the committer's tick tells the delivery, the transaction begun
+    moves the group's generation on: the ledger's tick reads it again, the transaction begun
     under the old generation is aborted (Kafka would refuse its offsets), and the redo commits."""
     from .fakes import FakeConsumer
 
     producer, consumer = TransactionalProducer(), FakeConsumer({})
     sink, txn = _sink(producer)
-    committer = OffsetCommitter(consumer, 0, sink.delivery)
-    committer.tick()
+    ledger = TransactionLedger(consumer, 0, txn)
+    ledger.tick()
     assert txn.group_metadata == b"generation 1"
 
     def join():
         consumer.generation = 2  # another member joined: no callback here
-        committer.tick()  # the polling thread's next tick
+        ledger.tick()  # the polling thread's next tick
 
     _aborted_for_a_rebalance_then_redone(producer, sink, join)
     assert txn.group_metadata == producer.offsets_metadata[-1] == b"generation 2"
@@ -397,41 +395,49 @@ def test_each_transaction_times_its_milvus_and_output_sides():
         assert 0 <= total - before[side][1] < 60, side  # seconds of this transaction, not a clock reading
 
 
-def _offsets_only() -> tuple[ExactlyOnce, TransactionalProducer]:
+def _offsets_only() -> tuple[TransactionLedger, TransactionalProducer]:
     producer = TransactionalProducer()
     txn = Transactions(lambda: producer, timeout=0.2)
     txn.group_metadata = "gm"
-    return ExactlyOnce(txn, 5), producer
+    return TransactionLedger(_Consumer(), 0, txn, owned=_ALL), producer
+
+
+class _All:
+    def __contains__(self, _tp) -> bool:
+        return True
+
+
+_ALL = _All()
 
 
 def test_offsets_never_go_back_below_what_a_transaction_committed():
     """The polling thread's offsets-only transaction committed 100; the sink's transaction of a group
     read earlier then commits 90: 100 stands, and a store of 95 is behind it, never committed (that
     would move the group back, and a restart would read 95..99 twice)."""
-    delivery, producer = _offsets_only()
-    delivery.committed({("docs", 0): 100})
-    delivery.committed({("docs", 0): 90})
-    delivery.store([TopicPartition("docs", 0, 95)])
-    assert delivery.commit(sync=True) and "commit_transaction" not in producer.calls
+    ledger, producer = _offsets_only()
+    ledger.committed({("docs", 0): 100})
+    ledger.committed({("docs", 0): 90})
+    ledger.store({("docs", 0): 95})
+    assert ledger.flush(sync=True) and "commit_transaction" not in producer.calls
 
 
 def test_a_partitions_first_record_is_committed_past():
     """A partition never committed before: its first record's next offset (1) goes through."""
-    delivery, producer = _offsets_only()
-    delivery.store([TopicPartition("docs", 3, 1)])
-    assert delivery.commit(sync=True) and producer.offsets == {("docs", 3): 1}
+    ledger, producer = _offsets_only()
+    ledger.store({("docs", 3): 1})
+    assert ledger.flush(sync=True) and producer.offsets == {("docs", 3): 1}
 
 
 def test_a_forgotten_partition_starts_over_and_forgetting_an_unknown_one_is_harmless():
     """A partition revoked and given back after its topic was re-created reads offsets from 0 again:
     what this member committed before the revoke must not hold them back."""
-    delivery, producer = _offsets_only()
-    delivery.committed({("docs", 0): 100})
-    delivery.store([TopicPartition("docs", 0, 120)])
-    delivery.forget([("docs", 0), ("docs", 7)])  # 7: never seen here
-    assert delivery.commit(sync=True) and "commit_transaction" not in producer.calls  # 120 was forgotten too
-    delivery.store([TopicPartition("docs", 0, 5)])
-    assert delivery.commit(sync=True) and producer.offsets == {("docs", 0): 5}
+    ledger, producer = _offsets_only()
+    ledger.committed({("docs", 0): 100})
+    ledger.store({("docs", 0): 120})
+    ledger.revoked([("docs", 0), ("docs", 7)])  # 7: never seen here
+    assert ledger.flush(sync=True) and "commit_transaction" not in producer.calls  # 120 was forgotten too
+    ledger.store({("docs", 0): 5})
+    assert ledger.flush(sync=True) and producer.offsets == {("docs", 0): 5}
 
 
 def test_closing_gives_the_producer_the_configured_time_to_flush():
@@ -459,9 +465,9 @@ def test_the_carried_group_is_not_planned_again_after_a_milvus_outage():
 
 
 def test_exactly_onces_membership_proof_commits_the_committed_offsets_in_a_transaction():
-    delivery, producer = _offsets_only()
+    ledger, producer = _offsets_only()
     offsets = [TopicPartition("docs", 0, 40), TopicPartition("docs", 1, 7)]
-    delivery.recommit(offsets)
+    ledger._recommit(offsets)
     assert producer.offsets == {("docs", 0): 40, ("docs", 1): 7} and producer.calls[-1] == "commit_transaction"
 
 
@@ -471,11 +477,11 @@ def test_the_polling_threads_offsets_wait_while_a_groups_transaction_is_open():
     offsets wait for a later transaction. Aborting the sink's transaction from there instead lost its
     first records and sent its later ones out in the polling thread's transaction, ahead of the redo
     that sends them again."""
-    producer, committed = TransactionalProducer(), {}
+    producer = TransactionalProducer()
     client = RecordingMilvusClient()
-    sink, txn = _sink(producer, client=client, committed=committed)
-    delivery = sink.delivery
-    delivery.store([TopicPartition("docs", 3, 12)])  # ahead of every transaction
+    sink, txn = _sink(producer, client=client)
+    ledger = TransactionLedger(_Consumer(), 0, txn, owned=_ALL)
+    ledger.store({("docs", 3): 12})  # ahead of every transaction
     answers = []
     upsert = client.upsert
 
@@ -483,7 +489,7 @@ def test_the_polling_threads_offsets_wait_while_a_groups_transaction_is_open():
         deadline = time.monotonic() + 5
         while not txn.open and time.monotonic() < deadline:  # the sink's transaction has begun
             time.sleep(0.005)
-        answers.append(delivery.commit(sync=True))
+        answers.append(ledger.flush(sync=True))
         return upsert(*args, **kwargs)
 
     client.upsert = upsert_while_the_polling_thread_commits
@@ -492,11 +498,11 @@ def test_the_polling_threads_offsets_wait_while_a_groups_transaction_is_open():
     assert answers == [False]  # not committed yet: the group's transaction was open
     assert producer.calls.count("abort_transaction") == 0 and producer.calls.count("commit_transaction") == 1
     assert len(producer.visible) == 4 and producer.offsets == {("docs", 0): 2, ("docs", 1): 2}
-    assert delivery.commit(sync=True) and producer.offsets[("docs", 3)] == 12  # the next tick commits them
+    assert ledger.flush(sync=True) and producer.offsets[("docs", 3)] == 12  # the next tick commits them
     with pytest.raises(TransientError, match="open"):  # a membership proof cannot be had meanwhile
         txn.begin()
         try:
-            delivery.recommit([TopicPartition("docs", 0, 2)])
+            ledger._recommit([TopicPartition("docs", 0, 2)])
         finally:
             txn.abort()
 
@@ -559,5 +565,5 @@ def test_a_membership_proof_while_a_groups_transaction_is_open_is_a_kafka_outage
             return False  # a group's transaction holds the producer
 
     with pytest.raises(TransientError) as raised:
-        ExactlyOnce(Open(), 1.0).recommit([TopicPartition("docs", 0, 5)])  # type: ignore[arg-type]
+        TransactionLedger(_Consumer(), 1.0, Open())._recommit([TopicPartition("docs", 0, 5)])  # type: ignore[arg-type]
     assert raised.value.system == "kafka" and "membership waits for it to end" in str(raised.value)

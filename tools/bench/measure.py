@@ -316,6 +316,7 @@ def memory_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: 
     from worker.core.assignment import Assignment
     from worker.core.delivery import AtLeastOnce
     from worker.core.fence import Fence
+    from worker.core.ledger import OffsetLedger
     from worker.core.loop import Worker
     from worker.process.metrics import Health
 
@@ -331,10 +332,11 @@ def memory_stream(base: Settings, embedder: Embedder, texts: list[str], prefix: 
     models = load_models(s, embedder)
     stores: dict[str, MilvusStore] = {name: InstantStore() for name in models.handles}
     real0, pad0 = model_tokens()
-    delivery = AtLeastOnce(consumer, NullProducer, s.kafka_timeout_seconds)  # type: ignore[arg-type]
-    chain = build_chain(s, consumer, delivery, models, {name: None for name in models.handles},  # type: ignore[arg-type]
+    delivery = AtLeastOnce(NullProducer, s.kafka_timeout_seconds)  # type: ignore[arg-type]
+    chain = build_chain(s, delivery, models, {name: None for name in models.handles},  # type: ignore[arg-type]
                         stores, Fence(lease_s=60.0), {})
-    worker = Worker(consumer, s.input_topic, chain, Assignment(pause_after=5.0, join_grace=0.1),  # type: ignore[arg-type]
+    ledger = OffsetLedger(consumer, s.commit_interval_ms / 1000)  # type: ignore[arg-type]
+    worker = Worker(consumer, s.input_topic, chain, ledger, Assignment(pause_after=5.0, join_grace=0.1),  # type: ignore[arg-type]
                     max_inflight=inflight_limit(s, models), shutdown_grace=s.shutdown_grace_seconds, health=Health(),
                     stats=CpuRunStats())
     cpu0 = time.process_time()

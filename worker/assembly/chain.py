@@ -4,10 +4,11 @@ record goes through, in order:
     polling thread:  1 validate → 2 estimate tokens → 3 DLQ breaker → 4 batch        (Intake)
     pipeline:        5 prepare: chunk + cache lookup + token ids → 6 embed: the model →
                      7 sink: fence + version guard → Milvus + output/DLQ topics + cache fill
-    polling thread:  8 store offsets → commit                                        (OffsetCommitter)
+    polling thread:  8 store offsets → commit, or acknowledge records               (the member's Ledger)
 
-Steps 7 and 8 follow the delivery chosen at assembly (``worker.core.delivery`` tells the order once:
-under exactly-once the sink commits each group's offsets in its transaction, in step 7).
+Steps 7 and 8 follow the delivery and the ledger chosen together at assembly (``worker.assembly.groups``;
+``worker.core.delivery`` tells the order once: under exactly-once the sink commits each group's
+offsets in its transaction, in step 7).
 
 A new step is one line here: a ``Stage`` in the pipeline's list (its own thread, queue and retry
 state), or a step inside intake. The connectors and the model are opened by ``worker.assembly.runner``.
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from confluent_kafka import Consumer
-
 from connectors.milvus import MilvusStore
 from connectors.redis_cache import RedisCache
 from connectors.registry import SchemaRegistry
@@ -26,7 +25,6 @@ from schemas.errors import ConfigError
 from worker.core.delivery import Delivery
 from worker.core.fence import Fence
 from worker.core.member import Chain
-from worker.core.offsets import OffsetCommitter
 from worker.core.pipeline import Pipeline, Stage, in_turn
 from worker.core.records import Batch, Share, split_by_model
 from worker.embedding.base import Embedder
@@ -81,7 +79,7 @@ def embed_by_model(steps: dict[str, Callable[[Share], None]],
     return run
 
 
-def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: ModelSet,
+def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
                 caches: dict[str, RedisCache | None], stores: dict[str, MilvusStore], fence: Fence,
                 topic_ids: Mapping[str, str], registry: SchemaRegistry | None = None,
                 limits: TopicLimits | None = None, dead_letters: bool = True,
@@ -97,7 +95,6 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
     limits = limits or TopicLimits()
     topics, records, durable = s.section(KafkaSettings), s.section(RecordSettings), s.section(DeliverySettings)
     batching = s.section(BatchingSettings)
-    committer = OffsetCommitter(consumer, durable.commit_interval_ms / 1000, delivery)           # 8 commit
     # The breaker (3) counts the dead letters the chunk and sink steps make too (late ones).
     breaker = DlqLimit(durable.dlq_max_consecutive, durable.dlq_max_ratio, durable.dlq_ratio_window)
     targets = {n: ModelTarget(stores[n], m.model_id, m.dim, caches[n], m.sparse) for n, m in handles.items()}
@@ -129,4 +126,4 @@ def build_chain(s: Settings, consumer: Consumer, delivery: Delivery, models: Mod
                 batching.max_batch_wait_ms / 1000, max_bytes=batching.max_batch_bytes),  # deadline, bytes
         next_step=lambda batch: pipeline.submit(fence.stamp(batch)),                 #   (read in this tenure)
     )
-    return Chain(intake, pipeline, committer, fence, model_free=lambda: prepare.backlog + embed.backlog == 0)
+    return Chain(intake, pipeline, fence, model_free=lambda: prepare.backlog + embed.backlog == 0)

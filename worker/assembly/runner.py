@@ -9,45 +9,27 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
-import socket
 from collections.abc import Callable
-from typing import cast
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import KafkaError
 from confluent_kafka.schema_registry import SchemaRegistryError
 
-from connectors.kafka import (
-    check_broker,
-    group_session_ms,
-    make_admin,
-    make_consumer,
-    make_output_producer,
-    make_share_consumer,
-    prepare_share_group,
-    topic_ids,
-    topic_max_bytes,
-)
+from connectors.kafka import check_broker, group_session_ms, make_admin, topic_ids, topic_max_bytes
 from connectors.milvus import MilvusAdmin, MilvusStore
 from connectors.redis_cache import VECTORS, WITH_SPARSE, RedisCache
 from connectors.registry import SchemaRegistry, client_conf
-from connectors.transactions import Transactions, transactional_id
 from schemas import sparse as sparse_modes
 from schemas.codec import DOCUMENT_SCHEMA_TEXT
 from schemas.errors import ConfigError
 from schemas.sparse import SparseMode
+from worker.assembly import groups
 from worker.assembly.chain import build_chain
 from worker.assembly.milvus import open_milvus
 from worker.assembly.naming import alias_of, collection_of
 from worker.assembly.upgrade import collection_to_write
-from worker.core.assignment import Assignment
-from worker.core.delivery import AtLeastOnce, Delivery, ExactlyOnce
-from worker.core.delivery.share import ShareAcks
-from worker.core.early_join import EarlyJoin
 from worker.core.fence import Fence, lease_seconds
-from worker.core.loop import Worker
-from worker.core.member import Chain
-from worker.core.share_loop import ShareWorker
+from worker.core.member import Member
 from worker.core.stats import RunStats
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet, ModelSpec, describe, parse_models
@@ -189,36 +171,6 @@ def serve_metrics(settings: Settings, health: metrics.Health) -> int | None:
     return port
 
 
-def open_delivery(s: Settings, consumer, delivery_timeout_s: float) -> Delivery:
-    """The delivery of ``EMBEDSTREAM_DELIVERY`` and ``EMBEDSTREAM_GROUP_TYPE`` (``worker.core.delivery``):
-    the one place that asks which. At-least-once records (a share group's too) may wait
-    ``delivery_timeout_s`` in librdkafka (the fence's lease bounds it)."""
-    if s.delivery == "exactly-once":
-        return ExactlyOnce(open_transactions(s), s.kafka_timeout_seconds)
-    kind = ShareAcks if s.group_type == "share" else AtLeastOnce
-    return kind(consumer, lambda: make_output_producer(s.kafka_common(), delivery_timeout_s), s.kafka_timeout_seconds)
-
-
-def open_transactions(s: Settings) -> Transactions:
-    """Exactly-once: the worker's transactional producer, its ``transactional.id`` from the group and
-    the static member id (the pod name under the chart), else host and process id (then a killed
-    worker's open transaction ends only by the broker's ``transaction.timeout.ms``).
-
-    Its records may wait ``EMBEDSTREAM_KAFKA_TIMEOUT_SECONDS``, longer than the fence's lease that
-    bounds the at-least-once producer's: a zombie's records wake into a transaction that its commit
-    check (ownership and lease, ``worker.steps.writing.sink``) aborts, so read_committed readers never see
-    them; and a record that times out costs an epoch bump that a broker may refuse (Tansu does)."""
-    member = s.group_instance_id or f"{socket.gethostname()}-{os.getpid()}"
-    tid = transactional_id(s.group_id, member)
-    log.info("exactly-once delivery: transactional.id %s", tid)
-    txn_timeout_ms = int(s.kafka.get("transaction.timeout.ms", max(60.0, s.kafka_timeout_seconds) * 1000))
-    # librdkafka refuses a transactional producer whose records may wait longer than its transaction
-    delivery_timeout_s = min(s.kafka_timeout_seconds, txn_timeout_ms / 1000)
-    conf = {"transactional.id": tid, "transaction.timeout.ms": txn_timeout_ms}
-    return Transactions(lambda: make_output_producer(s.kafka_common(), delivery_timeout_s, **conf),
-                        s.kafka_timeout_seconds, keep_open_s=txn_timeout_ms / 2000)
-
-
 def group_session(s: Settings) -> tuple[float, float]:
     """``(session, heartbeat)`` in seconds as the group coordinator applies them to this member: the
     client's properties under the classic protocol; under KIP-848 the broker's (the group's
@@ -300,42 +252,11 @@ def open_stores(s: Settings, models: ModelSet, store_factory: Callable[[Settings
     return stores, caches
 
 
-def open_share_consumer(s: Settings, health: metrics.Health, max_inflight: int):
-    """A member of the share group ``EMBEDSTREAM_GROUP_ID`` (``worker.core.share_loop``), which starts at
-    the beginning of the topic; a poll acquires at most the batches allowed in flight. Returns it and
-    the group's record lock in seconds (None: unknown)."""
-    lock_s = None
-    try:
-        lock_s = prepare_share_group(s.kafka_common(), s.group_id)
-    except Exception as exc:  # an ACL, or a broker without share groups: say what that means
-        log.warning("could not read or set share.auto.offset.reset=earliest on share group %s (%s): a new group "
-                    "then starts at the end of the topic; set it with kafka-configs.sh --entity-type groups",
-                    s.group_id, exc)
-    consumer = make_share_consumer(s.kafka_common(), s.group_id, error_cb=health.on_kafka_error,
-                                   **{"max.poll.records": max_inflight * s.max_batch_size})
-    return consumer, lock_s
-
-
-def input_partitions(s: Settings) -> list[tuple[str, int]]:
-    """Every partition of the input topic (``check_topics`` made sure it exists)."""
-    meta = make_admin(s.kafka_common()).list_topics(s.input_topic, timeout=s.kafka_timeout_seconds)
-    return [(s.input_topic, p) for p in sorted(meta.topics[s.input_topic].partitions)]
-
-
-def open_consumer(s: Settings, health: metrics.Health) -> Consumer:
-    """The group's consumer, reporting lag to the gauge and its errors to ``health``."""
-    return make_consumer(s.kafka_common(), s.group_id, s.group_instance_id, s.group_protocol, **{
-        # the lag gauge's period: a passthrough value is taken (EMBEDSTREAM_KAFKA__STATISTICS_INTERVAL_MS)
-        "statistics.interval.ms": int(s.kafka.get("statistics.interval.ms", 5000)),
-        "stats_cb": metrics.record_lag_from_stats,
-        "error_cb": health.on_kafka_error})
-
-
 def build_worker(settings: Settings, embedder: Embedder | None = None,
                  on_progress: Callable[[RunStats], None] | None = None,
                  store_factory: Callable[[Settings, str], MilvusStore] | None = None,
                  dead_letters: bool = True, stats: RunStats | None = None, startup: StartClock | None = None
-                 ) -> Worker | ShareWorker:
+                 ) -> Member:
     """Check the settings against the real systems, open them, and assemble the worker around the
     chain of ``worker.assembly.chain.build_chain``. ``store_factory(settings, collection)`` stands in for
     Milvus (the bench's instant sink); ``dead_letters=False``: records that cannot succeed are skipped,
@@ -350,23 +271,22 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     clock.mark("Kafka and its topics")
     health = metrics.Health(s.healthz_max_tick_age_seconds)
     # A consumer group's member joins while its models load (worker.core.early_join); a share
-    # group's member joins at its first poll, and is left as it is.
-    early = None if s.group_type == "share" else EarlyJoin(open_consumer(s, health), s.input_topic)
+    # group's member joins at its first poll.
+    side = groups.join(s, health)
     try:
-        return assemble(s, clock, health, early, embedder, store_factory, dead_letters, startup, dict(
-            shutdown_grace=s.shutdown_grace_seconds, health=health, backoff_max=s.retry_backoff_max_seconds,
-            on_progress=on_progress, stats=stats))
+        return assemble(s, clock, side, embedder, store_factory, dead_letters, dict(
+            health=health, startup=startup, on_progress=on_progress, stats=stats))
     except BaseException:
-        if early is not None:
-            early.consumer.close()  # leave the group now rather than at the end of the session
+        side.abandon()
         raise
 
 
-def assemble(s: Settings, clock: StartClock, health: metrics.Health, early: EarlyJoin | None,
-             embedder: Embedder | None, store_factory: Callable[[Settings, str], MilvusStore] | None,
-             dead_letters: bool, startup: StartClock | None, run: dict) -> Worker | ShareWorker:
+def assemble(s: Settings, clock: StartClock, side: groups.Side, embedder: Embedder | None,
+             store_factory: Callable[[Settings, str], MilvusStore] | None, dead_letters: bool,
+             given: dict[str, Any]) -> Member:
     """``build_worker`` past the checks: the models, the stores, the delivery and the chain, around
-    ``early`` (a consumer group's member, joining meanwhile) or a new share consumer."""
+    the group's ``side`` (``worker.assembly.groups``); ``given``: the member's health, start-up clock,
+    progress call and counters."""
     models = load_models(s, embedder)
     log.info("models: %s", describe(models))
     clock.mark("models")
@@ -374,6 +294,7 @@ def assemble(s: Settings, clock: StartClock, health: metrics.Health, early: Earl
     clock.mark("Milvus and Redis")
     heap.settle()  # the models' objects out of the collector's walks (worker.process.heap)
     heap.keep_pages()  # a group's megabyte buffers reuse the heap's pages (worker.process.heap)
+    health = given["health"]
     health.model_loaded = True
     metrics_port = serve_metrics(s, health)
     if any(m.device == "cuda" for m in models.handles.values()):
@@ -385,35 +306,10 @@ def assemble(s: Settings, clock: StartClock, health: metrics.Health, early: Earl
     delivery_timeout_s = min(s.kafka_timeout_seconds, fence.lease_s)
     max_inflight = inflight_limit(s, models)
     log.info("up to %d batches in flight (%d a model served)", max_inflight, s.max_inflight_batches)
-    # EarlyJoin passes every call on to its consumer: the chain takes it for one
-    consumer, lock_s = (cast(Consumer, early), None) if early is not None else open_share_consumer(s, health,
-                                                                                                   max_inflight)
-    delivery = open_delivery(s, consumer, delivery_timeout_s)
-    chain = build_chain(s, consumer, delivery, models, caches, stores, fence, input_topic_ids(s), open_registry(s),
+    delivery = side.durability(s, max_inflight, delivery_timeout_s)
+    chain = build_chain(s, delivery, models, caches, stores, fence, input_topic_ids(s), open_registry(s),
                         topic_limits(s), dead_letters=dead_letters,
                         lookup_ids=lambda: topic_ids(s.kafka_common(), [s.input_topic]))
-    worker = member(s, consumer, chain, delivery, max_inflight, session_s, startup, run, lock_s)
+    worker = side.member(s, chain, groups.MemberParts(max_inflight=max_inflight, session_s=session_s, **given))
     worker.metrics_port = metrics_port
-    return worker
-
-
-def member(s: Settings, consumer, chain: Chain, delivery: Delivery, max_inflight: int, session_s: float,
-           startup: StartClock | None, run: dict, lock_s: float | None = None) -> Worker | ShareWorker:
-    """The loop of the group's member around ``chain``: a share group's (``worker.core.share_loop``; its
-    records locked for ``lock_s``), else a consumer group's (``worker.core.loop``); ``run``: what both
-    take."""
-    if s.group_type == "share":
-        share = ShareWorker(consumer, s.input_topic, chain, delivery, input_partitions(s), **run)  # type: ignore[arg-type]
-        share.startup = startup
-        share.lock_s = lock_s
-        log.info("share group %s: records locked to a member for %s, up to %d records a poll", s.group_id,
-                 "an unknown time" if share.lock_s is None else f"{share.lock_s:.1f}s", max_inflight * s.max_batch_size)
-        return share
-    max_poll_s = int(s.kafka.get("max.poll.interval.ms", 300_000)) / 1000
-    # Hold a full pipeline at most a third of max.poll.interval before pausing; a member without
-    # partitions waits two session timeouts (a rejoin) before it counts as idle.
-    assignment = Assignment(pause_after=min(5.0, max_poll_s / 3), join_grace=max(10.0, 2 * session_s))
-    worker = Worker(consumer, s.input_topic, chain, assignment, max_inflight=max_inflight, **run)
-    worker.rebalance.startup = startup
-    worker.leave_before_close = s.group_instance_id is None  # a static member keeps its partitions
     return worker

@@ -3,7 +3,7 @@
 Each turn: consume what is there → intake (validate, estimate, batch) → submit closed batches to
 the pipeline → collect finished ones and store their offsets → pause or resume → commit if due →
 check for idle. The parts each own one thing: ``Intake`` the batching, ``Pipeline`` the stages,
-``OffsetCommitter`` what is committed and when, ``Assignment`` the partitions with their pause and
+``OffsetLedger`` what is committed and when, ``Assignment`` the partitions with their pause and
 end state, ``RunStats`` the counting. The chain is assembled in ``worker.assembly.chain.build_chain``.
 
 Rebalance call-backs (``worker.core.rebalance``) and signal handlers run on this thread too.
@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 from confluent_kafka import Consumer
 
-from schemas.errors import DlqLimitExceeded, RecordRefused, TransientError
 from worker.core.assignment import Assignment
-from worker.core.member import ABORT_WAIT_S, Chain, Member
+from worker.core.ledger import OffsetLedger
+from worker.core.member import Chain, Member
 from worker.core.rebalance import Rebalance
 from worker.core.stats import RunStats
 from worker.process.metrics import Health
@@ -33,53 +33,37 @@ CONSUME_CHUNK = 500
 
 
 class Worker(Member):
-    """One consumer-group member. ``run()`` blocks until stopped, idle (if asked), or a bug."""
+    """One consumer-group member (the skeleton is ``Member.run``); what is its own: the assignment,
+    the rebalance call-backs, pausing a full pipeline, and the ends past commit markers."""
 
-    def __init__(self, consumer: Consumer, topic: str, chain: Chain, assignment: Assignment, *,
-                 max_inflight: int, shutdown_grace: float, health: Health, backoff_max: float = 10.0,
+    ledger: OffsetLedger
+
+    def __init__(self, consumer: Consumer, topic: str, chain: Chain, ledger: OffsetLedger, assignment: Assignment,
+                 *, max_inflight: int, shutdown_grace: float, health: Health, backoff_max: float = 10.0,
                  on_progress: Callable[[RunStats], None] | None = None, stats: RunStats | None = None) -> None:
-        super().__init__(consumer, topic, chain, shutdown_grace=shutdown_grace, health=health,
+        super().__init__(consumer, topic, chain, ledger, shutdown_grace=shutdown_grace, health=health,
                          backoff_max=backoff_max, on_progress=on_progress, stats=stats)
         self.assignment = assignment
+        ledger.owned = assignment  # offsets are stored only for partitions owned when their batch finishes
         self.max_inflight = max_inflight
         #: The group's rebalance call-backs (``worker.core.rebalance``), on this thread.
-        self.rebalance = Rebalance(chain, assignment, health, grace=shutdown_grace,
+        self.rebalance = Rebalance(chain, ledger, assignment, health, grace=shutdown_grace,
                                    finish_inflight=self._wait_inflight, drop_held=self.held.drop)
+        #: Leave the group before closing (``leave_group``); off for a static member, which keeps its
+        #: partitions until its session expires, so that a restart takes them back without a rebalance.
+        self.leave_before_close = True
 
-    # -- the loop ----------------------------------------------------------------------------
-    def run(self, stop_when_idle: float | None = None) -> RunStats:
-        """Join the group and turn the loop until a stop is asked, the input is idle ``stop_when_idle``
-        seconds (None: never), or something raises; then stop in the one order (:meth:`_stop`)."""
+    # -- the skeleton's parts ------------------------------------------------------------------
+    def _join(self) -> None:
         rebalance = self.rebalance
         self.consumer.subscribe([self.topic], on_assign=rebalance.on_assign, on_revoke=rebalance.on_revoke,
                                 on_lost=rebalance.on_lost)
         log.info("joining the group on %s: waiting for partitions", self.topic)
-        self.chain.fence.start()
-        try:
-            while not self.stop.requested and not self._turn(stop_when_idle):
-                pass
-            self._stop(self.shutdown_grace, flush=True, commit=10)
-        except DlqLimitExceeded:
-            # Finish and commit the batches already in flight (all before the bad run), then halt;
-            # the open batch holds the bad run: never committed past.
-            self._stop(self.shutdown_grace, commit=5)
-            raise
-        except RecordRefused:
-            # The broker refuses a record for good: commit what finished before it, then stop there.
-            self._stop(0, commit=5)
-            raise
-        except BaseException:
-            # The consumer died (or a bug): nothing more commits. The stage threads still end before the
-            # process may exit: one still inside the model's native code at exit aborted the process
-            # ("terminate called without an active exception", exit -6 or -11 instead of 4).
-            self._stop(0)
-            raise
-        finally:
-            self.chain.fence.stop()
-            if self.leave_before_close:
-                leave_group(self.consumer)
-            self.consumer.close()
-        return self.stats
+
+    def _leave(self) -> None:
+        if self.leave_before_close:
+            leave_group(self.consumer)
+        self.consumer.close()
 
     def _turn(self, stop_when_idle: float | None) -> bool:
         """One turn of the loop (the module doc); True when the input has been idle ``stop_when_idle``
@@ -92,7 +76,7 @@ class Worker(Member):
         # (measured on Tansu). Holding serves no callbacks meanwhile.
         waiting = chain.pipeline.inflight >= self.max_inflight or bool(self.held)  # full: consume no more
         holding = waiting and not self.assignment.paused
-        self._take([] if holding else self._consume())
+        self._take(self.assignment.records([] if holding else self._consume()))
         # A batch past its deadline closes only when the model is free: until then it keeps growing
         # instead of queueing as many small batches (continuous batching).
         if chain.model_free():
@@ -103,17 +87,26 @@ class Worker(Member):
         if quiet:
             self._step_past_markers()
         self.idle_trim.tick(quiet)
-        chain.committer.tick()
+        self.ledger.tick()
         if stop_when_idle is not None and self.assignment.idle_for(stop_when_idle, quiet,
                                                                    self.health.last_kafka_error):
             log.info("idle for %.1fs: stopping", stop_when_idle)
             return True
         return False
 
+    def _hold_input(self) -> None:
+        if len(self.assignment):
+            self.consumer.pause(self.consumer.assignment())
+
+    def _stopped(self) -> None:
+        if len(self.assignment):
+            log_committed(self.consumer)
+
+    # -- its own -------------------------------------------------------------------------------
     def _membership_proven(self) -> bool:
         """After a stall: the proof ``worker.core.fence`` asks for before writes resume (same member id,
         no takeover commit, a commit the group accepts)."""
-        return self.assignment.same_member(self.consumer) and self.chain.committer.membership_holds()
+        return self.assignment.same_member(self.consumer) and self.ledger.prove()
 
     def _step_past_markers(self) -> None:
         """With nothing batching, held or in flight, a partition at its end is done up to that end.
@@ -123,9 +116,9 @@ class Worker(Member):
         closed (what this member owns is in doubt)."""
         if self.chain.fence.suspect:
             return
-        ahead = self.chain.committer.behind(self.assignment.ends_reached())
+        ahead = self.ledger.behind(self.assignment.ends_reached())
         if ahead:
-            self.chain.committer.store(ahead, self.assignment)
+            self.ledger.store(ahead)
 
     def _consume(self) -> list:
         """What the consumer holds now, else wait briefly for the first record.
@@ -139,39 +132,6 @@ class Worker(Member):
         busy = len(self.chain.intake) or self.chain.pipeline.inflight
         return self.consumer.consume(1, 0.02 if busy else 0.2)
 
-    def _take(self, msgs: list) -> None:
-        good = self.held.take(self.assignment.records(msgs))
-        if not good:
-            return
-        self.stats.arrived()
-        try:
-            self.chain.intake.add(good)
-        except TransientError as exc:  # the schema registry is out: intake took none of them
-            self.held.hold(good, exc)
-            return
-        self.held.taken()
-
-    def _collect(self, timeout: float = 0.0) -> None:
-        """Account for finished batches and store their offsets (only for partitions still ours)."""
-        for batch in self.chain.pipeline.completed(timeout):
-            self.stats.account(batch)
-            # a partition the sink left unwritten (not ours, or ours in a later tenure) stores nothing:
-            # its records are read again (here or by its new owner)
-            written = {tp: o for tp, o in batch.offsets.items() if tp not in batch.fenced}
-            self.chain.committer.store(written, self.assignment)
-            if self.on_progress:
-                self.on_progress(self.stats)
-
-    def _wait_inflight(self, seconds: float) -> bool:
-        """Collect finished batches until none is in flight or ``seconds`` pass; True when none is.
-        Stops early after a stall (the fence is closed: nothing in flight can be written now)."""
-        pipeline, fence, deadline = self.chain.pipeline, self.chain.fence, time.monotonic() + seconds
-        while pipeline.inflight and not pipeline.aborted and time.monotonic() < deadline:
-            if fence.suspect:
-                break
-            self._collect(timeout=0.1)
-        return pipeline.inflight == 0
-
     def _chunk(self) -> int:
         """Records to take in one call: a batch's worth or ``CONSUME_CHUNK``, whichever is more, but
         no more than the in-flight batches still allowed hold with what is batching (a large chunk
@@ -179,28 +139,6 @@ class Worker(Member):
         max_size = self.chain.intake.batcher.max_size
         room = (self.max_inflight - self.chain.pipeline.inflight) * max_size - len(self.chain.intake)
         return max(1, min(max(CONSUME_CHUNK, max_size), room))
-
-    def _stop(self, grace: float, *, flush: bool = False, commit: int = 0) -> None:
-        """The one stop order, whatever ended the loop. With ``flush`` (a graceful stop) the partitions
-        are paused and the open batch closes; the batches in flight are finished within ``grace``
-        seconds, and what is left after that is dropped (never committed); then what finished is
-        committed, in up to ``commit`` attempts (0: nothing more commits)."""
-        chain = self.chain
-        if flush:
-            if len(self.assignment):
-                self.consumer.pause(self.consumer.assignment())
-            chain.intake.flush()
-        finished = self._wait_inflight(grace) if grace else chain.pipeline.inflight == 0
-        if finished and commit:
-            chain.pipeline.close()
-        else:
-            if chain.pipeline.inflight:
-                log.warning("%d batches unfinished after %.0fs grace: not committing them", chain.pipeline.inflight,
-                            grace)
-            if not chain.pipeline.abort(wait=ABORT_WAIT_S):
-                log.warning("a stage is still inside a step after %.0fs", ABORT_WAIT_S)
-        if commit and chain.committer.commit(sync=True, attempts=commit) and flush and len(self.assignment):
-            log_committed(self.consumer)
 
 
 #: Longest the stop serves the group's last call-backs before it closes the consumer anyway.

@@ -1,6 +1,6 @@
 """What one member does when the group moves partitions: the consumer's rebalance call-backs.
 
-They run inside ``consume()``, on the polling thread. On assign the committer and the fence learn the
+They run inside ``consume()``, on the polling thread. On assign the ledger and the fence learn the
 new partitions; on revoke the batches in flight are finished (within a budget) and committed
 synchronously before the partitions go; on *lost* nothing is committed for them (another member may
 own them already). Either way what is still batching for them is dropped, to be read again by their
@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from confluent_kafka import Consumer, TopicPartition
 
 from worker.core.assignment import Assignment
+from worker.core.ledger import OffsetLedger
 from worker.core.member import Chain
 from worker.core.records import TopicPartitionKey
 from worker.process.metrics import ASSIGNED_PARTITIONS, REBALANCES, Health, forget_lag
@@ -32,10 +33,11 @@ class Rebalance:
     ``finish_inflight(seconds)`` collects finished batches until none is in flight or the time is up;
     ``drop_held(partitions)`` forgets the records the loop holds back for them."""
 
-    def __init__(self, chain: Chain, assignment: Assignment, health: Health, *, grace: float,
+    def __init__(self, chain: Chain, ledger: OffsetLedger, assignment: Assignment, health: Health, *, grace: float,
                  finish_inflight: Callable[[float], bool],
                  drop_held: Callable[[Iterable[TopicPartitionKey]], None]) -> None:
         self.chain = chain
+        self.ledger = ledger
         self.assignment = assignment
         self.health = health
         self.grace = grace
@@ -49,7 +51,7 @@ class Rebalance:
         # Inside close() (another member left at the same time) the read of the committed offsets
         # times out after 10 s on Tansu. Skipping it there once left close() hung for over a minute
         # in a zombie scenario (in librdkafka, after the revoke): it stays, a known 10 s.
-        self.chain.committer.new_generation(self.assignment.partitions)
+        self.ledger.assigned(self.assignment.partitions)
         self.chain.fence.publish(self.assignment.partitions)
         self._owned(len(self.assignment), "assigned")
         log.info("assigned %s", sorted(p.partition for p in partitions))
@@ -63,10 +65,10 @@ class Rebalance:
         stall (the fence is closed) nothing in flight can be written: give them up at once."""
         # The in-flight transactions commit under the generation that revokes (the one they began
         # under is refused now): without this they failed until the budget ran out, 20 s a revoke.
-        self.chain.committer.refresh_generation()
+        self.ledger.refresh()
         if not self.chain.fence.suspect:
             self._finish_inflight(min(self.grace, REVOKE_BUDGET_S))
-        self.chain.committer.commit(sync=True)
+        self.ledger.flush(sync=True)
         dropped = self._forget(partitions, lost=False)
         REBALANCES.labels("revoked").inc()
         log.info("revoked %s (dropped %d uncommitted records still batching)",
@@ -87,10 +89,7 @@ class Rebalance:
             forget_lag(topic, [p for t, p in tps if t == topic])
         self.assignment.remove(tps, lost=lost)
         self.chain.fence.publish(self.assignment.partitions)
-        # Exactly-once: a transaction that checked the ownership before it shrank finishes now; any
-        # later one sees the smaller ownership and leaves these partitions out (worker.steps.writing.sink).
-        self.chain.committer.barrier()
-        self.chain.committer.forget(tps)
+        self.ledger.revoked(tps)  # after the smaller ownership is published (exactly-once: TransactionLedger)
         self._owned(len(self.assignment))
         return dropped
 

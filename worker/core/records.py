@@ -163,9 +163,17 @@ class Batch:
     #: entries the sink left unwritten, because this member no longer owns them (or owns them again, in
     #: another tenure than the batch was read in); their offsets are not stored.
     fenced: set[TopicPartitionKey] = field(default_factory=set)
+    #: Written by the sink thread, read by the polling thread's ledger once the batch completes: the
+    #: offsets a transaction committed with the batch's group (exactly-once; empty otherwise).
+    committed: dict[TopicPartitionKey, int] = field(default_factory=dict)
     #: Written by the polling thread when the batch closes (``Fence.stamp``), read by the sink thread:
     #: per partition, the fence's tenure the records were read in; None: never stamped.
     tenure: dict[TopicPartitionKey, int] | None = None
+
+    def written(self) -> dict[TopicPartitionKey, int]:
+        """The next offset per partition of the batch's written entries: those of partitions the sink
+        left unwritten (``fenced``) are read again, here or by their next owner."""
+        return {tp: o for tp, o in self.offsets.items() if tp not in self.fenced}
 
     def add(self, entry: Entry) -> None:
         self.entries.append(entry)

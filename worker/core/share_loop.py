@@ -4,7 +4,7 @@ A share group has no partition assignment of the kind a consumer group has: the 
 member records of any partition, locked to it for a while (``share.record.lock.duration.ms``), and
 counts their deliveries. So there are no rebalances, no offsets and no pausing here; the chain is the
 same (intake, the pipeline's stages, the sink), and the input is acknowledged record by record
-(``worker.core.delivery.share``).
+(``worker.core.ledger.share``).
 
 Each turn: when every record of the last poll is acknowledged (the share consumer polls again only
 then), poll the next records (at most ``max.poll.records``: the in-flight bound), take them into
@@ -25,10 +25,9 @@ import time
 from collections.abc import Callable
 
 from connectors.kafka import access_refused
-from schemas.errors import DlqLimitExceeded, RecordRefused, TransientError
-from worker.core.delivery.share import ShareAcks
-from worker.core.member import ABORT_WAIT_S, Chain, Member
-from worker.core.records import TopicPartitionKey
+from worker.core.ledger import ShareLedger
+from worker.core.member import Chain, Member
+from worker.core.records import Batch, TopicPartitionKey
 from worker.core.stats import RunStats
 from worker.process.metrics import (
     ASSIGNED_PARTITIONS,
@@ -49,15 +48,19 @@ def lock_margin(lock_s: float | None) -> float | None:
 
 
 class ShareWorker(Member):
-    """One share-group member. ``run()`` blocks until stopped, idle (if asked), or a bug.
-    ``partitions``: the input topic's, every one of which this member may be handed records of."""
+    """One share-group member (the skeleton is ``Member.run``); what is its own: the poll gate (the
+    next poll only once every record of the last is acknowledged), the partitions it learns of, and
+    the records' lock. ``partitions``: the input topic's, every one of which this member may be handed
+    records of."""
 
-    def __init__(self, consumer, topic: str, chain: Chain, acks: ShareAcks, partitions: list[TopicPartitionKey],
+    ledger: ShareLedger
+    UNFINISHED = "their records go back to the share group"
+
+    def __init__(self, consumer, topic: str, chain: Chain, ledger: ShareLedger, partitions: list[TopicPartitionKey],
                  *, shutdown_grace: float, health: Health, backoff_max: float = 10.0,
                  on_progress: Callable[[RunStats], None] | None = None, stats: RunStats | None = None) -> None:
-        super().__init__(consumer, topic, chain, shutdown_grace=shutdown_grace, health=health,
+        super().__init__(consumer, topic, chain, ledger, shutdown_grace=shutdown_grace, health=health,
                          backoff_max=backoff_max, on_progress=on_progress, stats=stats)
-        self.acks = acks
         self.partitions = partitions
         #: Read out at the first poll (``worker.process.startup``); None: not timed.
         self.startup: StartClock | None = None
@@ -68,44 +71,50 @@ class ShareWorker(Member):
         self.lock_s: float | None = None
         self._polled_at = 0.0
         self._said_at = float("-inf")
+        self._quiet_since = time.monotonic()
 
-    def run(self, stop_when_idle: float | None = None) -> RunStats:
-        """Join the share group and turn the loop until a stop is asked, nothing has arrived for
-        ``stop_when_idle`` seconds with nothing left in flight (None: never), or something raises."""
-        chain = self.chain
+    # -- the skeleton's parts ------------------------------------------------------------------
+    def _join(self) -> None:
         self.consumer.subscribe([self.topic])
-        chain.fence.publish(self.partitions)  # any partition's records may be handed to this member
-        chain.fence.start()
+        self.chain.fence.publish(self.partitions)  # any partition's records may be handed to this member
         log.info("joining the share group on %s", self.topic)
-        quiet_since = time.monotonic()
-        try:
-            while not self.stop.requested:
-                self.health.tick()
-                chain.fence.tick(lambda: True)  # no partition is ever taken from a share member
-                got = self._poll() if not self.outstanding else self._take(self.held.take([]) if self.held else [])
-                chain.intake.flush()  # nothing more arrives before these are acknowledged
-                self._collect(0.05 if self.outstanding else 0.0)
-                quiet = not self.outstanding and not got
-                quiet_since = quiet_since if quiet else time.monotonic()
-                self.idle_trim.tick(quiet)
-                if stop_when_idle is not None and quiet and time.monotonic() - quiet_since >= stop_when_idle:
-                    log.info("idle for %.1fs: stopping", stop_when_idle)
-                    break
-            self._stop(self.shutdown_grace, flush=True)
-        except DlqLimitExceeded:
-            self._stop(self.shutdown_grace)
-            raise
-        except RecordRefused:
-            self._stop(0)
-            raise
-        except BaseException:
-            self._stop(0, send=False)
-            raise
-        finally:
-            chain.fence.stop()
-            self.consumer.close()  # leaves the group: what is not acknowledged goes back to it
-        return self.stats
+        self._quiet_since = time.monotonic()
 
+    def _turn(self, stop_when_idle: float | None) -> bool:
+        """One turn (the module doc); True when nothing has arrived for ``stop_when_idle`` seconds with
+        nothing left in flight."""
+        chain = self.chain
+        self.health.tick()
+        chain.fence.tick(lambda: True)  # no partition is ever taken from a share member
+        got = self._poll() if not self.outstanding else self._take([])
+        chain.intake.flush()  # nothing more arrives before these are acknowledged
+        self._collect(0.05 if self.outstanding else 0.0)
+        quiet = not self.outstanding and not got
+        self._quiet_since = self._quiet_since if quiet else time.monotonic()
+        self.idle_trim.tick(quiet)
+        self.ledger.tick()
+        if stop_when_idle is not None and quiet and time.monotonic() - self._quiet_since >= stop_when_idle:
+            log.info("idle for %.1fs: stopping", stop_when_idle)
+            return True
+        return False
+
+    def _finished(self, batch: Batch) -> None:
+        released = self.ledger.finished(batch)
+        # every record outstanding came with the last poll (the next waits until all are acknowledged)
+        held = time.monotonic() - self._polled_at
+        SHARE_ACK_SECONDS.observe_many([held] * len(batch.entries))
+        if self.lock_s is not None and held > self.lock_s:
+            SHARE_LOCK_EXPIRIES.inc(len(batch.entries))
+        if released:
+            log.warning("%d records left unwritten after a stall: released for another delivery", released)
+        self.outstanding -= len(batch.entries)
+
+    def _collected(self) -> None:
+        self.ledger.flush(sync=False)
+        if not self.outstanding:
+            self._acknowledged(time.monotonic() - self._polled_at)
+
+    # -- its own -------------------------------------------------------------------------------
     def _poll(self) -> int:
         """Poll the next records (the acknowledgements made so far go with the poll); how many came."""
         msgs = self.consumer.poll(0.2)
@@ -150,40 +159,6 @@ class ShareWorker(Member):
         log.info("records of partitions %s too (added to %s since this member started)",
                  sorted(p for _, p in new), self.topic)
 
-    def _take(self, msgs: list) -> int:
-        if not msgs:
-            return 0
-        self.stats.arrived()
-        try:
-            self.chain.intake.add(msgs)
-        except TransientError as exc:  # the schema registry is out: intake took none of them
-            self.held.hold(msgs, exc)
-            return len(msgs)
-        self.held.taken()
-        return len(msgs)
-
-    def _collect(self, timeout: float = 0.0) -> None:
-        """Acknowledge the records of finished batches and send the acknowledgements."""
-        done = False
-        for batch in self.chain.pipeline.completed(timeout):
-            self.stats.account(batch)
-            released = self.acks.acknowledge(batch)
-            # every record outstanding came with the last poll (the next waits until all are acknowledged)
-            held = time.monotonic() - self._polled_at
-            SHARE_ACK_SECONDS.observe_many([held] * len(batch.entries))
-            if self.lock_s is not None and held > self.lock_s:
-                SHARE_LOCK_EXPIRIES.inc(len(batch.entries))
-            if released:
-                log.warning("%d records left unwritten after a stall: released for another delivery", released)
-            self.outstanding -= len(batch.entries)
-            done = True
-            if self.on_progress:
-                self.on_progress(self.stats)
-        if done:
-            self.acks.commit(sync=False)
-            if not self.outstanding:
-                self._acknowledged(time.monotonic() - self._polled_at)
-
     def _acknowledged(self, took: float) -> None:
         """A poll's records are all acknowledged, ``took`` seconds after it: past half their lock, a
         slower one would lose its locks (its records delivered again, and dead-lettered after
@@ -195,23 +170,3 @@ class ShareWorker(Member):
         log.warning("a poll's records took %.1fs to acknowledge, over half their %.1fs lock: poll fewer at a time "
                     "(EMBEDSTREAM_MAX_INFLIGHT_BATCHES x EMBEDSTREAM_MAX_BATCH_SIZE records a poll) or lock them "
                     "longer (the group's share.record.lock.duration.ms)", took, self.lock_s)
-
-    def _stop(self, grace: float, *, flush: bool = False, send: bool = True) -> None:
-        """Finish the batches in flight within ``grace`` seconds (with ``flush``, the open batch too),
-        acknowledge them and send the acknowledgements (unless ``send`` is False: the consumer
-        failed); what did not finish goes back to the group when this member leaves."""
-        pipeline = self.chain.pipeline
-        if flush:
-            self.chain.intake.flush()
-        deadline = time.monotonic() + grace
-        while pipeline.inflight and not pipeline.aborted and time.monotonic() < deadline:
-            self._collect(timeout=0.1)
-        if pipeline.inflight == 0:
-            pipeline.close()
-        else:
-            log.warning("%d batches unfinished after %.0fs grace: their records go back to the share group",
-                        pipeline.inflight, grace)
-            if not pipeline.abort(wait=ABORT_WAIT_S):
-                log.warning("a stage is still inside a step after %.0fs", ABORT_WAIT_S)
-        if send:
-            self.acks.commit(sync=True)

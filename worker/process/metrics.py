@@ -96,9 +96,11 @@ MODEL_LOAD_SECONDS = Histogram("embedstream_model_load_seconds", "Time to load a
 # The group: rebalance events this member saw (assigned | revoked | lost), what it owns, its commits.
 REBALANCES = Counter("embedstream_rebalances_total", "Rebalance events of this member", ["event"])
 ASSIGNED_PARTITIONS = Gauge("embedstream_assigned_partitions", "Input partitions this member owns")
-COMMIT_SECONDS = Histogram("embedstream_commit_seconds", "Time to commit stored offsets (sync: until the broker "
-                           "answered; async: to hand the commit over)", ["mode"], buckets=_SECONDS)
-COMMIT_FAILURES = Counter("embedstream_commit_failures_total", "Commits that failed (retried by the next)")
+COMMIT_SECONDS = Histogram("embedstream_commit_seconds", "Time to commit stored offsets, or to send a share group's "
+                           "acknowledgements (sync: until the broker answered; async: to hand them over)", ["mode"],
+                           buckets=_SECONDS)
+COMMIT_FAILURES = Counter("embedstream_commit_failures_total", "Commits (or sends of a share group's "
+                          "acknowledgements) that failed (retried by the next)")
 def _release() -> str:
     from importlib.metadata import PackageNotFoundError, version
 

@@ -1,8 +1,10 @@
 """Delivery: how a group's writes and its input offsets become durable, and in what order.
 
-One interface (:class:`~worker.core.delivery.base.Delivery`), three implementations, chosen once at
-assembly (``worker.assembly.runner.open_delivery``, from ``EMBEDSTREAM_DELIVERY`` and
-``EMBEDSTREAM_GROUP_TYPE``); nothing else asks which one runs. This docstring is the one place the commit order is told.
+The sink thread's half is one interface (:class:`~worker.core.delivery.base.Delivery`), two
+implementations; the polling thread's half is the ledger (``worker.core.ledger``), three
+implementations. Both are chosen once, together, at assembly (``worker.assembly.groups``, from
+``EMBEDSTREAM_DELIVERY`` and ``EMBEDSTREAM_GROUP_TYPE``); nothing else asks which one runs. This
+docstring is the one place the commit order is told.
 
 For each group of batches, on the sink thread (``worker.steps.writing.sink.SinkStep.process`` writes it,
 one way for both deliveries; the delivery hands it an :class:`~worker.core.delivery.base.Attempt` that
@@ -29,15 +31,18 @@ says what each mode does at each step):
      at most half the transaction timeout; any other failure aborts it and the group is redone.
 4. **Offsets.**
 
-   - *at-least-once*: when the group leaves the pipeline, the polling thread stores its next
-     offsets in the consumer (for partitions it still owns) and commits them every
-     ``EMBEDSTREAM_COMMIT_INTERVAL_MS``, synchronously on a revoke and at a stop.
+   - *at-least-once* (:class:`~worker.core.ledger.OffsetLedger`): when the group leaves the
+     pipeline, the polling thread stores its next offsets in the consumer (for partitions it still
+     owns) and commits them every ``EMBEDSTREAM_COMMIT_INTERVAL_MS``, synchronously on a revoke and
+     at a stop.
    - *exactly-once*: the sink sends the group's offsets to the transaction and commits it, under the
      transactions' lock, after checking that it still owns their partitions. A revoke publishes
      the smaller ownership, then takes that lock once (``barrier``): no transaction commits offsets
-     of a partition given away. What the polling thread stores past the transactions' offsets (a
-     drained partition's end past a commit marker) is committed by a transaction of offsets alone.
-   - *share group* (:class:`~worker.core.delivery.share.ShareAcks`): records go out as at-least-once's
+     of a partition given away. Each batch carries the offsets its transaction committed to the
+     polling thread (``Batch.committed``); what that thread stores past them (a drained partition's
+     end past a commit marker) is committed by a transaction of offsets alone
+     (:class:`~worker.core.ledger.TransactionLedger`).
+   - *share group* (:class:`~worker.core.ledger.ShareLedger`): records go out as at-least-once's
      do; when the group leaves the pipeline, the polling thread acknowledges each of its input records
      (``worker.core.share_loop``) and sends the acknowledgements; there are no offsets.
 """

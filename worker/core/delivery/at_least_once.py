@@ -1,16 +1,17 @@
-"""At-least-once: the idempotent producer, and offsets stored in the consumer and committed by it."""
+"""At-least-once: the idempotent producer; the offsets are the polling thread's ledger's
+(``worker.core.ledger.OffsetLedger``, or a share group's acknowledgements)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from connectors.kafka import DeliveryBatch
 from schemas.errors import TransientError
 from worker.core.delivery.base import Attempt, Delivery
-from worker.core.records import Batch
+from worker.core.records import Batch, TopicPartitionKey
 
 log = logging.getLogger(__name__)
 
@@ -18,12 +19,10 @@ log = logging.getLogger(__name__)
 class AtLeastOnce(Delivery):
     """``EMBEDSTREAM_DELIVERY=at-least-once`` (``worker.core.delivery`` tells the order)."""
 
-    def __init__(self, consumer: Consumer, new_producer: Callable[[], Producer], timeout_s: float) -> None:
-        self.consumer = consumer
+    def __init__(self, new_producer: Callable[[], Producer], timeout_s: float) -> None:
         self._new_producer = new_producer
         self.timeout_s = timeout_s
         self._producer = new_producer()
-        self._dirty = False
 
     @property
     def producer(self) -> Producer:
@@ -44,27 +43,6 @@ class AtLeastOnce(Delivery):
         # close() flushes without a time limit: only call it once nothing is left to deliver.
         if self._producer.flush(self.timeout_s) == 0:
             self._producer.close()
-
-    def store(self, offsets: list[TopicPartition]) -> None:
-        self.consumer.store_offsets(offsets=offsets)
-        self._dirty = True
-
-    def commit(self, sync: bool) -> bool:
-        if not self._dirty:
-            return True
-        try:
-            if sync:
-                self.consumer.commit(asynchronous=False)
-            else:
-                self.consumer.commit(asynchronous=True)
-        except KafkaException as exc:
-            if not (exc.args and exc.args[0].code() == KafkaError._NO_OFFSET):
-                raise
-        self._dirty = False
-        return True
-
-    def recommit(self, offsets: list[TopicPartition]) -> None:
-        self.consumer.commit(offsets=offsets, asynchronous=False)
 
 
 class _Attempt(Attempt):
@@ -90,5 +68,5 @@ class _Attempt(Attempt):
         for batch in self._group:
             batch.delivered = True
 
-    def commit(self, offsets: list[TopicPartition]) -> None:
-        return None  # stored and committed by the polling thread (worker.core.offsets)
+    def commit(self, offsets: list[TopicPartition]) -> dict[TopicPartitionKey, int]:
+        return {}  # stored and committed by the polling thread's ledger (worker.core.ledger)

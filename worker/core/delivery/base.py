@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from connectors.kafka import DeliveryBatch
 from worker.core.records import Batch, Entry, TopicPartitionKey
@@ -28,9 +27,8 @@ def written_offsets(group: list[Batch]) -> dict[TopicPartitionKey, int]:
     """The next offset per partition of the group's written entries (``fenced`` ones left out)."""
     offsets: dict[TopicPartitionKey, int] = {}
     for batch in group:
-        for tp, o in batch.offsets.items():
-            if tp not in batch.fenced:
-                offsets[tp] = max(offsets.get(tp, 0), o)
+        for tp, o in batch.written().items():
+            offsets[tp] = max(offsets.get(tp, 0), o)
     return offsets
 
 
@@ -44,7 +42,8 @@ class Attempt(abc.ABC):
         producer = attempt.begin()                 # None: the group's records are out already
         attempt.sent(produce(planned, producer))   # waits for the acknowledgements
         Milvus' result                             # a TransientError: attempt.milvus_failed(planned)
-        with attempt.holding(): attempt.commit(the group's offsets, if still owned)
+        with attempt.holding(): committed = attempt.commit(the group's offsets, if still owned)
+        each batch carries what was committed with it to the ledger (Batch.committed)
         on any failure: raise attempt.abort(exc)
 
     The attempt never calls the sink: it is handed what it needs."""
@@ -76,8 +75,9 @@ class Attempt(abc.ABC):
         return nullcontext()
 
     @abc.abstractmethod
-    def commit(self, offsets: list[TopicPartition]) -> None:
-        """The group is written: commit ``offsets`` with it (or leave them to the polling thread)."""
+    def commit(self, offsets: list[TopicPartition]) -> dict[TopicPartitionKey, int]:
+        """The group is written: commit ``offsets`` with it, or leave them to the polling thread's
+        ledger. Returns what it committed (next offset per partition; empty when it left them)."""
 
     def abort(self, exc: BaseException) -> BaseException:
         """The attempt failed with ``exc``: undo what must be undone; returns what to raise."""
@@ -85,15 +85,8 @@ class Attempt(abc.ABC):
 
 
 class Delivery(abc.ABC):
-    """How a group's records and its input offsets become durable together.
-
-    ``attempt`` (and what it hands out) runs on the sink thread; ``store``, ``commit``, ``recommit``, ``barrier``,
-    ``new_generation`` and ``forget`` on the polling thread (``worker.core.offsets.OffsetCommitter``
-    calls them)."""
-
-    #: Told of offsets the delivery committed itself (exactly-once), from the sink thread: the
-    #: committer's line past which a commit means a takeover.
-    on_committed: Callable[[Mapping[TopicPartitionKey, int]], None] = staticmethod(lambda _offsets: None)
+    """How a group's records and its input offsets become durable together: the sink thread's half
+    (the polling thread's is the ledger, ``worker.core.ledger``, chosen with it at assembly)."""
 
     @property
     @abc.abstractmethod
@@ -107,31 +100,3 @@ class Delivery(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release the producer (call once nothing more is written)."""
-
-    @abc.abstractmethod
-    def store(self, offsets: list[TopicPartition]) -> None:
-        """Offsets of finished batches, for partitions still owned, to commit."""
-
-    @abc.abstractmethod
-    def commit(self, sync: bool) -> bool:
-        """Commit what is stored; True when nothing is left. Raises ``KafkaException`` or
-        ``TransientError`` on a failure (what was stored stays for the next call)."""
-
-    @abc.abstractmethod
-    def recommit(self, offsets: list[TopicPartition]) -> None:
-        """Commit ``offsets`` (already committed ones) again, synchronously: a proof the group still
-        takes this member's commits. Raises ``KafkaException`` or ``TransientError`` on a refusal."""
-
-    def barrier(self) -> None:
-        """A revoke has published the smaller ownership: wait for a commit already under way."""
-        return None  # nothing under way to wait for unless the delivery commits on the sink thread
-
-    def new_generation(self, consumer: Consumer) -> None:
-        """Called on the polling thread at every rebalance callback and every tick: the group's
-        generation may have changed (a rebalance that left this member's partitions as they were
-        calls no callback, yet moves the generation on)."""
-        return None  # only a delivery that commits with the group's metadata needs it
-
-    def forget(self, tps: Iterable[TopicPartitionKey]) -> None:
-        """The partitions left this member: what was stored for them is history."""
-        return None  # the consumer forgets them itself

@@ -1,5 +1,5 @@
-"""Share groups (``EMBEDSTREAM_GROUP_TYPE=share``, KIP-932): the records go out as at-least-once's do,
-and the input is acknowledged record by record instead of committed by offset.
+"""A share group's ledger (``EMBEDSTREAM_GROUP_TYPE=share``, KIP-932): the input is acknowledged record
+by record instead of committed by offset.
 
 A record is acknowledged ACCEPT once its batch has left the pipeline: its output records (or its
 dead letter) acknowledged by the broker and its Milvus writes done (``worker.core.delivery`` tells
@@ -8,47 +8,42 @@ it started too), but only for as long as they are locked to it: once a poll's lo
 group hands its records to another member, which may write newer versions of them, so the fence
 makes them stale and the sink writes none (``worker.core.fence``). Those records (``Batch.fenced``)
 are RELEASEd, never accepted unwritten (the broker refuses either once the lock is gone). What is
-acknowledged goes to the broker with the next :meth:`ShareAcks.commit` (the share consumer sends
+acknowledged goes to the broker with the next :meth:`ShareLedger.flush` (the share consumer sends
 acknowledgements with its commits and polls); a record never acknowledged (a crash, a stop before
 its batch finished) goes back to the group when its lock expires or its member leaves, and is
 delivered again, its delivery count one higher.
-
-Share groups have no transactions (exactly-once is refused at start-up) and no offsets to commit:
-the offset calls of :class:`~worker.core.delivery.base.Delivery` are refused here.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import AcknowledgeType, KafkaException, Producer, TopicPartition
+from confluent_kafka import AcknowledgeType, KafkaException
 
 from schemas.errors import TransientError
-from worker.core.delivery.at_least_once import AtLeastOnce
+from worker.core.ledger.base import Ledger
 from worker.core.records import Batch
 from worker.process.metrics import SHARE_ACKNOWLEDGEMENTS
 
 log = logging.getLogger(__name__)
 
 
-class ShareAcks(AtLeastOnce):
-    """The delivery of a share-group member; ``acknowledge`` and ``commit`` run on the polling thread
-    (the share consumer is not thread-safe)."""
+class ShareLedger(Ledger):
+    """The acknowledgements of a share-group member, through its share consumer
+    (``confluent_kafka.ShareConsumer``), which sends them with its commits and polls."""
 
-    def __init__(self, consumer, new_producer: Callable[[], Producer], timeout_s: float) -> None:
-        super().__init__(consumer, new_producer, timeout_s)
-        #: The share consumer (``confluent_kafka.ShareConsumer``): acknowledged through, sent by its commits.
-        self.share: Any = consumer
+    def __init__(self, share: Any, timeout_s: float) -> None:
+        self.share = share
+        self.timeout_s = timeout_s
         self._unsent = 0
         self._accepted = SHARE_ACKNOWLEDGEMENTS.labels("accept")
         self._released = SHARE_ACKNOWLEDGEMENTS.labels("release")
         SHARE_ACKNOWLEDGEMENTS.labels("reject")  # exported at 0: this worker dead-letters instead of rejecting
 
-    def acknowledge(self, batch: Batch) -> int:
-        """Acknowledge every record of ``batch``, which has left the pipeline: ACCEPT, or RELEASE for
-        a partition the sink left unwritten. Returns how many were released."""
+    def finished(self, batch: Batch) -> int:
+        """Acknowledge every record of ``batch``: ACCEPT, or RELEASE for a partition the sink left
+        unwritten. Returns how many were released."""
         released = 0
         for e in batch.entries:
             src = e.source
@@ -60,7 +55,12 @@ class ShareAcks(AtLeastOnce):
         self._released.inc(released)
         return released
 
-    def commit(self, sync: bool) -> bool:
+    def tick(self) -> None:
+        """Send the acknowledgements made since the last call, without waiting for the answer."""
+        if self._unsent:
+            self.flush(sync=False)
+
+    def _send(self, sync: bool) -> bool:
         """Send the acknowledgements made since the last call; with ``sync``, wait for the broker's
         answer (a refused acknowledgement is logged: its record comes back, to this member or
         another). True when nothing is left to send."""
@@ -79,9 +79,3 @@ class ShareAcks(AtLeastOnce):
             raise TransientError("kafka", f"acknowledging records: {exc}") from None
         self._unsent = 0
         return True
-
-    def store(self, offsets: list[TopicPartition]) -> None:
-        raise TypeError("a share group acknowledges records (ShareAcks.acknowledge); it stores no offsets")
-
-    def recommit(self, offsets: list[TopicPartition]) -> None:
-        raise TypeError("a share group has no committed offsets to commit again")
