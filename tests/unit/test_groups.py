@@ -44,6 +44,7 @@ def test_a_consumer_group_joins_at_once_and_its_ledger_commits_offsets(monkeypat
     s = _settings(delivery="at-least-once")
     side = groups.join(s, Health())
     assert isinstance(side, groups.ConsumerGroup) and subscribed == [[s.input_topic]]  # before the models load
+    assert side.max_deliveries is None  # a consumer group's records carry no delivery count
     delivery = side.durability(s, 4, 5.0)
     assert isinstance(delivery, AtLeastOnce) and type(side.ledger) is OffsetLedger
     member = side.member(s, None, groups.MemberParts(Health(), 4, 45.0, None, None, None))  # type: ignore[arg-type]
@@ -68,6 +69,7 @@ def test_a_share_group_acknowledges_records_and_joins_at_its_first_poll(monkeypa
     s = _settings(group_type="share")
     side = groups.join(s, Health())
     assert isinstance(side, groups.ShareGroup) and side.consumer is None  # nothing opened yet
+    assert side.max_deliveries == s.share_max_deliveries == 4
     assert isinstance(side.durability(s, 4, 5.0), AtLeastOnce) and type(side.ledger) is ShareLedger
     member = side.member(s, None, groups.MemberParts(Health(), 4, 45.0, None, None, None))  # type: ignore[arg-type]
     assert isinstance(member, ShareWorker) and member.lock_s == 30.0 and member.ledger is side.ledger

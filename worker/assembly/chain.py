@@ -83,14 +83,15 @@ def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
                 caches: dict[str, RedisCache | None], stores: dict[str, MilvusStore], fence: Fence,
                 topic_ids: Mapping[str, str], registry: SchemaRegistry | None = None,
                 limits: TopicLimits | None = None, dead_letters: bool = True,
-                lookup_ids: Callable[[], Mapping[str, str]] | None = None) -> Chain:
+                lookup_ids: Callable[[], Mapping[str, str]] | None = None, max_deliveries: int | None = None) -> Chain:
     """Every step, in the order a record meets it (the pipeline is built first only because intake
     hands its batches to it), each given its own section of the settings. ``models``, ``caches`` and
     ``stores`` are by model name; ``delivery`` makes the sink's groups and their offsets durable
     (``worker.core.delivery``); ``limits``: the largest record the output and DLQ topics take;
     ``dead_letters=False`` writes no dead letter (a migration's backfill: the live worker wrote them);
     ``topic_ids`` names the input topic's partitions for the version guard, ``lookup_ids`` reads them
-    again when a record looks superseded."""
+    again when a record looks superseded; ``max_deliveries``: a share group's bound on a record's
+    deliveries (None: a consumer group's records carry no count)."""
     handles = models.handles
     limits = limits or TopicLimits()
     topics, records, durable = s.section(KafkaSettings), s.section(RecordSettings), s.section(DeliverySettings)
@@ -118,7 +119,7 @@ def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
                   lambda chars: chars > safe_chars,                                  #   (key = identity,
                   registry=registry, key_field=records.key_field,                    #   model by name)
                   keep_large=min(sink.planner.output_rooms.values()), forward=records.forwarded_headers,
-                  max_deliveries=topics.share_max_deliveries if topics.group_type == "share" else None),
+                  max_deliveries=max_deliveries),
         lambda texts, model: handles[model].estimate_tokens(                         # 2 token estimate
             texts, chunked=chunking.chunking == "tokens"),
         breaker,                                                                     # 3 halt a bad deploy

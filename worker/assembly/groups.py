@@ -75,6 +75,8 @@ class ConsumerGroup:
                  durable: Callable[[Settings, Consumer, float], tuple[Delivery, OffsetLedger]]) -> None:
         self.early = EarlyJoin(open_consumer(s, health), s.input_topic)
         self._durable = durable
+        #: A consumer group's records carry no delivery count.
+        self.max_deliveries: int | None = None
         # EarlyJoin passes every call on to its consumer and keeps the loop's call-backs at subscribe
         self.consumer = cast(Consumer, self.early)
         self.ledger: OffsetLedger | None = None
@@ -107,6 +109,8 @@ class ShareGroup:
 
     def __init__(self, s: Settings, health: metrics.Health) -> None:
         self.health = health
+        #: A record delivered more often becomes a dead letter (``delivery_count_exceeded``).
+        self.max_deliveries: int | None = s.share_max_deliveries
         #: How long the broker locks a record to a member, in seconds (None: not known).
         self.lock_s: float | None = None
         self.consumer: Any = None

@@ -309,7 +309,8 @@ def assemble(s: Settings, clock: StartClock, side: groups.Side, embedder: Embedd
     delivery = side.durability(s, max_inflight, delivery_timeout_s)
     chain = build_chain(s, delivery, models, caches, stores, fence, input_topic_ids(s), open_registry(s),
                         topic_limits(s), dead_letters=dead_letters,
-                        lookup_ids=lambda: topic_ids(s.kafka_common(), [s.input_topic]))
+                        lookup_ids=lambda: topic_ids(s.kafka_common(), [s.input_topic]),
+                        max_deliveries=side.max_deliveries)
     worker = side.member(s, chain, groups.MemberParts(max_inflight=max_inflight, session_s=session_s, **given))
     worker.metrics_port = metrics_port
     return worker
