@@ -125,6 +125,25 @@ class MilvusAdmin(MilvusConnection):
         except Exception as exc:
             raise transient(exc) from None
 
+    #: The collection property that keeps the canary's record (``worker.embedding.canary``).
+    CANARY_PROPERTY = "embedstream.canary"
+
+    def canary(self) -> str | None:
+        """The canary record this collection keeps (None: none yet). Raises TransientError."""
+        try:
+            found = self._client.describe_collection(self.collection, timeout=self.timeout).get("properties") or {}
+        except Exception as exc:
+            raise transient(exc) from None
+        return found.get(self.CANARY_PROPERTY)
+
+    def keep_canary(self, record: str) -> None:
+        """Keep ``record`` with this collection, in place of any before. Raises TransientError."""
+        try:
+            self._client.alter_collection_properties(self.collection, properties={self.CANARY_PROPERTY: record},
+                                                     timeout=self.timeout)
+        except Exception as exc:
+            raise transient(exc) from None
+
     def collections(self, prefix: str = "") -> list[str]:
         """Names of the collections starting with ``prefix``."""
         try:

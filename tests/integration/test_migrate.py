@@ -6,6 +6,7 @@ vector (updates and deletes made during the backfill included)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -161,6 +162,10 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
     blocked = run_cli(["migrate", "--model", new_path, "--min-overlap", "0.99"], env, timeout=300)
     assert blocked.returncode == 1, blocked.stdout + blocked.stderr
     assert "shadow check" in blocked.stdout and "not switching" in blocked.stdout, blocked.stdout
+    # each collection's kept canary against its model now, beside the neighbours (worker.embedding.canary):
+    # within int8's bound (a collection begun at int8 is checked here at float32, or the other way)
+    canaries = re.search(r"canary cosine \(kept vs its model now\)\W+([\d.]+)\W+([\d.]+)", blocked.stdout)
+    assert canaries is not None and min(map(float, canaries.groups())) >= 0.95, blocked.stdout
     assert store.alias_target(s.milvus_collection) == old_collection
     second = run_cli(["migrate", "--model", new_path], env, timeout=300)
     assert second.returncode == 0, second.stdout + second.stderr

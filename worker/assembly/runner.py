@@ -24,6 +24,7 @@ from schemas.codec import DOCUMENT_SCHEMA_TEXT
 from schemas.errors import ConfigError
 from schemas.sparse import SparseMode
 from worker.assembly import groups
+from worker.assembly.canaries import check_canary
 from worker.assembly.chain import build_chain
 from worker.assembly.milvus import open_milvus
 from worker.assembly.naming import alias_of, collection_of
@@ -234,7 +235,8 @@ def require_connections(s: Settings) -> None:
 
 def open_stores(s: Settings, models: ModelSet, store_factory: Callable[[Settings, str], MilvusStore] | None = None,
                 ) -> tuple[dict[str, MilvusStore], dict[str, RedisCache | None]]:
-    """Each model's collection (made ready behind its alias, or ``store_factory``'s stand-in) and cache."""
+    """Each model's collection (made ready behind its alias, its canary compared: ``worker.assembly.canaries``;
+    or ``store_factory``'s stand-in) and cache."""
     stores, caches = {}, {}
     for name, model in models.handles.items():
         if store_factory is None:
@@ -244,8 +246,9 @@ def open_stores(s: Settings, models: ModelSet, store_factory: Callable[[Settings
             collection = collection_of(s, name, model)
         if store_factory is None:
             stores[name] = open_milvus(s, MilvusStore, collection)
-            MilvusAdmin.sharing(stores[name]).prepare(alias_of(s, name), model.model_id, model.dim,
-                                                      model.sparse.kind)
+            admin = MilvusAdmin.sharing(stores[name])
+            admin.prepare(alias_of(s, name), model.model_id, model.dim, model.sparse.kind)
+            check_canary(admin, model)  # before a row is written: the model makes what the collection holds
         else:
             stores[name] = store_factory(s, collection)
         caches[name] = open_cache(s, model)

@@ -38,6 +38,7 @@ from connectors.milvus import MilvusAdmin, MilvusReader
 from schemas import sparse as sparse_modes
 from schemas.errors import ConfigError, TransientError
 from schemas.sparse import SparseKind, SparseMode
+from worker.assembly.canaries import canary_cosine
 from worker.assembly.naming import alias_of, collection_of, family_prefix
 from worker.commands.search import ROWS_PER_DOCUMENT, best_chunk_per_document
 from worker.embedding.base import Embedder
@@ -78,6 +79,10 @@ class ShadowReport:
     overlap_mean: float | None  #: mean share of top-k documents both collections return; None: not measured
     overlap_min: float | None
     note: str = ""
+    #: Each collection's kept canary against its model now, smallest cosine (None: no canary kept,
+    #: or the model not loaded): the models still make the vectors each collection holds.
+    canary_old: float | None = None
+    canary_new: float | None = None
 
 
 def backfill_group(settings: Settings, new_collection: str) -> str:
@@ -154,18 +159,31 @@ def _top_docs(store: MilvusReader, model: Embedder, texts: list[str]) -> list[li
             for v in vectors]
 
 
+def _canary(reader: MilvusReader, model: Embedder) -> float | None:
+    """``reader``'s collection's canary against ``model`` now (``worker.assembly.canaries``); None when
+    it keeps none, or Milvus did not answer (the check goes on without it)."""
+    try:
+        return canary_cosine(MilvusAdmin.sharing(reader), model)
+    except TransientError as exc:
+        log.warning("could not read the canary of %s (%s)", reader.collection, exc)
+        return None
+
+
 def shadow_check(old: MilvusReader | None, new: MilvusReader, old_model: Embedder | None, new_model: Embedder,
                  sample: int) -> ShadowReport:
-    """Compare the collections on ``sample`` documents of the new one: how many each holds, and for
-    each document's excerpt as a query (each collection asked with its own model), the share of the
-    top-10 documents both return."""
+    """Compare the collections on ``sample`` documents of the new one: how many each holds, for each
+    document's excerpt as a query (each collection asked with its own model) the share of the top-10
+    documents both return, and each collection's canary against its model now."""
     docs = sample_documents(new, sample)
     ids = [d for d, _ in docs]
     in_new = len(new.held(ids))
+    canary_new = _canary(new, new_model)
     if old is None:
-        return ShadowReport(0, new.count(), len(docs), 0, in_new, None, None, "no old collection to compare with")
+        return ShadowReport(0, new.count(), len(docs), 0, in_new, None, None, "no old collection to compare with",
+                            canary_new=canary_new)
     in_old = len(old.held(ids))
-    report = ShadowReport(old.count(), new.count(), len(docs), in_old, in_new, None, None)
+    report = ShadowReport(old.count(), new.count(), len(docs), in_old, in_new, None, None, canary_new=canary_new,
+                          canary_old=_canary(old, old_model) if old_model else None)
     if old_model is None:
         report.note = "the old model is not loaded (set EMBEDSTREAM_MODEL to it): neighbours not compared"
         return report

@@ -36,12 +36,17 @@ def shadow_table(r: ShadowReport, sample: int) -> Table:
                   title_justify="left")
     table.add_row("rows", f"{r.old_rows:,}", f"{r.new_rows:,}")
     table.add_row("sampled documents held", f"{r.in_old}/{r.sampled}", f"{r.in_new}/{r.sampled}")
+    table.add_row("canary cosine (kept vs its model now)", _cosine(r.canary_old), _cosine(r.canary_new))
     if r.overlap_mean is not None:
         table.caption = (f"top-10 neighbours both return, per sampled document: mean {r.overlap_mean:.3f}, "
                          f"min {r.overlap_min:.3f}")
     else:
         table.caption = r.note
     return table
+
+
+def _cosine(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4f}"
 
 
 class BackfillProgress:
