@@ -89,12 +89,14 @@ class _TimedShareConsumer(_ShareConsumer):
         super().__init__()
         self.timeouts: list = []
         self.failing = failing
+        self.tries = 0
 
     def commit_sync(self, timeout):
         self.timeouts.append(timeout)
         return super().commit_sync(timeout)
 
     def commit_async(self):
+        self.tries += 1
         if self.failing:
             from confluent_kafka import KafkaError, KafkaException
 
@@ -130,7 +132,9 @@ def test_acknowledgements_the_broker_cannot_take_now_are_a_kafka_outage_to_retry
     with pytest.raises(TransientError) as raised:
         acks._send(sync=False)
     assert raised.value.system == "kafka" and str(raised.value).startswith("kafka: acknowledging records: ")
+    tries = consumer.tries
     assert acks.flush(sync=False) is False  # a warning; what was acknowledged goes with the next send
+    assert consumer.tries == tries + 1  # once: the polling thread never waits to try again
     consumer.failing = False
     assert acks.flush(sync=False) and consumer.sent == ["async"]
 

@@ -88,9 +88,12 @@ def test_a_commit_that_timed_out_is_finished_never_redone():
     assert txn.pending and "abort_transaction" not in producer.calls
     producer.errors.clear()
     produced = len(producer.records)
+    assert all(b.committed == {} for b in group)  # nothing known committed yet
     sink.process(group)
     assert len(producer.records) == produced  # nothing produced again
     assert len(producer.visible) == 4 and not txn.pending
+    # the finished commit's offsets reach the ledger with each batch, as a commit's do
+    assert all(b.committed == {("docs", 0): 2, ("docs", 1): 2} and b.delivered for b in group)
 
 
 def test_a_transaction_aborted_while_its_commit_was_pending_is_not_committed_again():
