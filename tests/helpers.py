@@ -20,17 +20,24 @@ CLI = [sys.executable, "-m", "worker.commands.cli"]
 
 
 class CountingModel:
-    """A model that counts the texts reaching it, in front of the real one (the cache tests)."""
+    """A model that counts the texts reaching it, in front of the real one (the cache tests); the
+    canary a worker embeds once at start-up (``worker.embedding.canary``) is counted apart."""
 
     def __init__(self, model) -> None:
         self._model = model
         self.texts = 0
+        self.canaries = 0
 
     def __getattr__(self, name):
         return getattr(self._model, name)
 
     def embed(self, texts):
-        self.texts += len(texts)
+        from worker.embedding.canary import CANARY_TEXTS
+
+        if tuple(texts) == CANARY_TEXTS:
+            self.canaries += 1
+        else:
+            self.texts += len(texts)
         return self._model.embed(texts)
 
     def embed_prepared(self, prepared):  # the worker's call (texts made ready off its thread)

@@ -136,7 +136,7 @@ def test_cache_second_stream_is_all_hits_and_survives_redis_down(stack, model, t
     counting = CountingModel(model)
     stats2 = build_worker(s, embedder=counting).run(stop_when_idle=2)
     assert stats2.embedded == 300 and stats2.cached == 300
-    assert counting.texts == 0
+    assert counting.texts == 0 and counting.canaries == 1  # only the canary, once at start-up
 
     store = MilvusReader(s.milvus_uri, s.milvus_collection)
     rows = {r["id"]: np.array(r["vector"]) for r in store.query_ids(fields=("id", "vector"))}
@@ -179,7 +179,7 @@ def test_on_a_redis_cluster_a_second_stream_is_all_hits(stack, model, redis_clus
         counting = CountingModel(model)
         stats = build_worker(s, embedder=counting).run(stop_when_idle=2)
         assert stats.embedded == 60
-    assert stats.cached == 60 and counting.texts == 0
+    assert stats.cached == 60 and counting.texts == 0 and counting.canaries == 1
     added = [n - before[p] for p, n in redis_cluster.keys_by_node().items()]
     assert min(added) > 0 and sum(added) >= 60
 

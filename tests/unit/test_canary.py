@@ -115,5 +115,25 @@ def test_an_unreadable_or_other_texts_canary_is_replaced_and_milvus_down_is_a_st
     other = Canary.loads(admin.kept)  # type: ignore[arg-type]
     admin.kept = Canary(other.model_id, "fp32", "cpu", {}, "0123456789ab", other.vectors).dumps()
     assert check_canary(admin, FakeEmbedder(dim=16)) is None and admin.writes == 2  # type: ignore[arg-type]
+    now = iter(range(0, 100, 3))  # a clock 3 s a call: the race window runs out after a few tries
+    slept: list[float] = []
     with pytest.raises(ConfigError, match="did not answer while checking the canary"):
-        check_canary(_Admin(failing=True), FakeEmbedder(dim=16))  # type: ignore[arg-type]
+        check_canary(_Admin(failing=True), FakeEmbedder(dim=16), clock=lambda: next(now),  # type: ignore[arg-type]
+                     sleep=slept.append)
+    assert slept == [0.5] * 3  # tries at 3, 6 and 9 s; the one at 12 s is past the 10 s window
+
+
+def test_a_worker_that_loses_the_race_to_store_the_canary_compares_with_the_winners():
+    """Two processes starting together both find no canary; the second one's write fails (milvus-lite
+    renames its schema file under the first one's): it reads again and compares."""
+    winner = _Admin()
+    check_canary(winner, FakeEmbedder(dim=16))  # type: ignore[arg-type]
+
+    class Racing(_Admin):
+        def keep_canary(self, record: str) -> None:
+            self.kept = winner.kept  # the other process stored its canary meanwhile
+            raise TransientError("milvus", "MilvusException: schema.json.tmp -> schema.json")
+
+    loser = Racing()
+    worst = check_canary(loser, FakeEmbedder(dim=16), sleep=lambda s: None)  # type: ignore[arg-type]
+    assert worst is not None and worst > 0.9999 and loser.kept == winner.kept

@@ -4,6 +4,8 @@ canary guards): stored by the first worker, compared by every later one before i
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from connectors.milvus import MilvusAdmin
 from schemas.errors import ConfigError, TransientError
@@ -13,23 +15,37 @@ from worker.embedding.canary import Canary, bound
 log = logging.getLogger(__name__)
 
 
-def check_canary(admin: MilvusAdmin, model: Embedder) -> float | None:
+#: How long a start-up keeps trying while workers starting together store the canary at once (two
+#: processes of one pod, both finding none, raced on milvus-lite's schema file: the loser's write failed).
+RACE_WINDOW_S = 10.0
+
+
+def check_canary(admin: MilvusAdmin, model: Embedder, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> float | None:
     """Embed the canary texts with ``model`` and compare them with what ``admin``'s collection keeps;
     keep them there when it keeps none (or one of other texts). Returns the smallest cosine found
     (None: this worker stored the canary). Raises :class:`ConfigError` with one line when the model
-    does not make the vectors the collection holds."""
+    does not make the vectors the collection holds. A Milvus failure is tried again for up to
+    :data:`RACE_WINDOW_S`, reading first: a worker that lost the race compares with the winner's."""
     now = Canary.of(model)
-    try:
-        kept = admin.canary()
-        stored = _read(kept, admin.collection) if kept is not None else None
-        if stored is None or not now.comparable(stored):
+    deadline = clock() + RACE_WINDOW_S
+    while True:
+        try:
+            kept = admin.canary()
+            stored = _read(kept, admin.collection) if kept is not None else None
+            if stored is not None and now.comparable(stored):
+                break
             admin.keep_canary(now.dumps())
             log.info("canary of %s at %s on %s kept with collection %s (%d texts)", model.model_id, model.precision,
                      model.device, admin.collection, len(now.vectors))
             return None
-    except TransientError as exc:
-        raise ConfigError(f"Milvus at {admin.where!r} did not answer while checking the canary of collection "
-                          f"{admin.collection!r} ({exc}): check EMBEDSTREAM_MILVUS_URI") from None
+        except TransientError as exc:
+            if clock() >= deadline:
+                raise ConfigError(f"Milvus at {admin.where!r} did not answer while checking the canary of collection "
+                                  f"{admin.collection!r} ({exc}): check EMBEDSTREAM_MILVUS_URI") from None
+            log.info("Milvus: %s while checking the canary of %s; another worker may be storing it, trying again",
+                     exc, admin.collection)
+            sleep(0.5)
     cosines = now.cosines(stored)
     worst, need = float(cosines.min()), bound(stored.precision, now.precision)
     if worst < need:
