@@ -41,8 +41,10 @@ def check_canary(admin: MilvusAdmin, model: Embedder, clock: Callable[[], float]
             return None
         except TransientError as exc:
             if clock() >= deadline:
-                raise ConfigError(f"Milvus at {admin.where!r} did not answer while checking the canary of collection "
-                                  f"{admin.collection!r} ({exc}): check EMBEDSTREAM_MILVUS_URI") from None
+                raise ConfigError(f"Milvus at {admin.where!r} did not answer, or refused, while checking the canary of "
+                                  f"collection {admin.collection!r} ({exc}): check EMBEDSTREAM_MILVUS_URI, and that "
+                                  "the worker's Milvus user may describe the collection and alter its properties"
+                                  ) from None
             log.info("Milvus: %s while checking the canary of %s; another worker may be storing it, trying again",
                      exc, admin.collection)
             sleep(0.5)
