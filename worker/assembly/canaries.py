@@ -31,8 +31,7 @@ def check_canary(admin: MilvusAdmin, model: Embedder, clock: Callable[[], float]
     deadline = clock() + RACE_WINDOW_S
     while True:
         try:
-            kept = admin.canary()
-            stored = _read(kept, admin.collection) if kept is not None else None
+            stored = _stored(admin)
             if stored is not None and now.comparable(stored):
                 break
             admin.keep_canary(now.dumps())
@@ -65,17 +64,21 @@ def check_canary(admin: MilvusAdmin, model: Embedder, clock: Callable[[], float]
 def canary_cosine(admin: MilvusAdmin, model: Embedder) -> float | None:
     """The smallest cosine between the canary ``admin``'s collection keeps and ``model``'s vectors of
     the same texts now (None: it keeps none comparable). Raises TransientError."""
-    kept = admin.canary()
-    stored = _read(kept, admin.collection) if kept is not None else None
+    stored = _stored(admin)
     if stored is None:
         return None
     now = Canary.of(model)
     return float(now.cosines(stored).min()) if now.comparable(stored) else None
 
 
-def _read(kept: str, collection: str) -> Canary | None:
+def _stored(admin: MilvusAdmin) -> Canary | None:
+    """The canary ``admin``'s collection keeps; None when it keeps none, or one this worker cannot
+    read. Raises TransientError."""
+    kept = admin.canary()
+    if kept is None:
+        return None
     try:
         return Canary.loads(kept)
     except ValueError as exc:
-        log.warning("collection %s keeps a canary this worker cannot read (%s): replacing it", collection, exc)
+        log.warning("collection %s keeps a canary this worker cannot read (%s): replacing it", admin.collection, exc)
         return None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from confluent_kafka import KafkaError
 from confluent_kafka.schema_registry import SchemaRegistryError
@@ -277,18 +276,19 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     # group's member joins at its first poll.
     side = groups.join(s, health)
     try:
-        return assemble(s, clock, side, embedder, store_factory, dead_letters, dict(
-            health=health, startup=startup, on_progress=on_progress, stats=stats))
+        return assemble(s, clock, side, embedder, store_factory, dead_letters, health=health, startup=startup,
+                        on_progress=on_progress, stats=stats)
     except BaseException:
         side.abandon()
         raise
 
 
 def assemble(s: Settings, clock: StartClock, side: groups.Side, embedder: Embedder | None,
-             store_factory: Callable[[Settings, str], MilvusStore] | None, dead_letters: bool,
-             given: dict[str, Any]) -> Member:
+             store_factory: Callable[[Settings, str], MilvusStore] | None, dead_letters: bool, *,
+             health: metrics.Health, startup: StartClock | None, on_progress: Callable[[RunStats], None] | None,
+             stats: RunStats | None) -> Member:
     """``build_worker`` past the checks: the models, the stores, the delivery and the chain, around
-    the group's ``side`` (``worker.assembly.groups``); ``given``: the member's health, start-up clock,
+    the group's ``side`` (``worker.assembly.groups``), with the member's health, start-up clock,
     progress call and counters."""
     models = load_models(s, embedder)
     log.info("models: %s", describe(models))
@@ -297,7 +297,6 @@ def assemble(s: Settings, clock: StartClock, side: groups.Side, embedder: Embedd
     clock.mark("Milvus and Redis")
     heap.settle()  # the models' objects out of the collector's walks (worker.process.heap)
     heap.keep_pages()  # a group's megabyte buffers reuse the heap's pages (worker.process.heap)
-    health = given["health"]
     health.model_loaded = True
     metrics_port = serve_metrics(s, health)
     if any(m.device == "cuda" for m in models.handles.values()):
@@ -314,6 +313,6 @@ def assemble(s: Settings, clock: StartClock, side: groups.Side, embedder: Embedd
                         topic_limits(s), dead_letters=dead_letters,
                         lookup_ids=lambda: topic_ids(s.kafka_common(), [s.input_topic]),
                         max_deliveries=side.max_deliveries)
-    worker = side.member(s, chain, groups.MemberParts(max_inflight=max_inflight, session_s=session_s, **given))
+    worker = side.member(s, chain, groups.MemberParts(health, max_inflight, session_s, startup, on_progress, stats))
     worker.metrics_port = metrics_port
     return worker
