@@ -65,10 +65,11 @@ def _share_settings(fault_stack, lock_ms: int = LOCK_MS, **overrides) -> Setting
     return s
 
 
-def _produce_small_batches(s: Settings, docs: list[Document], expected: Expected) -> None:
-    """``docs`` in record batches of 4 (the spread of a share group is a batch: the module doc)."""
+def _produce_small_batches(s: Settings, docs: list[Document], expected: Expected, per_batch: int = 4) -> None:
+    """``docs`` in record batches of ``per_batch`` (the spread of a share group is a batch: the module
+    doc); one batch of all of them when ``per_batch`` is their number (the linger lets them gather)."""
     produce_records(s.kafka_common(), s.input_topic, (document_record(d, stamp=False) for d in docs),
-                    **{"batch.num.messages": 4, "linger.ms": 2})
+                    **{"batch.num.messages": per_batch, "linger.ms": 2 if per_batch < len(docs) else 500})
     for d in docs:
         expected.good[d.id] = d.text
     expected.records += len(docs)
@@ -268,7 +269,10 @@ def test_a_lock_that_expires_while_its_holder_writes_loses_nothing(fault_stack, 
         port = a.metrics_port()
         wait_until(lambda: "joining the share group" in a.log(), 120, what="a to join")
         hold.arm("Query")
-        _produce_small_batches(s, [Document(d.id, f"{d.text} (version 1)", None, d.metadata) for d in base], expected)
+        # one record batch: a's first poll holds all 8 (two batches of 4 could reach it in two polls, the
+        # second after its locks ran out, and b would take those 4 from the start)
+        _produce_small_batches(s, [Document(d.id, f"{d.text} (version 1)", None, d.metadata) for d in base], expected,
+                               per_batch=8)
         assert hold.held.wait(60), f"a read no versions in 60 s: {hold.calls}"
         b = WorkerProcess(s, tmp_path, "b")
         # a's locks run out; b is handed the records and writes them, then their next versions
