@@ -78,6 +78,10 @@ class Transactions:
         self._sleep = sleep
         #: A commit that timed out and may still finish: ``finish_pending`` completes it.
         self.pending = False
+        #: The open (or the last) transaction's number: ``begin`` counts them.
+        self.number = 0
+        #: How the last few transactions ended, by number: True committed, False aborted.
+        self._ended: dict[int, bool] = {}
         self._open = False
         self._ready = False
         self._began = 0.0
@@ -123,6 +127,7 @@ class Transactions:
             if not self._ready:
                 self._init()
             self.producer.begin_transaction()
+            self.number += 1
             self._open = True
             self._began = time.monotonic()
             self._began_metadata = self.group_metadata
@@ -165,6 +170,17 @@ class Transactions:
             except TransientError as exc:
                 raise TransientError("kafka", f"{str(exc).removeprefix('kafka: ')}; the commit is retried") from None
             self.pending = self._open = False
+            self._end(True)
+
+    def ended(self, number: int) -> bool | None:
+        """Whether transaction ``number`` committed (True) or was aborted (False); None while it is
+        open, or its commit pending (or when it is too old to be remembered)."""
+        return self._ended.get(number)
+
+    def _end(self, committed: bool) -> None:
+        self._ended[self.number] = committed
+        if len(self._ended) > 8:
+            del self._ended[min(self._ended)]
 
     def _abort_for(self, err: KafkaError) -> None:
         self.abort()
@@ -187,6 +203,7 @@ class Transactions:
                 self._replace()
             # An aborted transaction has no commit left to finish (librdkafka refuses one in its Ready state).
             self._open = self.pending = False
+            self._end(False)
 
     def _replace(self) -> None:
         log.warning("the transaction could not be aborted within %.0fs: replacing the transactional producer "

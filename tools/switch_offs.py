@@ -103,7 +103,7 @@ SWITCH_OFFS = (
               "if locked_until is not None and self._clock() > locked_until:", "if False:",
               ("tests/faults/test_share_group.py", "-k", "lock_that_expires"), ("tests/unit/test_fence.py",)),
     SwitchOff("share release", "worker/core/ledger/share.py", "ShareLedger.finished",
-              "kind = AcknowledgeType.RELEASE if src.tp in batch.fenced else AcknowledgeType.ACCEPT",
+              "kind = AcknowledgeType.RELEASE if src.tp in written.fenced else AcknowledgeType.ACCEPT",
               "kind = AcknowledgeType.ACCEPT",
               ("tests/faults/test_share_group.py", "-k", "lock_margin"), ("tests/unit/test_share.py",)),
 )

@@ -283,7 +283,7 @@ def share_of(group: list[Batch], model: str = "") -> Share:
     return split_by_model(group).get(model) or Share(model, group)
 
 
-def prepare_and_embed(step, share: Share) -> None:
-    """An ``EmbedStep``'s two halves on the calling thread (the worker runs them on two)."""
-    step.prepare(share)
-    step.embed(share)
+def prepare_and_embed(step, share: Share) -> list[dict]:
+    """An ``EmbedStep``'s two halves on the calling thread (the worker runs them on two): each batch's
+    fresh vectors."""
+    return step.embed(share, step.prepare(share))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 
@@ -11,12 +10,12 @@ import pytest
 
 from schemas.errors import TransientError
 from tools.fake_embedder import FakeEmbedder
-from worker.core.pipeline import in_turn
+from worker.assembly.chain import by_model, chunk_then_prepare
 from worker.core.records import Batch, Item, Source
 from worker.steps.model.chunk import Chunker
 from worker.steps.model.embed import EmbedStep
 
-from .fakes import prepare_and_embed, share_of
+from .fakes import share_of
 
 
 class DictCache:
@@ -39,15 +38,18 @@ def _batch(offset: int, *texts: str) -> Batch:
 
 
 def _step(model, cache, max_tokens: int = 254):
-    """The embed stage's work: the chunk step, then the embed step (``worker.assembly.chain``)."""
-    return _stage(Chunker(model, "tokens", max_tokens, 2, 512).process,
-                  functools.partial(prepare_and_embed, EmbedStep(model, cache)))
+    """The prepare and embed stages' work: the chunk step and the lookup, then the model."""
+    return _stage(Chunker(model, "tokens", max_tokens, 2, 512), EmbedStep(model, cache))
 
 
-def _stage(*steps):
-    """A stage whose ``process(group)`` runs ``steps`` in turn on the group's share (one model)."""
-    work = in_turn(*steps)
-    return type("Stage", (), {"process": staticmethod(lambda group: work(share_of(group)))})
+def _stage(chunker: Chunker, step: EmbedStep):
+    """The prepare and embed stages' steps as ``worker.assembly.chain`` builds them (one model), run
+    on the calling thread: ``process(group)`` returns each batch's fresh vectors, by model name."""
+    prepare = by_model({"": chunk_then_prepare(chunker, step)}, lambda _name: True)
+    embed = by_model({"": step.embed}, lambda _name: True)
+    def process(group):
+        return embed(group, prepare(group, [None] * len(group)))
+    return type("Stages", (), {"process": staticmethod(process)})
 
 
 def test_a_group_is_one_model_call_over_its_distinct_misses():
@@ -56,17 +58,17 @@ def test_a_group_is_one_model_call_over_its_distinct_misses():
     model.calls = model.texts_embedded = 0
     step = _step(model, DictCache({"h-in redis": cached_vec}))
     first, second = _batch(0, "alpha", "beta", "in redis"), _batch(3, "beta", "gamma", "alpha")
-    step.process([first, second])
+    fresh = step.process([first, second])
     assert model.calls == 1 and model.texts_embedded == 3  # alpha, beta, gamma once each
     every = [it.chunks[0] for it in first.items + second.items]
     assert [ch.cached for ch in every] == [False, False, True, False, False, False]
     assert np.allclose(every[2].vector, cached_vec)
     assert np.allclose(every[0].vector, every[5].vector)  # same text, same vector
-    assert set(first.fresh[""]) == {"h-alpha", "h-beta"} and set(second.fresh[""]) == {"h-beta", "h-gamma", "h-alpha"}
-    # a later group finds the same texts in the memo without the model
+    assert set(fresh[0][""]) == {"h-alpha", "h-beta"} and set(fresh[1][""]) == {"h-beta", "h-gamma", "h-alpha"}
+    # a later group finds the same texts in the memo without the model: nothing fresh to hand on
     third = _batch(6, "gamma")
-    step.process([third])
-    assert model.calls == 1 and third.items[0].chunks[0].cached and third.fresh == {"": {}}
+    assert step.process([third]) == [{}]
+    assert model.calls == 1 and third.items[0].chunks[0].cached
 
 
 def test_a_long_document_edited_in_one_place_re_embeds_only_the_chunk_that_changed():
@@ -76,11 +78,11 @@ def test_a_long_document_edited_in_one_place_re_embeds_only_the_chunk_that_chang
     step = _step(model, cache, max_tokens=8)
     words = [f"w{i}" for i in range(40)]
     first = _batch(0, " ".join(words))
-    step.process([first])
+    [fresh] = step.process([first])
     [doc] = first.items
     assert len(doc.chunks) > 3 and all(not ch.cached for ch in doc.chunks)
     assert all(doc.text[ch.start:ch.end] == ch.text for ch in doc.chunks)
-    cache.stored.update(first.fresh[""])  # the sink fills Redis with the fresh vectors
+    cache.stored.update(fresh[""])  # the sink fills Redis with the fresh vectors
     words[-1] = "edited"
     model.calls = model.texts_embedded = 0
     second = _batch(1, " ".join(words))
@@ -117,13 +119,12 @@ def test_a_skipped_lookup_still_embeds_everything_and_the_vectors_go_back_to_the
     cache = DictCache({})
     step = EmbedStep(model, cache)
     step.policy.lookup_s, step.policy.model_s, step.policy.hit_ratio = 1.0, 0.001, 0.0  # never pays
-    stage = _stage(Chunker(model, "tokens", 254, 2, 512).process,
-                   functools.partial(prepare_and_embed, step))
+    stage = _stage(Chunker(model, "tokens", 254, 2, 512), step)
     calls = []
     cache.get_many = lambda hashes: calls.append(hashes) or [None] * len(hashes)  # type: ignore[method-assign]
     batch = _batch(0, "alpha", "beta")
-    stage.process([batch])
-    assert calls == [] and sorted(batch.fresh[""]) == ["h-alpha", "h-beta"]
+    [fresh] = stage.process([batch])
+    assert calls == [] and sorted(fresh[""]) == ["h-alpha", "h-beta"]
     assert all(ch.vector is not None and not ch.cached for it in batch.items for ch in it.chunks)
 
 
@@ -142,8 +143,7 @@ def test_a_failed_lookup_is_an_outage_not_a_cost_so_redis_is_asked_again_once_ba
 
     cache = FrozenThenBack({})
     step = EmbedStep(model, cache)
-    stage = _stage(Chunker(model, "tokens", 254, 2, 512).process,
-                   functools.partial(prepare_and_embed, step))
+    stage = _stage(Chunker(model, "tokens", 254, 2, 512), step)
     stage.process([_batch(0, "alpha", "beta")])  # healthy: the costs are measured
     healthy = step.policy.lookup_s
     for i in range(5):
@@ -162,17 +162,16 @@ def test_a_learned_sparse_side_rides_with_each_vector_through_the_model_the_memo
     model = FakeEmbedder(sparse="fake-sparse")
     vec, sparse = model.embed_sparse(["in redis"])
     step = EmbedStep(model, DictCache({"h-in redis": (vec[0], sparse[0])}), memo_size=10)
-    work = _stage(Chunker(model, "tokens", 254, 2, 512).process,
-                  functools.partial(prepare_and_embed, step))
+    work = _stage(Chunker(model, "tokens", 254, 2, 512), step)
     first = _batch(0, "alpha", "in redis", "alpha")
-    work.process([first])
+    [made] = work.process([first])
     chunks = [it.chunks[0] for it in first.items]
     want_vec, want_sparse = model.embed_sparse(["alpha", "in redis"])
     assert [ch.cached for ch in chunks] == [False, True, False]
     for ch, i in zip(chunks, (0, 1, 0)):
         assert np.allclose(ch.vector, want_vec[i]) and ch.sparse is not None
         assert np.array_equal(ch.sparse[0], want_sparse[i][0]) and np.allclose(ch.sparse[1], want_sparse[i][1])
-    fresh = first.fresh[""]["h-alpha"]
+    fresh = made[""]["h-alpha"]
     assert np.allclose(fresh[0], want_vec[0]) and np.array_equal(fresh[1][0], want_sparse[0][0])
     again = _batch(3, "alpha")
     calls = model.calls
@@ -205,24 +204,27 @@ class Recording(FakeEmbedder):
 
 def test_the_halves_run_on_two_threads_and_the_embed_stage_may_group_batches_otherwise():
     """The prepare stage takes [first, second] as one group, the embed stage takes them one by one:
-    each batch's pending holds what its own chunks need, so both get every vector."""
+    what each batch is handed on with holds what its own chunks need, so both get every vector."""
     model = Recording()
     step = EmbedStep(model, None)
     first, second = _chunked(model, _batch(0, "alpha", "beta"), _batch(2, "beta", "gamma"))
-    prepare = threading.Thread(target=lambda: step.prepare(share_of([first, second])), name="prepare")
+    pending: list = []
+    prepare = threading.Thread(target=lambda: pending.extend(step.prepare(share_of([first, second]))),
+                               name="prepare")
     prepare.start()
     prepare.join()
-    assert set(first.pending[""]) == {"h-alpha", "h-beta"} and set(second.pending[""]) == {"h-beta", "h-gamma"}
-    for batch in (first, second):
-        embed = threading.Thread(target=lambda b=batch: step.embed(share_of([b])), name="embed")
+    assert set(pending[0]) == {"h-alpha", "h-beta"} and set(pending[1]) == {"h-beta", "h-gamma"}
+    fresh: list = []
+    for batch, need in zip((first, second), pending):
+        embed = threading.Thread(target=lambda b=batch, n=need: fresh.extend(step.embed(share_of([b]), [n])),
+                                 name="embed")
         embed.start()
         embed.join()
     assert model.threads == {"prepare": {"prepare"}, "model": {"embed"}}
     for batch in (first, second):
-        assert not batch.pending
         for it in batch.items:
             assert np.allclose(it.chunks[0].vector, model.embed([it.text])[0]) and not it.chunks[0].cached
-    assert set(first.fresh[""]) == {"h-alpha", "h-beta"} and set(second.fresh[""]) == {"h-beta", "h-gamma"}
+    assert set(fresh[0]) == {"h-alpha", "h-beta"} and set(fresh[1]) == {"h-beta", "h-gamma"}
 
 
 def test_a_repeat_embedded_after_its_lookup_comes_from_the_memo_not_the_model():
@@ -231,16 +233,14 @@ def test_a_repeat_embedded_after_its_lookup_comes_from_the_memo_not_the_model():
     model = FakeEmbedder()
     step = EmbedStep(model, DictCache({}))
     one, two = _chunked(model, _batch(0, "same"), _batch(1, "same"))
-    step.prepare(share_of([one]))
-    step.prepare(share_of([two]))
-    step.embed(share_of([one]))
-    step.embed(share_of([two]))
+    need_one, need_two = step.prepare(share_of([one])), step.prepare(share_of([two]))
+    [fresh_one], [fresh_two] = step.embed(share_of([one]), need_one), step.embed(share_of([two]), need_two)
     assert model.texts_embedded == 1
-    assert two.items[0].chunks[0].cached and "h-same" not in two.fresh[""] and "h-same" in one.fresh[""]
+    assert two.items[0].chunks[0].cached and "h-same" not in fresh_two and "h-same" in fresh_one
     assert np.allclose(one.items[0].chunks[0].vector, two.items[0].chunks[0].vector)
 
 
-def test_a_model_that_fails_to_load_leaves_the_group_pending_for_the_retry():
+def test_a_model_that_fails_to_load_is_handed_the_same_pending_at_the_retry():
     class LoadsOnSecondTry(FakeEmbedder):
         tries = 0
 
@@ -253,9 +253,9 @@ def test_a_model_that_fails_to_load_leaves_the_group_pending_for_the_retry():
     model = LoadsOnSecondTry()
     step = EmbedStep(model, None)
     [batch] = _chunked(model, _batch(0, "alpha"))
-    step.prepare(share_of([batch]))
+    pending = step.prepare(share_of([batch]))
     with pytest.raises(TransientError):
-        step.embed(share_of([batch]))
-    assert batch.pending[""] and batch.items[0].chunks[0].vector is None
-    step.embed(share_of([batch]))
-    assert batch.items[0].chunks[0].vector is not None and not batch.pending
+        step.embed(share_of([batch]), pending)
+    assert pending[0] and batch.items[0].chunks[0].vector is None  # the retry is handed the same
+    [fresh] = step.embed(share_of([batch]), pending)
+    assert batch.items[0].chunks[0].vector is not None and set(fresh) == {"h-alpha"}

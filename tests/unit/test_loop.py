@@ -16,7 +16,7 @@ from worker.core.ledger import OffsetLedger
 from worker.core.loop import Worker
 from worker.core.member import Chain
 from worker.core.pipeline import Pipeline, Stage
-from worker.core.records import DeadLetter
+from worker.core.records import DeadLetter, Written
 from worker.process.metrics import Health
 from worker.steps.polling.batcher import Batcher
 from worker.steps.polling.dlq_limit import DlqLimit, DlqLimitExceeded
@@ -38,8 +38,10 @@ def _records(partition: int, n: int, bad_from: int | None = None) -> list[FakeMe
 def _worker(consumer, embed=lambda g: None, sink=lambda g: None, *, batch=10, inflight=4, pause_after=0.0,
             dlq_run=1000, dlq_ratio=(1.0, 1000), fence: Fence | None = None) -> Worker:
     fence = fence or Fence(lease_s=5)
-    embed_stage = Stage("embed", embed)
-    pipeline = Pipeline([embed_stage, Stage("sink", sink)], backoff_max=0.05)
+    # the fakes take a group; the stages hand nothing on but the sink's Written (nothing fenced)
+    embed_stage = Stage("embed", lambda group, _handed: (embed(group), [None] * len(group))[1])
+    pipeline = Pipeline([embed_stage, Stage("sink", lambda group, _handed: (sink(group), [Written()] * len(group))[1])],
+                        backoff_max=0.05)
     intake = Intake(Validator(10_000, lambda m: "" if m is None else None), lambda texts, _model: [5] * len(texts),
                     DlqLimit(dlq_run, *dlq_ratio), Batcher(batch, 10_000, 0.01, max_bytes=1 << 24), pipeline.submit)
     chain = Chain(intake, pipeline, fence, model_free=lambda: embed_stage.backlog == 0)

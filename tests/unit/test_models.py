@@ -8,7 +8,7 @@ import pytest
 
 from schemas.errors import ConfigError
 from tools.fake_embedder import FakeEmbedder
-from worker.assembly.chain import embed_by_model
+from worker.assembly.chain import by_model
 from worker.assembly.naming import collection_name
 from worker.assembly.runner import inflight_limit
 from worker.core.records import Batch, Chunk, Item, Source, split_by_model
@@ -151,13 +151,21 @@ def test_each_models_step_sees_only_its_items_loaded_models_first():
     seen: list[tuple[str, list[str]]] = []
 
     def step(name):
-        return lambda share: seen.append((name, [it.id for it in share.items]))
+        def run(share, before):
+            seen.append((name, [it.id for it in share.items]))
+            return [{"by": name, "before": b} for b in before]
+        return run
 
-    batch = Batch()
+    batch, other = Batch(), Batch()
     for i, m in enumerate("abab"):
         batch.add(_item(i, m))
-    embed_by_model({"a": step("a"), "b": step("b")}, loaded=lambda n: n == "b")([batch])
+    handed = by_model({"a": step("a"), "b": step("b")}, loaded=lambda n: n == "b")(
+        [batch, other], [{"a": "for a", "b": "for b"}, None])
     assert seen == [("b", ["d1", "d3"]), ("a", ["d0", "d2"])]
+    # each model's step is handed its own part of what came with each batch; what it returns for a
+    # batch is handed on under its name (a model with nothing for a batch is left out)
+    assert handed == [{"a": {"by": "a", "before": "for a"}, "b": {"by": "b", "before": "for b"}},
+                      {"a": {"by": "a", "before": {}}, "b": {"by": "b", "before": {}}}]
 
 
 def test_the_embed_step_fills_only_its_models_vectors():
@@ -168,10 +176,10 @@ def test_the_embed_step_fills_only_its_models_vectors():
     for i, m in enumerate("abab"):
         batch.add(_item(i, m))
     shares = split_by_model([batch])
-    prepare_and_embed(EmbedStep(a, None, model="a"), shares["a"])
-    prepare_and_embed(EmbedStep(b, None, model="b"), shares["b"])
+    [fresh_a] = prepare_and_embed(EmbedStep(a, None, model="a"), shares["a"])
+    [fresh_b] = prepare_and_embed(EmbedStep(b, None, model="b"), shares["b"])
     assert [np.asarray(it.chunks[0].vector).shape[0] for it in batch.items] == [4, 6, 4, 6]
-    assert set(batch.fresh) == {"a", "b"} and set(batch.fresh["a"]) == {"h0", "h2"}
+    assert set(fresh_a) == {"h0", "h2"} and set(fresh_b) == {"h1", "h3"}
 
 
 def test_each_model_served_may_hold_the_batches_in_flight_of_a_worker_of_one():

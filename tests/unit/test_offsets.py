@@ -400,10 +400,11 @@ def test_a_failed_commit_is_an_error_only_when_it_was_retried_and_the_retries_ra
 def test_a_finished_batch_stores_its_written_offsets_of_partitions_still_owned():
     """What the loop hands the ledger: a batch's next offsets, less a partition the sink left
     unwritten (fenced) and one no longer owned (revoked while the batch was in flight)."""
-    from worker.core.records import Batch
+    from worker.core.records import Batch, Written
 
     c = FakeConsumer({})
     ledger = OffsetLedger(c, 0, owned={("docs", 0), ("docs", 1)})
-    batch = Batch(offsets={("docs", 0): 5, ("docs", 1): 9, ("docs", 2): 4}, fenced={("docs", 1)})
-    assert ledger.finished(batch) == 0  # nothing goes back to the group: a consumer group re-reads
+    batch = Batch(offsets={("docs", 0): 5, ("docs", 1): 9, ("docs", 2): 4})
+    # nothing goes back to the group: a consumer group re-reads
+    assert ledger.finished(batch, Written(fenced=frozenset({("docs", 1)}))) == 0
     assert ledger.flush(sync=True) and c.committed_offsets == {0: 5}

@@ -9,7 +9,7 @@ from confluent_kafka import AcknowledgeType
 from schemas.codec import Document, encode_document
 from schemas.errors import TransientError
 from worker.core.ledger import ShareLedger
-from worker.core.records import Batch, DeadLetter, Item
+from worker.core.records import Batch, DeadLetter, Item, Written
 from worker.settings import Settings
 from worker.steps.polling.validate import Validator
 
@@ -64,17 +64,17 @@ def test_a_finished_batch_is_accepted_record_by_record_and_what_the_sink_left_is
     for offset, partition in ((4, 0), (9, 0), (2, 1)):
         v = Validator(1000, lambda name: "")
         batch.add(v.validate(_record(offset, 1, partition)))
-    batch.fenced = {("docs", 1)}
+    written = Written(fenced=frozenset({("docs", 1)}))  # the sink left partition 1 unwritten
     assert acks.flush(sync=False) and consumer.sent == []  # nothing acknowledged: nothing to send
     before = {t: _acknowledged(t) for t in ("accept", "release", "reject")}
-    assert acks.finished(batch) == 1
+    assert acks.finished(batch, written) == 1
     assert {t: _acknowledged(t) - n for t, n in before.items()} == {"accept": 2, "release": 1, "reject": 0}
     assert consumer.acks == [("docs", 0, 4, AcknowledgeType.ACCEPT), ("docs", 0, 9, AcknowledgeType.ACCEPT),
                              ("docs", 1, 2, AcknowledgeType.RELEASE)]
     assert acks.flush(sync=False) and consumer.sent == ["async"]
     assert acks.flush(sync=True) and consumer.sent == ["async"]  # sent already
     refusing = ShareLedger(_ShareConsumer(refused=True), 5.0)
-    refusing.finished(batch)
+    refusing.finished(batch, written)
     assert refusing.flush(sync=True) and "refused acknowledgements of ['docs[0]']" in caplog.text
 
 
@@ -104,31 +104,32 @@ class _TimedShareConsumer(_ShareConsumer):
         super().commit_async()
 
 
-def _batch(*fenced_partitions: int) -> Batch:
+def _finished(acks: ShareLedger, *fenced_partitions: int) -> int:
+    """Hand ``acks`` a batch of three records (partition 0, then two of 1), the sink having left
+    ``fenced_partitions`` unwritten; what ``finished`` returns."""
     batch = Batch()
     for offset, partition in ((1, 0), (2, 1), (3, 1)):
         batch.add(Validator(1000, lambda name: "").validate(_record(offset, 1, partition)))
-    batch.fenced = {("docs", p) for p in fenced_partitions}
-    return batch
+    return acks.finished(batch, Written(fenced=frozenset(("docs", p) for p in fenced_partitions)))
 
 
 def test_acknowledgements_wait_for_the_broker_as_long_as_configured_and_count_every_release():
     consumer = _TimedShareConsumer()
     acks = ShareLedger(consumer, 7.5)
     before = _acknowledged("release")
-    assert acks.finished(_batch(1)) == 2  # both records of partition 1
+    assert _finished(acks, 1) == 2  # both records of partition 1
     assert _acknowledged("release") - before == 2
     assert acks.flush(sync=True) and consumer.timeouts == [7.5]
     # what was acknowledged goes with the next commit, whatever came after it
-    acks.finished(_batch())
-    acks.finished(Batch())
+    _finished(acks)
+    acks.finished(Batch(), Written())
     assert acks.flush(sync=True) and consumer.timeouts == [7.5, 7.5]
 
 
 def test_acknowledgements_the_broker_cannot_take_now_are_a_kafka_outage_to_retry():
     consumer = _TimedShareConsumer(failing=True)
     acks = ShareLedger(consumer, 5.0)
-    acks.finished(_batch())
+    _finished(acks)
     with pytest.raises(TransientError) as raised:
         acks._send(sync=False)
     assert raised.value.system == "kafka" and str(raised.value).startswith("kafka: acknowledging records: ")
@@ -152,6 +153,6 @@ def test_the_reject_series_is_exported_at_0_and_a_tick_sends_only_what_was_ackno
     acks.tick()
     assert consumer.sent == [] and REGISTRY.get_sample_value("embedstream_commit_seconds_count",
                                                                {"mode": "async"}) == timed
-    acks.finished(_batch())
+    _finished(acks)
     acks.tick()
     assert consumer.sent == ["async"]

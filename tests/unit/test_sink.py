@@ -218,10 +218,10 @@ def test_entries_of_partitions_no_longer_owned_are_written_nowhere():
               DeadLetter(Source("docs", 1, 6), b"k", b"v", None, "decode_error", "m")):
         batch.add(e)
     client, producer = RecordingMilvusClient(), RecordingProducer()
-    _sink(client, producer, _owned(0)).process([batch])
+    [written] = _sink(client, producer, _owned(0)).process([batch])
     assert [r["id"] for r in client.calls[0][1]] == ["a#0"]
     assert [k for _, k, _, _ in producer.records] == [b"a"]
-    assert batch.fenced == {("docs", 1)}
+    assert written.fenced == {("docs", 1)} and written.offsets(batch) == {("docs", 0): 1}
 
 
 def test_an_expired_lease_stops_the_group_before_any_write():
@@ -258,11 +258,11 @@ def test_a_partition_lost_during_the_version_read_is_written_nowhere():
     for e in (_item("a", 0, 0.1), _item("b", 5, 0.2, partition=1)):
         batch.add(e)
     client, producer = _LostDuringTheRead(fence, 1), RecordingProducer()
-    _sink(client, producer, fence).process([batch])
+    [written] = _sink(client, producer, fence).process([batch])
     # its new owner may have written a newer "b" that the read did not see: b is left to it
     assert [r["id"] for r in client.calls[-1][1]] == ["a#0"]
     assert [k for _, k, _, _ in producer.records] == [b"a"]
-    assert batch.fenced == {("docs", 1)}
+    assert written.fenced == {("docs", 1)}
 
 
 def test_an_older_version_than_milvus_holds_is_written_nowhere_and_a_newer_one_is():
@@ -638,5 +638,7 @@ def test_written_offsets_are_the_highest_next_offset_per_partition_whatever_the_
     second.add(_item("b", 4, 0.1))
     second.add(_item("c", 0, 0.1, partition=1))
     fenced.add(_item("d", 20, 0.1, partition=1))
-    fenced.fenced = {("docs", 1)}
-    assert written_offsets([first, second, fenced]) == {("docs", 0): 10, ("docs", 1): 1}
+    group = [first, second, fenced]
+    assert written_offsets(group, [frozenset(), frozenset(), frozenset({("docs", 1)})]) == {("docs", 0): 10,
+                                                                                          ("docs", 1): 1}
+    assert written_offsets(group) == {("docs", 0): 10, ("docs", 1): 21}  # nothing fenced

@@ -113,9 +113,8 @@ def test_the_cache_is_filled_with_each_models_fresh_vectors_of_the_whole_group_o
         it = _item(f"d{o}", o, 0.1)
         it.model = "small"
         b.add(it)
-    first.fresh = {"small": {"h1": v1}, "none": {"hx": v3}}
-    second.fresh = {"small": {"h2": v2}}
-    sink.process([first, second])
+    # what the embed stage handed on with each batch: its fresh vectors by model
+    sink.process([first, second], [{"small": {"h1": v1}, "none": {"hx": v3}}, {"small": {"h2": v2}}])
     assert len(small_cache.filled) == 1 and set(small_cache.filled[0]) == {"h1", "h2"}
     assert small_cache.filled[0]["h2"] is v2
     assert big_cache.filled == []  # nothing fresh for it: no call at all
@@ -259,9 +258,10 @@ def test_a_partition_lost_during_a_transaction_is_a_fence_error_to_retry():
     batch.add(_item("a", 0, 0.1))
     fence.stamp(batch)
     sink = _sink(RecordingMilvusClient(), RecordingProducer(), fence)
+    planned = sink.plan([batch])
     fence.publish({("docs", 1)})
     with pytest.raises(TransientError) as err:
-        sink.owned_offsets([batch])
+        sink.owned_offsets(planned)
     assert err.value.system == "fence" and "[0]" in str(err.value)
 
 

@@ -15,7 +15,7 @@ from schemas.errors import TransientError
 from worker.core.delivery import ExactlyOnce
 from worker.core.fence import Fence
 from worker.core.ledger import TransactionLedger
-from worker.core.records import Batch, DeadLetter, Source
+from worker.core.records import Batch, DeadLetter, Source, Written
 from worker.steps.writing.sink import SinkStep
 from worker.steps.writing.targets import ModelTarget
 from worker.steps.writing.versions import VersionGuard
@@ -58,12 +58,13 @@ def test_a_group_is_one_transaction_with_its_records_and_offsets():
     producer = TransactionalProducer()
     sink, _ = _sink(producer)
     group = _group()
-    sink.process(group)
+    written = sink.process(group)
     assert producer.calls == ["init_transactions", "begin_transaction", "send_offsets_to_transaction",
                               "commit_transaction"]
     assert sorted(t for t, *_ in producer.visible) == ["documents.dlq", "embeddings", "embeddings", "embeddings"]
-    # each batch carries what its transaction committed to the polling thread's ledger
-    assert all(producer.offsets == {("docs", 0): 2, ("docs", 1): 2} == b.committed for b in group)
+    # each batch is handed on with what its transaction committed, to the polling thread's ledger
+    assert len(written) == 2 and all(producer.offsets == {("docs", 0): 2, ("docs", 1): 2} == w.committed
+                                     for w in written)
     assert all(b.delivered for b in group)
 
 
@@ -88,12 +89,45 @@ def test_a_commit_that_timed_out_is_finished_never_redone():
     assert txn.pending and "abort_transaction" not in producer.calls
     producer.errors.clear()
     produced = len(producer.records)
-    assert all(b.committed == {} for b in group)  # nothing known committed yet
-    sink.process(group)
+    written = sink.process(group)
     assert len(producer.records) == produced  # nothing produced again
     assert len(producer.visible) == 4 and not txn.pending
     # the finished commit's offsets reach the ledger with each batch, as a commit's do
-    assert all(b.committed == {("docs", 0): 2, ("docs", 1): 2} and b.delivered for b in group)
+    assert [w.committed for w in written] == [{("docs", 0): 2, ("docs", 1): 2}] * 2 and all(b.delivered for b in group)
+
+
+def test_a_pending_commit_of_the_ledgers_offsets_alone_is_finished_and_the_next_group_still_written():
+    """The ledger's transaction of offsets alone (a drained end past a commit marker) timed out: its
+    commit is pending when the sink's next group comes. The sink finishes it, and then writes the
+    group in a transaction of its own: the pending commit was not this group's, so the group is not
+    taken for written (it would be lost: no record out, no row in Milvus, its offsets committed by
+    the next transaction)."""
+    producer = TransactionalProducer({"commit_transaction": [RETRIABLE] * 50})
+    sink, txn = _sink(producer)
+    with pytest.raises(TransientError, match="commit is retried"):
+        txn.commit_offsets([TopicPartition("docs", 0, 0)])
+    assert txn.pending
+    producer.errors.clear()
+    group = _group()
+    written = sink.process(group)
+    assert producer.calls.count("commit_transaction") > 1 and not txn.pending
+    assert sorted(t for t, *_ in producer.visible) == ["documents.dlq", "embeddings", "embeddings", "embeddings"]
+    assert [w.committed for w in written] == [{("docs", 0): 2, ("docs", 1): 2}] * 2
+
+
+def test_a_group_whose_commit_timed_out_and_was_aborted_since_is_written_again():
+    """The group's commit timed out (pending), then the transaction was aborted before the retry
+    (a revoke's barrier, a stop): the retry finds its transaction ended aborted and writes the group
+    anew, never taking it for committed."""
+    producer = TransactionalProducer({"commit_transaction": [RETRIABLE] * 50})
+    sink, txn = _sink(producer)
+    group = _group()
+    with pytest.raises(TransientError, match="commit is retried"):
+        sink.process(group)
+    txn.abort()
+    producer.errors.clear()
+    written = sink.process(group)
+    assert len(producer.visible) == 4 and [w.committed for w in written] == [{("docs", 0): 2, ("docs", 1): 2}] * 2
 
 
 def test_a_transaction_aborted_while_its_commit_was_pending_is_not_committed_again():
@@ -231,9 +265,9 @@ def test_a_partition_lost_and_given_back_during_the_transaction_is_left_to_its_n
         sink.process(group)
     assert producer.visible == [] and producer.offsets == {}
     producer.flush = real_flush
-    sink.process(group)  # the redo: nothing of the old tenure is written or committed
+    written = sink.process(group)  # the redo: nothing of the old tenure is written or committed
     assert producer.offsets == {} and [k for _, k, _, _ in producer.visible] == []
-    assert all(batch.fenced == {("docs", 0), ("docs", 1)} for batch in group)
+    assert all(w.fenced == {("docs", 0), ("docs", 1)} and w.committed == {} for w in written)
 
 
 class _Consumer:
@@ -253,8 +287,8 @@ def test_the_ledger_commits_only_through_transactions():
     txn.group_metadata = "gm"
     consumer = _Consumer()
     ledger = TransactionLedger(consumer, 0, txn, owned={("docs", 0), ("docs", 1)})
-    batch = Batch(offsets={("docs", 0): 10}, committed={("docs", 0): 10})  # the sink's transaction
-    assert ledger.finished(batch) == 0                                   # the loop collects it
+    batch = Batch(offsets={("docs", 0): 10})
+    assert ledger.finished(batch, Written(committed={("docs", 0): 10})) == 0  # the sink's transaction
     assert ledger.flush(sync=True) and producer.calls == ["init_transactions"]
     ledger.store({("docs", 0): 11, ("docs", 1): 5})  # a drained end past a commit marker
     assert ledger.flush(sync=True)

@@ -24,7 +24,7 @@ from connectors.milvus import MilvusAdmin, MilvusStore
 from connectors.milvus.schema import ChunkRows
 from schemas.codec import Document, encode_document
 from worker.commands.produce import document_record, produce_records
-from worker.core.records import Batch, normalise_text
+from worker.core.records import Batch, Written, normalise_text
 from worker.core.stats import RunStats
 from worker.embedding.base import Embedder
 from worker.settings import Settings
@@ -51,8 +51,8 @@ class CpuRunStats(RunStats):
             self.first_record_cpu = time.process_time()
         super().arrived()
 
-    def account(self, batch: Batch) -> None:
-        super().account(batch)
+    def account(self, batch: Batch, written: Written) -> None:
+        super().account(batch, written)
         self.last_done_cpu = time.process_time()
 
     @property

@@ -2,9 +2,11 @@
 record goes through, in order:
 
     polling thread:  1 validate → 2 estimate tokens → 3 DLQ breaker → 4 batch        (Intake)
-    pipeline:        5 prepare: chunk + cache lookup + token ids → 6 embed: the model →
-                     7 sink: fence + version guard → Milvus + output/DLQ topics + cache fill
+    pipeline:        5 prepare: chunk + cache lookup + token ids ─(Pending)→ 6 embed: the model ─(Fresh)→
+                     7 sink: fence + version guard → Milvus + output/DLQ topics + cache fill ─(Written)→
     polling thread:  8 store offsets → commit, or acknowledge records               (the member's Ledger)
+
+Each stage hands each batch on with a value: what it decided about that batch (``worker.core.pipeline``).
 
 Steps 7 and 8 follow the delivery and the ledger chosen together at assembly (``worker.assembly.groups``;
 ``worker.core.delivery`` tells the order once: under exactly-once the sink commits each group's
@@ -25,7 +27,7 @@ from schemas.errors import ConfigError
 from worker.core.delivery import Delivery
 from worker.core.fence import Fence
 from worker.core.member import Chain
-from worker.core.pipeline import Pipeline, Stage, in_turn
+from worker.core.pipeline import Pipeline, Stage, Step
 from worker.core.records import Batch, Share, split_by_model
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet
@@ -67,15 +69,35 @@ def chunker_for(s: ChunkingSettings, embedder: Embedder,
     return Chunker(embedder, s.chunking, tokens, s.chunk_overlap, s.max_chunks, dead_lettered)
 
 
-def embed_by_model(steps: dict[str, Callable[[Share], None]],
-                   loaded: Callable[[str], bool]) -> Callable[[list[Batch]], None]:
-    """One step that splits a group by model once and runs each model's chunk + embed steps on its
-    share: the models the group needs, those already loaded first (under a memory cap that holds one
-    model, a group of two models swaps once, not twice). A forward pass never mixes models."""
-    def run(group: list[Batch]) -> None:
+#: One model's half of a stage: its share of the group and, per batch of the group, what the stage
+#: before left for that model; returns one value per batch of the group.
+ModelStep = Callable[[Share, list[dict]], list[dict]]
+
+
+def by_model(steps: dict[str, ModelStep], loaded: Callable[[str], bool]) -> Step:
+    """One stage's step that splits a group by model once and runs each model's step on its share:
+    the models the group needs, those already loaded first (under a memory cap that holds one model,
+    a group of two models swaps once, not twice). A forward pass never mixes models. Each batch is
+    handed on with what each model's step returned for it, by model name (a model with nothing for
+    the batch is left out)."""
+    def run(group: list[Batch], before: list[dict | None]) -> list[dict]:
         shares = split_by_model(group)
+        out: list[dict] = [{} for _ in group]
         for name in sorted(shares, key=lambda n: not loaded(n)):
-            steps[name](shares[name])
+            values = steps[name](shares[name], [(b or {}).get(name, {}) for b in before])
+            for by_name, value in zip(out, values):
+                if value:
+                    by_name[name] = value
+        return out
+    return run
+
+
+def chunk_then_prepare(chunker: Chunker, step: EmbedStep) -> ModelStep:
+    """The prepare stage's work for one model: the chunk step, then the cache lookup and the token ids
+    (one thread: both use the tokenizer). Nothing comes before it."""
+    def run(share: Share, _before: list[dict]) -> list[dict]:
+        chunker.process(share)
+        return step.prepare(share)
     return run
 
 
@@ -109,9 +131,9 @@ def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
     # Past this many characters a text may make too many chunks for some model: its record is kept.
     safe_chars = min(c.safe_chars for c in chunkers.values())
     steps = {n: EmbedStep(m, caches[n], model=n) for n, m in handles.items()}
-    prepare = Stage("prepare", embed_by_model({n: in_turn(chunkers[n].process, steps[n].prepare)  # 5 per model:
-                                               for n in handles}, models.loaded))  # chunk, cache, token ids
-    embed = Stage("embed", embed_by_model({n: steps[n].embed for n in handles}, models.loaded))  # 6 the passes
+    prepare = Stage("prepare", by_model({n: chunk_then_prepare(chunkers[n], steps[n])  # 5 per model: chunk,
+                                         for n in handles}, models.loaded))            #   cache, token ids
+    embed = Stage("embed", by_model({n: steps[n].embed for n in handles}, models.loaded))  # 6 the passes
     pipeline = Pipeline([prepare, embed, Stage("sink", sink.process)],              # 7 Milvus + topics
                         backoff_max=s.section(OperationsSettings).retry_backoff_max_seconds, release=sink.close)
     intake = Intake(

@@ -17,7 +17,7 @@ from schemas.errors import DlqLimitExceeded, RecordRefused, TransientError
 from worker.core.fence import Fence
 from worker.core.ledger import Ledger
 from worker.core.pipeline import Pipeline
-from worker.core.records import Batch, TopicPartitionKey
+from worker.core.records import Batch, TopicPartitionKey, Written
 from worker.core.stats import RunStats
 from worker.process.heap import IdleTrim
 from worker.process.metrics import Health
@@ -187,18 +187,18 @@ class Member:
     def _collect(self, timeout: float = 0.0) -> None:
         """Account for finished batches and hand each to the ledger (:meth:`_finished`)."""
         done = False
-        for batch in self.chain.pipeline.completed(timeout):
-            self.stats.account(batch)
-            self._finished(batch)
+        for batch, written in self.chain.pipeline.completed(timeout):
+            self.stats.account(batch, written)
+            self._finished(batch, written)
             done = True
             if self.on_progress:
                 self.on_progress(self.stats)
         if done:
             self._collected()
 
-    def _finished(self, batch: Batch) -> None:
-        """``batch`` left the pipeline: its input goes to the ledger."""
-        self.ledger.finished(batch)
+    def _finished(self, batch: Batch, written: Written) -> None:
+        """``batch`` left the pipeline, with what the sink ``written`` of it: its input goes to the ledger."""
+        self.ledger.finished(batch, written)
 
     def _collected(self) -> None:
         """One or more batches were collected by this call (a share member sends their acknowledgements)."""

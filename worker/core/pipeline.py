@@ -3,6 +3,11 @@
 
     submit ──▶ [stage 1] ──▶ [stage 2] ──▶ … ──▶ completed()
 
+Each stage hands each batch on with a value: what its step decided about that batch (the prepare
+stage: what the model still has to make; the embed stage: the vectors it made; the sink: what it
+wrote). ``completed`` hands out each batch with the last stage's value. Values ride per batch, not
+per group, because every stage forms its groups anew.
+
 Which stages there are, and in what order, is decided in one place: ``worker.assembly.chain.build_chain``.
 This module knows no stage by name.
 
@@ -28,29 +33,21 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any
 
 from schemas.errors import TransientError
 from worker.core.records import Batch
 from worker.process import metrics
 
-W = TypeVar("W")
-
 log = logging.getLogger(__name__)
 
-def in_turn(*steps: Callable[[W], None]) -> Callable[[W], None]:
-    """Several steps as one stage's work, run one after the other on its thread on the same work (a
-    group, or a model's share of it): steps that must share a thread, like the chunk step and the
-    model, which both use the tokenizer."""
-    def run(work: W) -> None:
-        for step in steps:
-            step(work)
-
-    return run
-
-
-#: A stage's work: process a group of batches (in submission order) in place.
-Step = Callable[[list[Batch]], None]
+#: A stage's work. It is handed a group of batches (in submission order) and, for each, the value the
+#: stage before handed on with it (None into the first stage); it returns one value per batch, in the
+#: same order, to hand on with it (the last stage's to ``completed``). What a step decides about a
+#: batch is the value it returns, never a field of the batch that a later stage reads.
+Step = Callable[[list[Batch], list[Any]], list[Any]]
+#: A batch and the value handed on with it.
+Handed = tuple[Batch, Any]
 
 
 class Aborted(Exception):
@@ -71,18 +68,18 @@ class Stage:
         self.retries = 0
         #: When the current run of transient failures began (None: not retrying).
         self.retrying_since: float | None = None
-        self._inbox: queue.Queue[Batch | None] = queue.Queue()
+        self._inbox: queue.Queue[Handed | None] = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def put(self, batch: Batch | None) -> None:
-        """Hand a batch to this stage (``None``: no more batches)."""
-        if batch is not None:
+    def put(self, handed: Handed | None) -> None:
+        """Hand a batch and its value to this stage (``None``: no more batches)."""
+        if handed is not None:
             with self._lock:
                 self.backlog += 1
-        self._inbox.put(batch)
+        self._inbox.put(handed)
 
-    def start(self, forward: Callable[[Batch | None], None], abort: threading.Event, backoff_max: float,
+    def start(self, forward: Callable[[Handed | None], None], abort: threading.Event, backoff_max: float,
               on_bug: Callable[[BaseException], None]) -> None:
         self._thread = threading.Thread(target=self._run, args=(forward, abort, backoff_max, on_bug),
                                         name=self.name, daemon=True)
@@ -94,9 +91,9 @@ class Stage:
             self._thread.join(timeout)
         return self._thread is None or not self._thread.is_alive()
 
-    def _next_group(self) -> tuple[list[Batch], bool]:
+    def _next_group(self) -> tuple[list[Handed], bool]:
         """Block for one batch, then take those already waiting: ``(group, the end was reached)``."""
-        group: list[Batch] = []
+        group: list[Handed] = []
         item = self._inbox.get()
         while item is not None:
             group.append(item)
@@ -106,17 +103,18 @@ class Stage:
                 return group, False
         return group, True
 
-    def _run(self, forward: Callable[[Batch | None], None], abort: threading.Event, backoff_max: float,
+    def _run(self, forward: Callable[[Handed | None], None], abort: threading.Event, backoff_max: float,
              on_bug: Callable[[BaseException], None]) -> None:
         while True:
             group, end = self._next_group()
             try:
                 if group:
-                    self._process(group, abort, backoff_max)
+                    batches = [batch for batch, _ in group]
+                    values = self._process(batches, [value for _, value in group], abort, backoff_max)
                     with self._lock:
                         self.backlog -= len(group)
-                    for batch in group:
-                        forward(batch)
+                    for handed in zip(batches, values):
+                        forward(handed)
             except Aborted:
                 return
             except BaseException as exc:  # a bug: hand it to the polling thread, which crashes
@@ -126,19 +124,23 @@ class Stage:
                 forward(None)
                 return
 
-    def _process(self, group: list[Batch], abort: threading.Event, backoff_max: float) -> None:
-        """``step(group)``, retrying :class:`TransientError` with capped exponential backoff + jitter."""
+    def _process(self, group: list[Batch], handed: list[Any], abort: threading.Event,
+                 backoff_max: float) -> list[Any]:
+        """``step(group, handed)``, retrying :class:`TransientError` with capped exponential backoff +
+        jitter (each try is handed the same values); the values to hand on, one per batch."""
         delay = 0.1
         while True:
             if abort.is_set():
                 raise Aborted()
             try:
-                self.step(group)
+                values = self.step(group, handed)
+                if len(values) != len(group):
+                    raise ValueError(f"{self.name}: {len(values)} values for a group of {len(group)} batches")
                 self.groups += 1
                 if self.retrying_since is not None:
                     log.info("%s: recovered after %.1fs", self.name, time.monotonic() - self.retrying_since)
                     self.retrying_since = None
-                return
+                return values
             except TransientError as exc:
                 self.retries += 1
                 metrics.RETRIES.labels(exc.system).inc()
@@ -151,7 +153,8 @@ class Stage:
 
 
 class Pipeline:
-    """``submit`` batches, collect them from ``completed``; ``inflight`` counts those in between.
+    """``submit`` batches, collect them (each with the last stage's value) from ``completed``;
+    ``inflight`` counts those in between.
 
     ``submit``, ``completed``, ``abort`` and ``close`` are called from one thread (the polling
     thread); the stages run on their own."""
@@ -165,7 +168,7 @@ class Pipeline:
         self.release = release
         self.failure: BaseException | None = None
         self._abort = threading.Event()
-        self._done: queue.Queue[Batch | None] = queue.Queue()
+        self._done: queue.Queue[Handed | None] = queue.Queue()
         self._inflight = 0
         for stage, after in zip(stages, [*stages[1:], None]):
             stage.start(after.put if after is not None else self._done.put, self._abort, backoff_max,
@@ -188,13 +191,14 @@ class Pipeline:
         metrics.INFLIGHT_BATCHES.set(self._inflight)
         metrics.BATCH_SIZE.observe(len(batch))
         metrics.BATCH_TOKENS.observe(batch.tokens)
-        self.stages[0].put(batch)
+        self.stages[0].put((batch, None))
 
-    def completed(self, timeout: float = 0.0) -> list[Batch]:
-        """Batches finished since the last call (waits up to ``timeout`` for the first one).
+    def completed(self, timeout: float = 0.0) -> list[Handed]:
+        """Batches finished since the last call, each with the last stage's value (waits up to
+        ``timeout`` for the first one).
 
         Re-raises a stage's unexpected exception."""
-        out: list[Batch] = []
+        out: list[Handed] = []
         try:
             item = self._done.get(timeout=timeout) if timeout > 0 else self._done.get_nowait()
             while True:

@@ -133,14 +133,25 @@ def entry_size(entry: Item | Delete | DeadLetter) -> int:
     return 0
 
 
+#: What the prepare stage hands the embed stage with a batch: what its chunks still need of each
+#: model, by model name, then chunk hash (``Embedder.prepare``: token ids).
+Pending = dict[str, dict[str, object]]
+#: What the embed stage hands the sink with a batch: the vectors the models computed for it (the sink
+#: fills each model's cache with them), by model name, then chunk hash; with a learned sparse side,
+#: ``(vector, sparse vector)``.
+Fresh = dict[str, dict[str, "np.ndarray | tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]"]]
+
+
 @dataclass
 class Batch:
     """Entries in consumption order, plus the next offset to commit per partition they touched.
 
     A batch is held by one thread at a time: the polling thread fills it, then each stage in turn
-    (the pipeline's queues hand it on), then the polling thread again once it is completed. Each
-    stage forms its own groups of the batches waiting for it, so what one stage leaves for the next
-    rides on the batch: each field below says which thread writes it and which reads it."""
+    (the pipeline's queues hand it on), then the polling thread again once it is completed. Its
+    entries are the records as they are worked on: each stage fills in its part (chunks, vectors, a
+    dead letter put in an entry's place, ``superseded``). What a stage decides about the batch as a
+    whole is not written on it: it is handed on beside it as a value (``worker.core.pipeline``:
+    :data:`Pending`, :data:`Fresh`, then :class:`Written` to the polling thread)."""
 
     entries: list[Entry] = field(default_factory=list)
     offsets: dict[TopicPartitionKey, int] = field(default_factory=dict)
@@ -148,32 +159,12 @@ class Batch:
     #: Bytes of the record values in the batch (bounds the memory a batch holds).
     size: int = 0
     opened_at: float = field(default_factory=time.monotonic)
-    #: Written by the embed thread, read by the sink thread (which fills each model's cache with it):
-    #: the vectors the models computed for this batch, by model name, then chunk hash; with a learned
-    #: sparse side, ``(vector, sparse vector)``.
-    fresh: dict[str, dict[str, np.ndarray | tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]]] = field(
-        default_factory=dict)
-    #: Written by the prepare thread, read and emptied by the embed thread: what its chunks still need
-    #: of each model, by model name, then chunk hash (``Embedder.prepare``: token ids).
-    pending: dict[str, dict[str, object]] = field(default_factory=dict)
-    #: Written and read by the sink thread (through the delivery's attempt): its output and dead-letter
-    #: records were acknowledged, so a retry for Milvus skips them.
+    #: The sink thread's own memory across the retries of the batch's group (no other thread reads
+    #: it): its output and dead-letter records were acknowledged, so a retry for Milvus skips them.
     delivered: bool = False
-    #: Written by the sink thread, read by the polling thread once the batch completes: partitions whose
-    #: entries the sink left unwritten, because this member no longer owns them (or owns them again, in
-    #: another tenure than the batch was read in); their offsets are not stored.
-    fenced: set[TopicPartitionKey] = field(default_factory=set)
-    #: Written by the sink thread, read by the polling thread's ledger once the batch completes: the
-    #: offsets a transaction committed with the batch's group (exactly-once; empty otherwise).
-    committed: dict[TopicPartitionKey, int] = field(default_factory=dict)
     #: Written by the polling thread when the batch closes (``Fence.stamp``), read by the sink thread:
     #: per partition, the fence's tenure the records were read in; None: never stamped.
     tenure: dict[TopicPartitionKey, int] | None = None
-
-    def written(self) -> dict[TopicPartitionKey, int]:
-        """The next offset per partition of the batch's written entries: those of partitions the sink
-        left unwritten (``fenced``) are read again, here or by their next owner."""
-        return {tp: o for tp, o in self.offsets.items() if tp not in self.fenced}
 
     def add(self, entry: Entry) -> None:
         self.entries.append(entry)
@@ -191,15 +182,34 @@ class Batch:
         return [e for e in self.entries if isinstance(e, Item)]
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What the sink step hands back with a finished batch, for the polling thread (its ledger and
+    counters)."""
+
+    #: Partitions whose entries the sink left unwritten, because this member no longer owns them (or
+    #: owns them again, in another tenure than the batch was read in): their offsets are not stored,
+    #: their records are read again, here or by their next owner.
+    fenced: frozenset[TopicPartitionKey] = frozenset()
+    #: The offsets a transaction committed with the batch's group (exactly-once; empty otherwise).
+    committed: dict[TopicPartitionKey, int] = field(default_factory=dict)
+
+    def offsets(self, batch: Batch) -> dict[TopicPartitionKey, int]:
+        """The next offset per partition of ``batch``'s written entries (its ``fenced`` ones left out)."""
+        if not self.fenced:
+            return dict(batch.offsets)
+        return {tp: o for tp, o in batch.offsets.items() if tp not in self.fenced}
+
+
 @dataclass
 class Share:
-    """One model's part of a group (:func:`split_by_model`): its items, each with the batch and the
-    position it sits at (a step may put a dead letter in its place), and the whole group (whose
-    batches hold the model's fresh vectors)."""
+    """One model's part of a group (:func:`split_by_model`): its items, each with the index of its
+    batch in the group and the position it sits at there (a step may put a dead letter in its place),
+    and the whole group (a step hands on one value per batch of it)."""
 
     model: str
     group: list[Batch]
-    places: list[tuple[Batch, int, Item]] = field(default_factory=list)
+    places: list[tuple[int, int, Item]] = field(default_factory=list)
 
     @property
     def items(self) -> list[Item]:
@@ -210,12 +220,11 @@ def split_by_model(group: list[Batch]) -> dict[str, Share]:
     """The group's items by model (``Item.model``), in one pass: each model's steps see only their
     share. A model without items in the group has no share."""
     shares: dict[str, Share] = {}
-    for batch in group:
+    for i, batch in enumerate(group):
         for pos, e in enumerate(batch.entries):
             if isinstance(e, Item):
                 share = shares.get(e.model)
                 if share is None:
                     share = shares[e.model] = Share(e.model, group)
-                share.places.append((batch, pos, e))
+                share.places.append((i, pos, e))
     return shares
-

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from connectors.kafka import access_refused
 from worker.core.ledger import ShareLedger
 from worker.core.member import Chain, Member
-from worker.core.records import Batch, TopicPartitionKey
+from worker.core.records import Batch, TopicPartitionKey, Written
 from worker.core.stats import RunStats
 from worker.process.metrics import (
     ASSIGNED_PARTITIONS,
@@ -98,8 +98,8 @@ class ShareWorker(Member):
             return True
         return False
 
-    def _finished(self, batch: Batch) -> None:
-        released = self.ledger.finished(batch)
+    def _finished(self, batch: Batch, written: Written) -> None:
+        released = self.ledger.finished(batch, written)
         # every record outstanding came with the last poll (the next waits until all are acknowledged)
         held = time.monotonic() - self._polled_at
         SHARE_ACK_SECONDS.observe_many([held] * len(batch.entries))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from worker.core.records import Batch, DeadLetter, Delete, Item
+from worker.core.records import Batch, DeadLetter, Delete, Item, Written
 from worker.process import metrics
 
 
@@ -60,15 +60,16 @@ class RunStats:
         if self.first_record_at is None:
             self.first_record_at = time.monotonic()
 
-    def account(self, batch: Batch) -> None:
-        """Count a finished batch, and feed the outcome, DLQ and end-to-end metrics."""
+    def account(self, batch: Batch, written: Written) -> None:
+        """Count a finished batch (with what the sink ``written`` of it), and feed the outcome, DLQ and
+        end-to-end metrics."""
         now_ms = time.time() * 1000
         self.batches += 1
         self.last_done_at = time.monotonic()
         items = deletes = superseded = fenced = 0
         stamps = []
         for e in batch.entries:
-            if batch.fenced and e.source.tp in batch.fenced:
+            if written.fenced and e.source.tp in written.fenced:
                 fenced += 1
             elif getattr(e, "superseded", False):
                 superseded += 1

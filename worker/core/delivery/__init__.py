@@ -39,7 +39,7 @@ says what each mode does at each step):
      transactions' lock, after checking that it still owns their partitions. A revoke publishes
      the smaller ownership, then takes that lock once (``barrier``): no transaction commits offsets
      of a partition given away. Each batch carries the offsets its transaction committed to the
-     polling thread (``Batch.committed``); what that thread stores past them (a drained partition's
+     polling thread (``Written.committed``); what that thread stores past them (a drained partition's
      end past a commit marker) is committed by a transaction of offsets alone
      (:class:`~worker.core.ledger.TransactionLedger`).
    - *share group* (:class:`~worker.core.ledger.ShareLedger`): records go out as at-least-once's

@@ -3,32 +3,43 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 from confluent_kafka import Producer, TopicPartition
 
 from connectors.kafka import DeliveryBatch
-from worker.core.records import Batch, Entry, TopicPartitionKey
+from worker.core.records import Batch, Entry, TopicPartitionKey, Written
 
 
 @dataclass
 class Planned:
     """A group's writes as the sink planned them: the entries to produce (owned partitions, not
-    superseded), each collection's final operations, and the time stamped on the rows."""
+    superseded), each collection's final operations, the time stamped on the rows, and per batch of
+    the group the partitions it leaves unwritten (``Written.fenced``)."""
 
     group: list[Batch]
     entries: list[Entry]
     plans: list
     now: int
+    fenced: list[frozenset[TopicPartitionKey]]
+
+    def written(self, committed: dict[TopicPartitionKey, int]) -> list[Written]:
+        """What the sink hands back with each batch of the group, ``committed`` with it."""
+        return [Written(fenced, committed) for fenced in self.fenced]
 
 
-def written_offsets(group: list[Batch]) -> dict[TopicPartitionKey, int]:
-    """The next offset per partition of the group's written entries (``fenced`` ones left out)."""
+def written_offsets(group: list[Batch], fenced: Sequence[frozenset[TopicPartitionKey]] | None = None
+                    ) -> dict[TopicPartitionKey, int]:
+    """The next offset per partition of the group's written entries: those of each batch's ``fenced``
+    partitions (None: none) left out."""
     offsets: dict[TopicPartitionKey, int] = {}
-    for batch in group:
-        for tp, o in batch.written().items():
-            offsets[tp] = max(offsets.get(tp, 0), o)
+    for i, batch in enumerate(group):
+        left = fenced[i] if fenced is not None else frozenset()
+        for tp, o in batch.offsets.items():
+            if tp not in left:
+                offsets[tp] = max(offsets.get(tp, 0), o)
     return offsets
 
 
@@ -43,7 +54,7 @@ class Attempt(abc.ABC):
         attempt.sent(produce(planned, producer))   # waits for the acknowledgements
         Milvus' result                             # a TransientError: attempt.milvus_failed(planned)
         with attempt.holding(): committed = attempt.commit(the group's offsets, if still owned)
-        each batch carries what was committed with it to the ledger (Batch.committed)
+        each batch is handed on with what was committed (Written.committed), to the ledger
         on any failure: raise attempt.abort(exc)
 
     The attempt never calls the sink: it is handed what it needs."""
@@ -53,6 +64,8 @@ class Attempt(abc.ABC):
     carried: Planned | None = None
     #: Nothing is left to do: an earlier attempt's commit went through after all.
     finished: bool = False
+    #: What that earlier commit committed (``finished`` only).
+    committed: dict[TopicPartitionKey, int] | None = None
     #: The records are durable once acknowledged (at-least-once); else only once committed.
     durable_when_sent: bool = True
 

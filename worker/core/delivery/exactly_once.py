@@ -10,7 +10,7 @@ from confluent_kafka import KafkaException, Producer, TopicPartition
 from connectors.kafka import DeliveryBatch
 from connectors.transactions import Transactions
 from schemas.errors import TransientError
-from worker.core.delivery.base import Attempt, Delivery, Planned, written_offsets
+from worker.core.delivery.base import Attempt, Delivery, Planned
 from worker.core.records import Batch, TopicPartitionKey
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,10 @@ class ExactlyOnce(Delivery):
         self.close_timeout_s = close_timeout_s
         #: The group whose records are in the open transaction while Milvus is retried.
         self._carried: tuple[list[Batch], Planned] | None = None
+        #: The group whose commit failed last, its transaction's number and its offsets: its retry asks
+        #: the transactions how that one ended (a commit that timed out may have gone through since,
+        #: finished by this retry or by the ledger's next transaction of offsets alone).
+        self._committing: tuple[list[Batch], int, dict[TopicPartitionKey, int]] | None = None
 
     @property
     def producer(self) -> Producer:
@@ -40,22 +44,24 @@ class ExactlyOnce(Delivery):
         the transaction timeout; any other failure aborts it and the retry redoes the group."""
         attempt = _Attempt(self, group)
         txn = self.txn
-        if txn.pending:  # the last attempt's commit timed out: it may still go through, never redo it
+        if txn.pending:  # a commit timed out: it may still go through, never redo it
             with txn.lock:
                 txn.finish_pending()
-            self._done(group, written_offsets(group))
-            attempt.finished = True
-        elif self._carried is not None and self._carried[0] is group and txn.open:
+        committing, self._committing = self._committing, None
+        if committing is not None and committing[0] is group and txn.ended(committing[1]):
+            self._done(group)  # this group's commit went through after all: nothing is left to do
+            attempt.finished, attempt.committed = True, committing[2]
+            return attempt
+        if self._carried is not None and self._carried[0] is group and txn.open:
             attempt.carried = self._carried[1]
         self._carried = None
         return attempt
 
     @staticmethod
-    def _done(group: list[Batch], offsets: dict[TopicPartitionKey, int]) -> None:
-        """The group's transaction committed ``offsets``: each batch carries them to the ledger."""
+    def _done(group: list[Batch]) -> None:
+        """The group's transaction committed: its records are out for good."""
         for batch in group:
             batch.delivered = True
-            batch.committed = offsets
 
     def close(self) -> None:
         self.txn.close(self.close_timeout_s)
@@ -90,10 +96,15 @@ class _Attempt(Attempt):
         return self._delivery.txn.lock  # a revoke waits for this: no offsets of a partition given away commit
 
     def commit(self, offsets: list[TopicPartition]) -> dict[TopicPartitionKey, int]:
-        self._delivery.txn.commit(offsets)
-        log.debug("transaction committed: offsets %s", {tp.partition: tp.offset for tp in offsets})
         committed = {(tp.topic, tp.partition): tp.offset for tp in offsets}
-        self._delivery._done(self._group, committed)
+        delivery = self._delivery
+        try:
+            delivery.txn.commit(offsets)
+        except BaseException:
+            delivery._committing = (self._group, delivery.txn.number, committed)
+            raise
+        log.debug("transaction committed: offsets %s", {tp.partition: tp.offset for tp in offsets})
+        delivery._done(self._group)
         return committed
 
     def abort(self, exc: BaseException) -> BaseException:

@@ -9,7 +9,7 @@ import time
 from confluent_kafka import KafkaException
 
 from schemas.errors import TransientError
-from worker.core.records import Batch
+from worker.core.records import Batch, Written
 from worker.process import metrics
 
 log = logging.getLogger(__name__)
@@ -18,13 +18,14 @@ log = logging.getLogger(__name__)
 class Ledger(abc.ABC):
     """What becomes of the input of finished batches: offsets stored and committed, or records
     acknowledged. Every call runs on the polling thread (the consumers are not thread-safe); the
-    sink thread never calls a ledger (a transaction's offsets reach it on the batch:
-    ``Batch.committed``)."""
+    sink thread never calls a ledger (a transaction's offsets reach it with the batch:
+    ``Written.committed``)."""
 
     @abc.abstractmethod
-    def finished(self, batch: Batch) -> int:
-        """``batch`` left the pipeline: keep what its input owes (its written offsets, or an
-        acknowledgement per record). Returns how many of its records go back to the group unwritten."""
+    def finished(self, batch: Batch, written: Written) -> int:
+        """``batch`` left the pipeline, with what the sink ``written`` of it: keep what its input owes
+        (its written offsets, or an acknowledgement per record). Returns how many of its records go
+        back to the group unwritten."""
 
     @abc.abstractmethod
     def tick(self) -> None:

@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from schemas.errors import TransientError
 from worker.core.ledger.base import Ledger
-from worker.core.records import Batch, TopicPartitionKey
+from worker.core.records import Batch, TopicPartitionKey, Written
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,8 @@ class OffsetLedger(Ledger):
         self._known: dict[TopicPartitionKey, int] = {}
 
     # -- what the loop calls -------------------------------------------------------------------
-    def finished(self, batch: Batch) -> int:
-        self.store(batch.written())
+    def finished(self, batch: Batch, written: Written) -> int:
+        self.store(written.offsets(batch))
         return 0
 
     def store(self, offsets: Mapping[TopicPartitionKey, int]) -> None:

@@ -6,7 +6,7 @@ dead letter) acknowledged by the broker and its Milvus writes done (``worker.cor
 that order). A share member may be handed records of every partition of the topic (those added since
 it started too), but only for as long as they are locked to it: once a poll's lock has run out, the
 group hands its records to another member, which may write newer versions of them, so the fence
-makes them stale and the sink writes none (``worker.core.fence``). Those records (``Batch.fenced``)
+makes them stale and the sink writes none (``worker.core.fence``). Those records (``Written.fenced``)
 are RELEASEd, never accepted unwritten (the broker refuses either once the lock is gone). What is
 acknowledged goes to the broker with the next :meth:`ShareLedger.flush` (the share consumer sends
 acknowledgements with its commits and polls); a record never acknowledged (a crash, a stop before
@@ -23,7 +23,7 @@ from confluent_kafka import AcknowledgeType, KafkaException
 
 from schemas.errors import TransientError
 from worker.core.ledger.base import Ledger
-from worker.core.records import Batch
+from worker.core.records import Batch, Written
 from worker.process.metrics import SHARE_ACKNOWLEDGEMENTS
 
 log = logging.getLogger(__name__)
@@ -41,13 +41,13 @@ class ShareLedger(Ledger):
         self._released = SHARE_ACKNOWLEDGEMENTS.labels("release")
         SHARE_ACKNOWLEDGEMENTS.labels("reject")  # exported at 0: this worker dead-letters instead of rejecting
 
-    def finished(self, batch: Batch) -> int:
+    def finished(self, batch: Batch, written: Written) -> int:
         """Acknowledge every record of ``batch``: ACCEPT, or RELEASE for a partition the sink left
-        unwritten. Returns how many were released."""
+        unwritten (``written.fenced``). Returns how many were released."""
         released = 0
         for e in batch.entries:
             src = e.source
-            kind = AcknowledgeType.RELEASE if src.tp in batch.fenced else AcknowledgeType.ACCEPT
+            kind = AcknowledgeType.RELEASE if src.tp in written.fenced else AcknowledgeType.ACCEPT
             released += kind == AcknowledgeType.RELEASE
             self.share.acknowledge_offset(src.topic, src.partition, src.offset, kind)
         self._unsent += len(batch.entries)

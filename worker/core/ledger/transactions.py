@@ -1,7 +1,7 @@
 """A consumer group's ledger under exactly-once: every offset goes through a transaction.
 
 The sink commits each group's offsets in the group's own transaction (``worker.core.delivery.exactly_once``);
-those reach the ledger on the batch (``Batch.committed``), as the batch leaves the pipeline. What the
+those reach the ledger with the batch (``Written.committed``), as the batch leaves the pipeline. What the
 polling thread stores past them (a drained partition's end past a commit marker) is committed here
 by a transaction of offsets alone; the consumer never commits.
 """
@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 from connectors.transactions import Transactions
 from schemas.errors import TransientError
 from worker.core.ledger.offsets import OffsetLedger
-from worker.core.records import Batch, TopicPartitionKey
+from worker.core.records import Batch, TopicPartitionKey, Written
 
 
 class TransactionLedger(OffsetLedger):
@@ -32,9 +32,9 @@ class TransactionLedger(OffsetLedger):
         self._in_txn: dict[TopicPartitionKey, int] = {}
         self._ahead: dict[TopicPartitionKey, int] = {}
 
-    def finished(self, batch: Batch) -> int:
-        self.committed(batch.committed)  # before its offsets are stored: those are no longer ahead
-        return super().finished(batch)
+    def finished(self, batch: Batch, written: Written) -> int:
+        self.committed(written.committed)  # before its offsets are stored: those are no longer ahead
+        return super().finished(batch, written)
 
     def committed(self, offsets: dict[TopicPartitionKey, int]) -> None:
         """A transaction committed ``offsets`` (next offset per partition)."""

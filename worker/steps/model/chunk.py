@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-from worker.core.records import Batch, Chunk, DeadLetter, Item, Share, content_hash
+from worker.core.records import Chunk, DeadLetter, Item, Share, content_hash
 from worker.embedding.base import Embedder
 from worker.process import metrics
 
@@ -153,18 +153,18 @@ class Chunker:
             if len(spans) <= self.max_chunks:
                 self._remember(h, found[h])
         counts: list[int] = []  # chunks of each long document, observed at once
-        kept: list[tuple[Batch, int, Item]] = []
-        for batch, pos, it in items:
+        kept: list[tuple[int, int, Item]] = []
+        for index, pos, it in items:
             if len(it.text) <= self.max_tokens:
                 it.chunks = [_whole(it)]
-                kept.append((batch, pos, it))
+                kept.append((index, pos, it))
                 continue
             spans, hashes = found[it.hash]
             if len(spans) > self.max_chunks:
-                dead = batch.entries[pos] = self._too_many(it, len(spans))
+                dead = share.group[index].entries[pos] = self._too_many(it, len(spans))
                 self.dead_lettered(dead.reason, dead.message)
                 continue
-            kept.append((batch, pos, it))
+            kept.append((index, pos, it))
             if len(spans) == 1:
                 it.chunks = [_whole(it)]
             else:

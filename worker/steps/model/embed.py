@@ -10,10 +10,10 @@ Identical texts are looked up and embedded once. Lookups go first to a small in-
 vectors this worker computed lately (it covers repeats whose first copy is still in flight, before
 its batch has filled Redis), then to Redis with one pipelined MGET per group; the embed half asks
 the memo once more (a repeat whose first copy was embedded after its lookup). Only the misses reach
-the model, all in one call (which sorts them by length). What a batch still needs waits in its
-``pending`` between the halves: each batch holds what its own chunks need, since the embed stage may
-group batches otherwise than the prepare stage did. The vectors of the misses are handed on (in
-each batch's ``fresh``) so the sink step writes them back to Redis.
+the model, all in one call (which sorts them by length). What a batch still needs is handed from one
+half to the other beside the batch (``Pending``, one value per batch, since the embed stage may
+group batches otherwise than the prepare stage did), and the vectors of the misses are handed on to
+the sink the same way (``Fresh``), which writes them back to Redis.
 
 The cache never makes a run slower (:class:`LookupPolicy`): on a GPU a Redis round trip can cost
 more than the forward pass it saves (measured from outside on one H100: 1,290-1,580 docs/s with the
@@ -92,13 +92,13 @@ class LookupPolicy:
 
 
 class EmbedStep:
-    """``prepare(share)`` then ``embed(share)`` (or ``process(share)``, both on one thread) fill
-    ``chunk.vector`` and ``chunk.cached`` for every chunk of every item of the model's share.
-    ``embed`` blocks on the model.
+    """``embed(share, prepare(share))`` fills ``chunk.vector`` and ``chunk.cached`` for every chunk
+    of every item of the model's share; the two halves run on two threads, each handed one value
+    per batch of its group. ``embed`` blocks on the model.
 
     Raises only what the model raises (a bug: crash; a model that cannot be loaded for memory:
-    TransientError, and the embed stage tries the group again: ``pending`` is kept until it is
-    done); the cache never raises."""
+    TransientError, and the embed stage tries the group again with the same ``pending``); the cache
+    never raises."""
 
     def __init__(self, embedder: Embedder, cache: RedisCache | None, memo_size: int = 20_000, model: str = "") -> None:
         self.embedder = embedder
@@ -116,15 +116,14 @@ class EmbedStep:
         #: Whether a group's Redis lookup is worth its cost (the module doc).
         self.policy = LookupPolicy()
 
-    def prepare(self, share: Share) -> None:
-        """Look up the share's distinct texts (memo, then Redis when it pays); give the chunks found
-        their vectors; put what the model must make of the rest (``Embedder.prepare``) in each batch's
-        ``pending``. Prepare thread."""
-        for batch in share.group:
-            batch.fresh.setdefault(self.model, {})
+    def prepare(self, share: Share) -> list[dict[str, object]]:
+        """Look up the share's distinct texts (memo, then Redis when it pays) and give the chunks found
+        their vectors. Returns, for each batch of the share's group, what the model must make of the
+        rest of its chunks (``Embedder.prepare``, by chunk hash): the embed stage's input. Prepare thread."""
+        needs: list[dict[str, object]] = [{} for _ in share.group]
         chunks = [ch for _, _, it in share.places for ch in it.chunks]
         if not chunks:
-            return
+            return needs
         first_text: dict[str, str] = {}
         for ch in chunks:
             first_text.setdefault(ch.hash, ch.text)
@@ -135,27 +134,31 @@ class EmbedStep:
             self._look_up(hashes, vectors, hit)
         missing = [h for h in hashes if h not in vectors]
         ready = dict(zip(missing, self.embedder.prepare([first_text[h] for h in missing]))) if missing else {}
-        for batch, _, it in share.places:
+        for index, _, it in share.places:
             for ch in it.chunks:
                 if ch.hash in vectors:
                     self._give(ch, vectors[ch.hash], cached=True)
                 else:
-                    batch.pending.setdefault(self.model, {})[ch.hash] = ready[ch.hash]
+                    needs[index][ch.hash] = ready[ch.hash]
+        return needs
 
-    def embed(self, share: Share) -> None:
-        """Embed what the share's batches have pending (once each distinct text; the memo first) and
-        hand the vectors to their chunks, the fresh ones into ``batch.fresh``. Embed thread."""
-        pending: dict[str, object] = {}
-        for batch in share.group:
-            pending.update(batch.pending.get(self.model, {}))
-        if not pending:
-            return
-        vectors = self._from_memo(list(pending))
+    def embed(self, share: Share, pending: list[dict[str, object]]) -> list[dict[str, Value]]:
+        """Embed what ``pending`` holds for the share's batches (``prepare``'s result: once each
+        distinct text; the memo first) and hand the vectors to their chunks. Returns, for each batch of
+        the group, the vectors made for it by chunk hash (not from a cache: the sink fills the cache
+        with them). Embed thread. ``pending`` is only read: a retry of the group is handed it again."""
+        fresh: list[dict[str, Value]] = [{} for _ in share.group]
+        wanted: dict[str, object] = {}
+        for need in pending:
+            wanted.update(need)
+        if not wanted:
+            return fresh
+        vectors = self._from_memo(list(wanted))
         hit = set(vectors)
-        missing = [h for h in pending if h not in vectors]
+        missing = [h for h in wanted if h not in vectors]
         if missing:
             t0 = time.perf_counter()
-            dense, learned = self.embedder.embed_prepared([pending[h] for h in missing])
+            dense, learned = self.embedder.embed_prepared([wanted[h] for h in missing])
             # with a learned sparse side a text's value is (vector, sparse vector): what the cache keeps
             embedded = list(zip(dense, learned)) if learned is not None else list(dense)
             seconds = time.perf_counter() - t0
@@ -163,16 +166,14 @@ class EmbedStep:
             self.policy.embedded(len(missing), seconds)
             vectors.update(zip(missing, embedded))
             self._remember(missing, vectors)
-        for batch, _, it in share.places:
-            fresh = batch.fresh.setdefault(self.model, {})
+        for index, _, it in share.places:
             for ch in it.chunks:
                 if ch.vector is None and ch.hash in vectors:
                     value = vectors[ch.hash]
                     self._give(ch, value, cached=ch.hash in hit)
                     if not ch.cached:
-                        fresh[ch.hash] = value
-        for batch in share.group:
-            batch.pending.pop(self.model, None)
+                        fresh[index][ch.hash] = value
+        return fresh
 
     def _from_memo(self, hashes: list[str]) -> dict[str, Value]:
         found: dict[str, Value] = {}

@@ -16,7 +16,7 @@ from functools import partial
 
 from worker.core.delivery import Planned
 from worker.core.fence import Fence
-from worker.core.records import Batch, DeadLetter, Delete, Entry, Item, headers_size
+from worker.core.records import Batch, DeadLetter, Delete, Entry, Item, TopicPartitionKey, headers_size
 from worker.steps.writing.fit import TopicLimits, output_room, record_size
 from worker.steps.writing.output import OutputFormat
 from worker.steps.writing.refusals import MILVUS_REJECTED, dead_letter, isolate
@@ -28,9 +28,9 @@ Headers = dict[str, dict[bool, list[tuple[str, bytes]]]]
 
 
 class Planner:
-    """``plan(group)``: the group's :class:`Planned` writes. Sink thread. Marks each batch's
-    ``fenced`` partitions and each superseded entry; turns an oversized document into a dead letter
-    in its batch, in place (``dead_lettered`` is told of each)."""
+    """``plan(group)``: the group's :class:`Planned` writes, with each batch's ``fenced`` partitions.
+    Sink thread. Marks each superseded entry; turns an oversized document into a dead letter in its
+    batch, in place (``dead_lettered`` is told of each)."""
 
     def __init__(self, targets: dict[str, ModelTarget], fence: Fence, guard: VersionGuard, output: OutputFormat,
                  limits: TopicLimits, headers: Headers, dead_lettered: Callable[[str, str], None]) -> None:
@@ -50,13 +50,13 @@ class Planner:
         """Fence, oversized documents, version guard and each collection's final operations."""
         now = int(time.time() * 1000)
         self._dead_letter_oversized(group, now)
-        entries, plans = self._news(group)
+        fenced, entries, plans = self._news(group)
         # The reads above may have taken a while: a partition lost meanwhile may have a newer version
         # written by its new owner that they did not see, and the version guard would let the older one
         # through. Ownership (and the lease) are asked again; a change plans the group again.
-        while any(self.fence.stale(batch) - batch.fenced for batch in group):
-            entries, plans = self._news(group)
-        return Planned(group, entries, plans, now)
+        while any(self.fence.stale(batch) - left for batch, left in zip(group, fenced)):
+            fenced, entries, plans = self._news(group)
+        return Planned(group, entries, plans, now, fenced)
 
     def _dead_letter_oversized(self, group: list[Batch], now: int) -> None:
         """Turn each item whose output record would be over the output topic's limit into a dead
@@ -83,14 +83,15 @@ class Planner:
                         f"{size:,} bytes), over the output topic's limit of {self.limits.output:,}")
                     self.dead_lettered(dead.reason, dead.message)
 
-    def _news(self, group: list[Batch]) -> tuple[list[Entry], list[Plan]]:
-        """The entries to write (owned partitions, not superseded) and, per model's collection, the
-        final operations and the chunk counts it holds for their documents. Marks each batch's
-        ``fenced`` partitions and each superseded entry (a tombstone: superseded in every collection)."""
+    def _news(self, group: list[Batch]) -> tuple[list[frozenset[TopicPartitionKey]], list[Entry], list[Plan]]:
+        """Each batch's fenced partitions (no longer this member's: left unwritten), the entries to write
+        (owned partitions, not superseded) and, per model's collection, the final operations and the
+        chunk counts it holds for their documents. Marks each superseded entry (a tombstone:
+        superseded in every collection)."""
         mine: list[Entry] = []
-        for batch in group:
-            batch.fenced = self.fence.stale(batch)
-            mine += [e for e in batch.entries if e.source.tp not in batch.fenced] if batch.fenced else batch.entries
+        fenced = [frozenset(self.fence.stale(batch)) for batch in group]
+        for batch, left in zip(group, fenced):
+            mine += [e for e in batch.entries if e.source.tp not in left] if left else batch.entries
         plans: dict[str, Plan] = {}
         for name, target in self.targets.items():
             ops = [e for e in mine if isinstance(e, Delete) or (isinstance(e, Item) and e.model == name)]
@@ -114,7 +115,7 @@ class Planner:
         for p in plans.values():
             p.upserts = {i: e for i, e in p.upserts.items() if not e.superseded}
             p.deletes = {i: e for i, e in p.deletes.items() if not self.guard.superseded(e, p.stored)}
-        return [e for e in mine if not getattr(e, "superseded", False)], list(plans.values())
+        return fenced, [e for e in mine if not getattr(e, "superseded", False)], list(plans.values())
 
     @staticmethod
     def _read_versions(plan: Plan, docs: list[str]) -> None:

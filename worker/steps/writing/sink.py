@@ -25,7 +25,7 @@ from connectors.kafka import DeliveryBatch, OutputRefused
 from schemas.errors import TransientError
 from worker.core.delivery import Delivery, Planned, written_offsets
 from worker.core.fence import Fence
-from worker.core.records import Batch, Delete, Item
+from worker.core.records import Batch, Delete, Fresh, Item, Written
 from worker.process import metrics
 from worker.steps.writing.fit import TopicLimits, dead_letter_record
 from worker.steps.writing.output import OutputFormat
@@ -77,26 +77,33 @@ class SinkStep:
         self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
         #: What becomes of records Milvus or the output topic refuse for good (``refusals``).
         self.refusals = Refusals(dead_lettered)
+        #: The plan of the group being attempted, kept across its retries: an attempt that finds the
+        #: group's commit went through after all hands on what that plan left unwritten.
+        self._planned: Planned | None = None
 
     def close(self) -> None:
         """Release the Milvus writer thread and the producer (call once the step is no longer used)."""
         self._milvus.shutdown(wait=True)
         self.delivery.close()
 
-    def process(self, group: list[Batch]) -> None:
+    def process(self, group: list[Batch], fresh: list[Fresh | None] | None = None) -> list[Written]:
         """Make ``group`` durable, in the order of ``worker.core.delivery``, through the attempt its
-        delivery hands out; raises :class:`TransientError` to be retried."""
+        delivery hands out; ``fresh``: per batch, the vectors the embed stage made for it (the caches
+        are filled with them; None: none). Returns what was written of each batch, for the polling
+        thread; raises :class:`TransientError` to be retried."""
         attempt = self.delivery.attempt(group)
-        if attempt.finished:
-            return
-        planned = attempt.carried or self.plan(group)
+        if attempt.finished:  # an earlier attempt's commit went through: as that attempt planned it
+            last = self._planned
+            fenced = last.fenced if last is not None and last.group is group else [frozenset()] * len(group)
+            return [Written(f, attempt.committed or {}) for f in fenced]
+        planned = self._planned = attempt.carried or self.plan(group)
         write = self._milvus.submit(self._write_milvus, planned.plans, planned.now)
         t0 = time.perf_counter()
         try:
             producer = attempt.begin()
             if producer is not None:
                 try:
-                    attempt.sent(self.produce(planned, producer))
+                    attempt.sent(self.produce(planned, producer, fresh))
                 except OutputRefused as refusal:
                     wait([write])  # the other documents' rows are written: the redo writes them alike
                     raise self.refusals.output(group, refusal) from None
@@ -111,7 +118,7 @@ class SinkStep:
             if refused:
                 raise self.refusals.milvus(group, refused)
             with attempt.holding():
-                attempt.commit(self.owned_offsets(group))
+                committed = attempt.commit(self.owned_offsets(planned))
             if not attempt.durable_when_sent:
                 metrics.SINK_SECONDS.labels("output").observe(time.perf_counter() - t0)
         except BaseException as exc:
@@ -122,6 +129,8 @@ class SinkStep:
             raise failure from None
         for plan in planned.plans:
             metrics.MODEL_DOCUMENTS.labels(plan.target.model_id).inc(len(plan.upserts))
+        self._planned = None
+        return planned.written(committed)
 
     def plan(self, group: list[Batch]) -> Planned:
         """The group's writes (``Planner.plan``)."""
@@ -142,7 +151,7 @@ class SinkStep:
             refused.update({id(plan.entry(d)): message for d, message in found.items()})
         return time.perf_counter() - t0, refused
 
-    def produce(self, planned: Planned, producer: Producer) -> DeliveryBatch:
+    def produce(self, planned: Planned, producer: Producer, fresh: list[Fresh | None] | None = None) -> DeliveryBatch:
         """Hand every output and dead-letter record of the group to ``producer`` (not yet confirmed),
         then fill the caches; the lease is checked before each document. A document's chunks go out
         in order, under its id."""
@@ -171,23 +180,26 @@ class SinkStep:
                                  f"{e.source.topic} partition {e.source.partition} offset {e.source.offset}")
             if alone:
                 delivery.settle()
-        self._fill_caches(planned.group)
+        if fresh:
+            self._fill_caches(fresh)
         return delivery
 
-    def _fill_caches(self, group: list[Batch]) -> None:
-        """Each model's fresh vectors into its cache. A vector depends only on the text and the model,
-        so the cache may be filled before the batches are durable: it is, while Milvus writes."""
+    def _fill_caches(self, fresh: list[Fresh | None]) -> None:
+        """Each model's fresh vectors (the embed stage's, per batch) into its cache. A vector depends
+        only on the text and the model, so the cache may be filled before the batches are durable: it
+        is, while Milvus writes."""
         for name, target in self.targets.items():
-            fresh = {h: v for batch in group for h, v in batch.fresh.get(name, {}).items()}
-            if target.cache is not None and fresh:
-                target.cache.set_many(fresh)
+            made = {h: v for by_model in fresh if by_model for h, v in by_model.get(name, {}).items()}
+            if target.cache is not None and made:
+                target.cache.set_many(made)
 
-    def owned_offsets(self, group: list[Batch]) -> list[TopicPartition]:
+    def owned_offsets(self, planned: Planned) -> list[TopicPartition]:
         """The group's ``written_offsets`` to commit; raises :class:`TransientError` when one of their
         partitions left this member during the transaction, or left and came back (the redo leaves
         its records to its new owner, or to this member's new reading of them)."""
-        offsets = written_offsets(group)
-        gone = sorted({p for batch in group for _, p in self.fence.stale(batch) - batch.fenced})
+        offsets = written_offsets(planned.group, planned.fenced)
+        gone = sorted({p for batch, fenced in zip(planned.group, planned.fenced)
+                       for _, p in self.fence.stale(batch) - fenced})
         if gone:
             raise TransientError("fence", f"partitions {gone} were revoked or lost during the transaction: "
                                  "redoing the group without them")
