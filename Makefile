@@ -48,13 +48,15 @@ docs: setup
 # The whole suite, in the order that shows a break soonest: lint and types, the fast tier (no stack), the
 # guarantees tier, then every other test (connectors on the real stack, integration, the fault suite).
 test: lint
-	$(BIN)/python -m pytest -q -m fast tests/unit tests/connectors
+	$(BIN)/python -m pytest -q -m fast -n auto tests/unit tests/connectors
 	$(BIN)/python -m pytest -q -m "guarantee and not fast" --durations=10
 	$(BIN)/python -m pytest -q -m "not fast and not guarantee" --durations=25
 
-# No model and no stack: the unit tests and the connector contracts on their fakes (under a minute).
+# No model and no stack: the unit tests and the connector contracts on their fakes (under a minute),
+# spread over the machine's cores (pytest-xdist; the stack's tiers run one test at a time: their
+# scenarios time locks, sessions and stalls).
 test-fast: setup
-	$(BIN)/python -m pytest -q -m fast tests/unit tests/connectors
+	$(BIN)/python -m pytest -q -m fast -n auto tests/unit tests/connectors
 
 # The tests behind the core promises (docs/promises.md: nothing lost to kill -9 or SIGTERM, exactly-once,
 # the zombie fence, the version guard, the DLQ and its breaker, stale chunks, share groups, hostile
