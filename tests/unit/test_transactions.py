@@ -96,6 +96,24 @@ def test_a_commit_that_timed_out_is_finished_never_redone():
     assert [w.committed for w in written] == [{("docs", 0): 2, ("docs", 1): 2}] * 2 and all(b.delivered for b in group)
 
 
+def test_a_commit_finished_at_the_retry_hands_on_what_its_plan_left_unwritten():
+    """Partition 1 was no longer this member's when the group was planned: the group's transaction
+    holds partition 0 only. Its commit timed out and is finished at the retry; each batch is handed on
+    with what that plan left to partition 1's new owner, so the ledger stores none of its offsets."""
+    fence = Fence(lease_s=60)
+    fence.publish({("docs", 0)})
+    producer = TransactionalProducer({"commit_transaction": [RETRIABLE] * 50})
+    sink, txn = _sink(producer, fence=fence)
+    group = _group()
+    with pytest.raises(TransientError, match="commit is retried"):
+        sink.process(group)
+    producer.errors.clear()
+    written = sink.process(group)
+    assert not txn.pending and [w.fenced for w in written] == [frozenset({("docs", 1)})] * 2
+    assert [w.committed for w in written] == [{("docs", 0): 2}] * 2
+    assert [w.offsets(b) for w, b in zip(written, group)] == [{("docs", 0): 1}, {("docs", 0): 2}]
+
+
 def test_a_pending_commit_of_the_ledgers_offsets_alone_is_finished_and_the_next_group_still_written():
     """The ledger's transaction of offsets alone (a drained end past a commit marker) timed out: its
     commit is pending when the sink's next group comes. The sink finishes it, and then writes the
