@@ -36,10 +36,8 @@ def written_offsets(group: list[Batch], fenced: Sequence[frozenset[TopicPartitio
     partitions (None: none) left out."""
     offsets: dict[TopicPartitionKey, int] = {}
     for i, batch in enumerate(group):
-        left = fenced[i] if fenced is not None else frozenset()
-        for tp, o in batch.offsets.items():
-            if tp not in left:
-                offsets[tp] = max(offsets.get(tp, 0), o)
+        for tp, o in Written(fenced[i] if fenced is not None else frozenset()).offsets(batch).items():
+            offsets[tp] = max(offsets.get(tp, 0), o)
     return offsets
 
 

@@ -78,7 +78,8 @@ class SinkStep:
         #: What becomes of records Milvus or the output topic refuse for good (``refusals``).
         self.refusals = Refusals(dead_lettered)
         #: The plan of the group being attempted, kept across its retries: an attempt that finds the
-        #: group's commit went through after all hands on what that plan left unwritten.
+        #: group's commit went through after all hands on what that plan left unwritten (a commit is
+        #: pending only after this sink's own attempt at the group, so the plan is always there).
         self._planned: Planned | None = None
 
     def close(self) -> None:
@@ -92,10 +93,10 @@ class SinkStep:
         are filled with them; None: none). Returns what was written of each batch, for the polling
         thread; raises :class:`TransientError` to be retried."""
         attempt = self.delivery.attempt(group)
-        if attempt.finished:  # an earlier attempt's commit went through: as that attempt planned it
-            last = self._planned
-            fenced = last.fenced if last is not None and last.group is group else [frozenset()] * len(group)
-            return [Written(f, attempt.committed or {}) for f in fenced]
+        if attempt.finished:  # an earlier attempt at this group committed after all: as it planned it
+            planned = self._planned
+            assert planned is not None and planned.group is group and attempt.committed is not None
+            return planned.written(attempt.committed)
         planned = self._planned = attempt.carried or self.plan(group)
         write = self._milvus.submit(self._write_milvus, planned.plans, planned.now)
         t0 = time.perf_counter()
