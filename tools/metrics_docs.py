@@ -27,6 +27,7 @@ def declared() -> list[tuple[str, str, tuple[str, ...], str]]:
     """Every metric of the worker: (name as scraped, type, labels, help), by name."""
     out = []
     for value in [*vars(metrics).values(), *vars(writes).values()]:
+        value = value.metric if isinstance(value, metrics.LiveLane) else value
         if isinstance(value, MetricWrapperBase):
             out.append(_row(value))
         elif isinstance(value, metrics.BatchHistogram):

@@ -195,6 +195,14 @@ class ModelSettings(BaseModel):
     model_memory_mb: int | None = setting(
         None, "MB of model weights held at once; the least recently used model is unloaded (default: no limit)",
         flag=True, ge=1)
+    backfill_model: str | None = setting(
+        None, "A backfill lane beside the live one: this model re-embeds the input topic from its start into its "
+              "own collection, in the group `embedstream migrate` backfills with, taking the model only when no "
+              "live batch waits; `embedstream migrate --lane` switches the alias once it has caught up (default: "
+              "no backfill lane)", flag=True)
+    backfill_share: float = setting(
+        0.25, "The backfill lane's bound on batches in flight, as a share of the live lane's "
+              "(EMBEDSTREAM_MAX_INFLIGHT_BATCHES); at least one batch", flag=True, gt=0, le=1)
 
 
 class ChunkingSettings(BaseModel):

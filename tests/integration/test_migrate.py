@@ -200,3 +200,55 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
     assert "already points" in again.stdout and old_collection in again.stdout
     assert store.collections(s.milvus_collection + "__") == [new_collection, f"{new_collection}_deleted"]
     store.close()
+
+
+def test_a_backfill_lane_fills_the_new_collection_beside_the_live_one_and_migrate_lane_switches(stack, model,
+                                                                                                 tmp_path):
+    """`embedstream run` with EMBEDSTREAM_BACKFILL_MODEL: one process writes the live collection with the
+    model in use and, in migrate's backfill group, the new model's collection from the topic's start;
+    the records that cannot succeed are dead-lettered once (by the live lane). `migrate --lane` starts
+    no backfill of its own: it sees the lane caught up, compares, and moves the alias."""
+    texts = [d.text for d in sample_documents(40, prefix="lane")]
+    s = fresh_settings(stack, partitions=2, compacted_input=True, precision="fp32", max_batch_size=8)
+    new_path = str(projected_model(tmp_path / "new-model", dim=128))
+    new = load_embedder(s.model_copy(update={"model": new_path}))
+    new_collection = versioned_name(s.milvus_collection, new.model_id, new.space_id)
+    group = f"{s.group_id}.migrate.{new_collection}"
+    producer = Producer({"bootstrap.servers": s.kafka_bootstrap_servers, "linger.ms": 5})
+    for i, text in enumerate(texts):
+        producer.produce(s.input_topic, key=f"d{i}", value=encode_document(Document(f"d{i}", text)))
+    for k in range(2):
+        producer.produce(s.input_topic, key=f"bad{k}", value=b"not a document {")
+    producer.flush(30)
+
+    env = {**settings_env(s), "COLUMNS": "200", "EMBEDSTREAM_BACKFILL_MODEL": new_path,
+           "EMBEDSTREAM_BACKFILL_SHARE": "0.5"}
+    ran = run_cli(["run", "--stop-when-idle", "3"], env, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert f"done: {len(texts)} embedded" in ran.stdout + ran.stderr, ran.stdout + ran.stderr
+    lane_line = re.search(rf"backfill lane into {new_collection}: (\d+) embedded .*?(\d+) skipped; (\d+) groups",
+                          ran.stderr)
+    assert lane_line is not None and int(lane_line.group(1)) == len(texts), ran.stderr
+    assert int(lane_line.group(2)) == 2 and int(lane_line.group(3)) > 0, ran.stderr
+
+    store = MilvusAdmin(s.milvus_uri, s.milvus_collection, timeout=30)
+    old_collection = store.alias_target(s.milvus_collection)
+    assert old_collection not in (None, new_collection)
+    expected = {f"d{i}": t for i, t in enumerate(texts)}
+    assert set(documents_in_milvus(s)) == set(expected)  # the live lane's, through the alias
+    lane_docs = documents_in_milvus(s.model_copy(update={"milvus_collection": new_collection}))
+    assert set(lane_docs) == set(expected)
+    assert min_cosine_to_direct_encode(new, lane_docs, expected) > cosine_floor(new.precision)
+    assert {r["model"] for r in MilvusReader.sharing(store, new_collection).query("", ["model"], limit=1000)} == {
+        new.model_id}
+    assert sorted(m.key() for m in read_topic(s, s.dlq_topic, expect=2)) == [b"bad0", b"bad1"]  # once each
+    assert _committed(s, group) == len(texts) + 2  # the lane's group is at the end of the topic
+
+    switched = run_cli(["migrate", "--model", new_path, "--lane"], env, timeout=300)
+    assert switched.returncode == 0, switched.stdout + switched.stderr
+    assert "backfill lane" in switched.stdout and "switched" in switched.stdout, switched.stdout
+    assert "EMBEDSTREAM_BACKFILL_MODEL unset" in switched.stdout, switched.stdout
+    canaries = re.search(r"canary cosine \(kept vs its model now\)\W+([\d.]+)\W+([\d.]+)", switched.stdout)
+    assert canaries is not None and min(map(float, canaries.groups())) >= 0.95, switched.stdout
+    assert store.alias_target(s.milvus_collection) == new_collection
+    store.close()

@@ -9,6 +9,9 @@
   ``embedstream migrate`` moves the alias.
 - **The family** of an alias: the collections of every space behind it (``<collection>__``), which
   ``migrate --drop-old`` drops but the new one.
+- **The backfill group** that re-reads the input topic into a new collection,
+  ``<group>.migrate.<new collection>`` (:func:`backfill_group`): the same for ``embedstream migrate``'s
+  backfill and a worker's backfill lane, and on every run, so either resumes the other's progress.
 - **The companion** of a collection, ``<collection>_deleted`` (``connectors.milvus``).
 """
 
@@ -62,3 +65,8 @@ def collection_of(settings: Settings, name: str, model: Embedder) -> str:
     """The Milvus collection model ``name`` writes: one per vector space behind the alias."""
     base = collection_name(settings.milvus_collection, name, several=settings.models is not None)
     return versioned_name(base, model.model_id, model.space_id)
+
+
+def backfill_group(settings: Settings, new_collection: str) -> str:
+    """The consumer group that backfills ``new_collection`` from the input topic's start."""
+    return f"{settings.group_id}.migrate.{new_collection}"

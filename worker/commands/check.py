@@ -63,8 +63,24 @@ def run_checks(s: Settings) -> list[Check]:
         of = f" ({name})" if len(handles) > 1 else ""
         _attempt(checks, f"milvus{of}", partial(_milvus, s, collection_of(s, name, model), model))
         _attempt(checks, f"redis{of}", partial(_cache, s, model), outage_is_warning=True)
+    if s.backfill_model:
+        _attempt(checks, "backfill lane", partial(_backfill, s))
     _attempt(checks, "schema registry", partial(_registry, s), outage_is_warning=True)
     return checks
+
+
+def _backfill(s: Settings) -> str:
+    """EMBEDSTREAM_BACKFILL_MODEL loads, and where its lane would write (``worker.assembly.lanes``)."""
+    from worker.assembly.lanes import backfill_settings
+    from worker.assembly.naming import collection_of
+    from worker.assembly.runner import load_embedder
+
+    if s.models is not None:
+        raise ConfigError("EMBEDSTREAM_BACKFILL_MODEL cannot run with EMBEDSTREAM_MODELS")
+    model = load_embedder(s.model_copy(update={"model": s.backfill_model}))
+    lane = backfill_settings(s, model)
+    return (f"{model.model_id} loads; it would write {collection_of(s, '', model)} in group {lane.group_id}, up to "
+            f"{lane.max_inflight_batches} batches in flight")
 
 
 def _required(s: Settings) -> str:

@@ -39,7 +39,7 @@ from schemas import sparse as sparse_modes
 from schemas.errors import ConfigError, TransientError
 from schemas.sparse import SparseKind, SparseMode
 from worker.assembly.canaries import canary_cosine
-from worker.assembly.naming import alias_of, collection_of, family_prefix
+from worker.assembly.naming import alias_of, backfill_group, collection_of, family_prefix
 from worker.commands.search import ROWS_PER_DOCUMENT, best_chunk_per_document
 from worker.embedding.base import Embedder
 from worker.settings import Settings
@@ -83,10 +83,6 @@ class ShadowReport:
     #: or the model not loaded): the models still make the vectors each collection holds.
     canary_old: float | None = None
     canary_new: float | None = None
-
-
-def backfill_group(settings: Settings, new_collection: str) -> str:
-    return f"{settings.group_id}.migrate.{new_collection}"
 
 
 def retention_warnings(settings: Settings, admin=None) -> list[str]:
@@ -228,6 +224,11 @@ class Backfill:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def done(self, lag: int) -> int:
+        """Records this run of the backfill has taken care of."""
+        stats = self.worker.stats
+        return stats.embedded + stats.deleted + stats.dead_lettered
+
     def ends(self) -> dict[int, int]:
         """Partition → end offset, for the partitions the backfill is at the end of now."""
         return {p: off for (topic, p), off in self.worker.assignment.ends_reached().items()
@@ -239,7 +240,37 @@ class Backfill:
         self._thread.join(timeout)
 
 
-def wait_caught_up(lag: Callable[[], BackfillLag], backfill: Backfill, on_lag: Callable[[int], None],
+class LaneWatch:
+    """The backfill lane of the live workers (``EMBEDSTREAM_BACKFILL_MODEL``, ``worker.assembly.lanes``),
+    watched from outside as :class:`Backfill` is from inside: by its group's lag alone. Nothing to start
+    or stop; it cannot tell it died (its lag then stands still)."""
+
+    error: BaseException | None = None
+    alive = True
+
+    def __init__(self) -> None:
+        self._first: int | None = None
+
+    def ends(self) -> dict[int, int]:
+        return {}
+
+    def done(self, lag: int) -> int:
+        """Records the lane wrote since the first reading of ``lag``."""
+        self._first = lag if self._first is None else max(self._first, lag)
+        return self._first - lag
+
+    def stop(self) -> None:
+        return None
+
+
+def lane_lag(lag: BackfillLag) -> BackfillLag:
+    """A lane's lag read from the broker alone: a 0 is taken as done once the group has committed. A
+    broker whose end offsets answer short (Tansu) can read 0 one batch early; the lane writes that batch
+    into the new collection after the switch all the same."""
+    return lag._replace(certain=lag.records == 0 and lag.started)
+
+
+def wait_caught_up(lag: Callable[[], BackfillLag], backfill: Backfill | LaneWatch, on_lag: Callable[[int], None],
                    interval: float = 0.5) -> None:
     """Block until ``lag()`` is a certain 0, calling ``on_lag`` with each reading. Raises when the
     backfill dies."""
@@ -358,23 +389,30 @@ def adopt_legacy(m: Migration) -> None:
 
 
 def run(m: Migration, *, sample: int = 50, min_overlap: float | None = None, drop: bool = False,
-        on_lag: Callable[[int, Backfill], None] = lambda lag, b: None,
+        lane: bool = False, on_lag: Callable[[int, Backfill | LaneWatch], None] = lambda lag, b: None,
         on_report: Callable[[ShadowReport], None] = lambda r: None,
         say: Callable[[str], None] = log.info) -> bool:
-    """Backfill, compare, switch (unless blocked), drop the old collections on ``drop``. Returns True
-    when the alias points to the new collection at the end."""
+    """Backfill (``lane``: wait for the live workers' backfill lane instead), compare, switch (unless
+    blocked), drop the old collections on ``drop``. Returns True when the alias points to the new
+    collection at the end."""
     p = m.plan
     if p.switched:
         say(f"alias {p.alias!r} already points to {p.new_collection!r}: nothing to backfill")
     else:
         adopt_legacy(m)
-        backfill = Backfill(m.backfill_settings)
-        backfill.start()
+        backfill: Backfill | LaneWatch = LaneWatch() if lane else Backfill(m.backfill_settings)
+        if lane:
+            say(f"waiting for the live workers' backfill lane (EMBEDSTREAM_BACKFILL_MODEL set to this model) to "
+                f"catch up in group {p.group!r}: without one, its lag stands still")
+        else:
+            assert isinstance(backfill, Backfill)
+            backfill.start()
         try:
             admin = make_admin(m.settings.kafka_common())
 
             def lag() -> BackfillLag:
-                return backfill_lag(m.backfill_settings, p.group, backfill.ends(), admin)
+                now = backfill_lag(m.backfill_settings, p.group, backfill.ends(), admin)
+                return lane_lag(now) if lane else now
 
             wait_caught_up(lag, backfill, lambda v: on_lag(v, backfill))
             old = MilvusReader.sharing(m.admin, p.old_collection) if p.old_collection else None

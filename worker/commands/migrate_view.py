@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from worker.commands.migrate import Backfill, Plan, ShadowReport
+from worker.commands.migrate import Backfill, LaneWatch, Plan, ShadowReport
 
 
 def plan_table(p: Plan, dry_run: bool) -> Table:
@@ -66,9 +66,8 @@ class BackfillProgress:
     def __exit__(self, *exc) -> None:
         self._progress.__exit__(*exc)
 
-    def update(self, lag: int, backfill: Backfill) -> None:
-        stats = backfill.worker.stats
-        done = stats.embedded + stats.deleted + stats.dead_lettered
+    def update(self, lag: int, backfill: Backfill | LaneWatch) -> None:
+        done = backfill.done(lag)
         if self._start is None:
             self._start = time.monotonic()
         elapsed = max(time.monotonic() - self._start, 1e-6)

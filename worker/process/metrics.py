@@ -51,12 +51,46 @@ class BatchHistogram:
             (floatToGoString(b), int(c)) for b, c in zip(self._bounds, cumulative)])]
 
 
+class _Nowhere:
+    """What a quiet thread's metric calls reach: every method takes anything and does nothing."""
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: self
+
+
+_NOWHERE = _Nowhere()
+#: Marks the threads of a backfill lane's member (``worker.assembly.lanes``).
+_lane = threading.local()
+
+
+def quiet_this_thread() -> None:
+    """The calling thread (a backfill lane's polling thread) writes no :class:`LiveLane` metric."""
+    _lane.backfill = True
+
+
+class LiveLane:
+    """A metric that describes *the* member of the process, read on its polling thread: its records'
+    outcomes and ages, its partitions, lag, pauses, rebalances, commits and batches in flight. A
+    backfill lane (``worker.assembly.lanes``) runs a second member in the process, reading the topic
+    from its start: on its polling thread every call is a no-op, so these stay the live lane's (a
+    backfill's hours-old records would fill the end-to-end histogram; its lag would take the live
+    member's series of the same partition). ``metric`` is the wrapped one."""
+
+    def __init__(self, metric) -> None:
+        self.metric = metric
+
+    def __getattr__(self, name: str):
+        if getattr(_lane, "backfill", False):
+            return getattr(_NOWHERE, name)
+        return getattr(self.metric, name)
+
+
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _TOKEN_BUCKETS = (64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 # Records by final outcome: embedded | deleted | dead_lettered | superseded (Milvus held a newer version).
-MESSAGES = Counter("embedstream_messages_total", "Input records by final outcome", ["outcome"])
+MESSAGES = LiveLane(Counter("embedstream_messages_total", "Input records by final outcome", ["outcome"]))
 # Records not written because this member may have lost their partition (its new owner redoes them).
 FENCED_RECORDS = Counter("embedstream_fenced_records_total", "Records left to a partition's new owner")
 # Records per batch handed to the pipeline.
@@ -67,19 +101,19 @@ BATCH_TOKENS = Histogram("embedstream_batch_tokens", "Tokens per batch", buckets
 EMBED_SECONDS = Histogram("embedstream_embed_seconds", "Model time per call (one group of batches)",
                           buckets=_SECONDS)
 # Record timestamp on the input topic → its output acknowledged.
-END_TO_END_SECONDS = BatchHistogram("embedstream_end_to_end_seconds", "Input record timestamp to sinks confirmed",
-                                    buckets=_SECONDS)
+END_TO_END_SECONDS = LiveLane(BatchHistogram(
+    "embedstream_end_to_end_seconds", "Input record timestamp to sinks confirmed", buckets=_SECONDS))
 # Cache lookups: hit | miss | error.
 CACHE_REQUESTS = Counter("embedstream_cache_requests_total", "Cache lookups by result", ["result"])
 # Wall time of each sink write, once per group of batches: milvus | output (output and DLQ records).
 SINK_SECONDS = Histogram("embedstream_sink_seconds", "Sink write time per group of batches", ["sink"],
                          buckets=_SECONDS)
 # Dead-lettered records by reason.
-DLQ_MESSAGES = Counter("embedstream_dlq_messages_total", "Records sent to the dead-letter topic", ["reason"])
+DLQ_MESSAGES = LiveLane(Counter("embedstream_dlq_messages_total", "Records sent to the dead-letter topic", ["reason"]))
 # Lag per assigned partition, from librdkafka's statistics (high watermark − committed offset).
-CONSUMER_LAG = Gauge("embedstream_consumer_lag", "Consumer lag per partition", ["topic", "partition"])
+CONSUMER_LAG = LiveLane(Gauge("embedstream_consumer_lag", "Consumer lag per partition", ["topic", "partition"]))
 # Partitions currently paused for back-pressure or an outage.
-PAUSED_PARTITIONS = Gauge("embedstream_paused_partitions", "Partitions paused by back-pressure")
+PAUSED_PARTITIONS = LiveLane(Gauge("embedstream_paused_partitions", "Partitions paused by back-pressure"))
 # Tokens the model ran: real (the texts') | padded (including padding); real ÷ padded = padding efficiency.
 MODEL_TOKENS = Counter("embedstream_model_tokens_total", "Tokens through the model, real and padded", ["kind"])
 # Constant 1, labelled with the model in use.
@@ -94,13 +128,13 @@ MODEL_INFO = Gauge("embedstream_model_info", "The model in use", ["model", "prec
 MODEL_LOAD_SECONDS = Histogram("embedstream_model_load_seconds", "Time to load a model and warm it up", ["model"],
                                buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300))
 # The group: rebalance events this member saw (assigned | revoked | lost), what it owns, its commits.
-REBALANCES = Counter("embedstream_rebalances_total", "Rebalance events of this member", ["event"])
-ASSIGNED_PARTITIONS = Gauge("embedstream_assigned_partitions", "Input partitions this member owns")
-COMMIT_SECONDS = Histogram("embedstream_commit_seconds", "Time to commit stored offsets, or to send a share group's "
-                           "acknowledgements (sync: until the broker answered; async: to hand them over)", ["mode"],
-                           buckets=_SECONDS)
-COMMIT_FAILURES = Counter("embedstream_commit_failures_total", "Commits (or sends of a share group's "
-                          "acknowledgements) that failed (retried by the next)")
+REBALANCES = LiveLane(Counter("embedstream_rebalances_total", "Rebalance events of this member", ["event"]))
+ASSIGNED_PARTITIONS = LiveLane(Gauge("embedstream_assigned_partitions", "Input partitions this member owns"))
+COMMIT_SECONDS = LiveLane(Histogram(
+    "embedstream_commit_seconds", "Time to commit stored offsets, or to send a share group's acknowledgements "
+    "(sync: until the broker answered; async: to hand them over)", ["mode"], buckets=_SECONDS))
+COMMIT_FAILURES = LiveLane(Counter("embedstream_commit_failures_total", "Commits (or sends of a share group's "
+                          "acknowledgements) that failed (retried by the next)"))
 def _release() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -124,7 +158,7 @@ DOCUMENTS_TRUNCATED = Counter("embedstream_documents_truncated_total",
                               "Documents cut to the model's max length (EMBEDSTREAM_CHUNKING=off)")
 TOKENS_TRUNCATED = Counter("embedstream_tokens_truncated_total", "Tokens cut off by truncation (chunking off)")
 # Batches waiting for or inside the pipeline.
-INFLIGHT_BATCHES = Gauge("embedstream_inflight_batches", "Batches in the pipeline")
+INFLIGHT_BATCHES = LiveLane(Gauge("embedstream_inflight_batches", "Batches in the pipeline"))
 # Share groups (EMBEDSTREAM_GROUP_TYPE=share): what a member did with the records it was delivered.
 # Acknowledgements by type: accept (written or dead-lettered) | release (left unwritten after a stall:
 # delivered again) | reject (never sent by this worker: a record that cannot succeed is dead-lettered

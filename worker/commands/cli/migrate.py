@@ -25,6 +25,9 @@ MinOverlap = Annotated[float | None, typer.Option(
 DropOld = Annotated[bool, typer.Option(
     "--drop-old", help="After the switch, drop the alias's other collections (once no worker writes them)")]
 Sample = Annotated[int, typer.Option(help="Documents sampled by the shadow check", min=1)]
+Lane = Annotated[bool, typer.Option(
+    "--lane", help="Start no backfill: the live workers run it as a lane of their own (EMBEDSTREAM_BACKFILL_MODEL set "
+    "to --model); wait for its lag to reach 0, then compare and switch")]
 BackfillGroup = Annotated[str | None, typer.Option(
     "--backfill-group", help="Consumer group of the backfill [default: <group id>.migrate.<new collection>]")]
 
@@ -33,7 +36,7 @@ BackfillGroup = Annotated[str | None, typer.Option(
 @opt.with_settings("kafka_bootstrap_servers", "input_topic", "output_topic", "group_id", "precision", "device",
                    "redis_url", "milvus_uri", "milvus_collection", "milvus_alias")
 def migrate(model: NewModel, dry_run: DryRun = False, min_overlap: MinOverlap = None, drop_old: DropOld = False,
-            sample: Sample = 50, backfill_group: BackfillGroup = None,
+            sample: Sample = 50, lane: Lane = False, backfill_group: BackfillGroup = None,
             overrides: dict[str, object] | None = None) -> None:
     """Re-embed the input topic into a new collection with --model while the live workers keep
     serving the old one; once caught up, compare the two and move the alias readers query.
@@ -42,7 +45,9 @@ def migrate(model: NewModel, dry_run: DryRun = False, min_overlap: MinOverlap = 
     group reads the topic from its beginning, so the topic must keep every live document (compacted,
     keyed by id). Killed or interrupted, a re-run resumes where the backfill group stopped. After the
     switch, move the workers to the new model in the backfill group (it printed which), then drop the
-    old collection with --drop-old. Exit 0: switched (or nothing to do); 1: not switched.
+    old collection with --drop-old. With --lane the live workers backfill (EMBEDSTREAM_BACKFILL_MODEL,
+    their model going first) and migrate only waits, compares and switches. Exit 0: switched (or
+    nothing to do); 1: not switched.
     """
     from worker.commands import migrate as mig
     from worker.commands.migrate_view import BackfillProgress, plan_table, shadow_table
@@ -61,7 +66,8 @@ def migrate(model: NewModel, dry_run: DryRun = False, min_overlap: MinOverlap = 
         return
     with BackfillProgress(err) as progress:
         try:
-            switched = mig.run(m, sample=sample, min_overlap=min_overlap, drop=drop_old, on_lag=progress.update,
+            switched = mig.run(m, sample=sample, min_overlap=min_overlap, drop=drop_old, lane=lane,
+                               on_lag=progress.update,
                                on_report=lambda r: console.print(shadow_table(r, sample)), say=console.print)
         except (ConfigError, TransientError) as exc:
             raise fail(str(exc)) from None
@@ -71,6 +77,7 @@ def migrate(model: NewModel, dry_run: DryRun = False, min_overlap: MinOverlap = 
     if not switched:
         raise typer.Exit(1)
     if not drop_old:
-        console.print(f"next: run the workers with EMBEDSTREAM_MODEL={model} and EMBEDSTREAM_GROUP_ID={m.plan.group} "
-                      "(that group has consumed the topic up to the switch), then `embedstream migrate --model "
-                      f"{model} --drop-old` drops the old collection")
+        unset = " and EMBEDSTREAM_BACKFILL_MODEL unset" if lane else ""
+        console.print(f"next: run the workers with EMBEDSTREAM_MODEL={model} and EMBEDSTREAM_GROUP_ID={m.plan.group}"
+                      f"{unset} (that group has consumed the topic up to the switch), then "
+                      f"`embedstream migrate --model {model} --drop-old` drops the old collection")

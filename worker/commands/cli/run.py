@@ -86,15 +86,16 @@ def run(stop_when_idle: StopWhenIdle = None, check: CheckOnly = False,
 
 
 def _built(s: Settings, startup: StartClock):
-    """The worker of ``s``; a start-up failure exits with its code (2 a setting, 4 fenced, or what the
-    refused client property says)."""
+    """The worker of ``s`` (with its backfill lane when EMBEDSTREAM_BACKFILL_MODEL is set); a start-up
+    failure exits with its code (2 a setting, 4 fenced, or what the refused client property says)."""
     from confluent_kafka import KafkaException
 
     from connectors.transactions import TransactionsFailed
+    from worker.assembly.lanes import build_lanes
     from worker.assembly.runner import build_worker
 
     try:
-        return build_worker(s, startup=startup)
+        return build_lanes(s, startup) if s.backfill_model else build_worker(s, startup=startup)
     except ConfigError as exc:
         raise fail(f"{exc}", 2) from None
     except TransactionsFailed as exc:
