@@ -226,7 +226,7 @@ def test_a_backfill_lane_fills_the_new_collection_beside_the_live_one_and_migrat
     ran = run_cli(["run", "--stop-when-idle", "3"], env, timeout=300)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert f"done: {len(texts)} embedded" in ran.stdout + ran.stderr, ran.stdout + ran.stderr
-    lane_line = re.search(rf"backfill lane into {new_collection}: (\d+) embedded .*?(\d+) skipped; (\d+) groups",
+    lane_line = re.search(rf"backfill lane into {new_collection}: (\d+) embedded .*?(\d+) skipped; (\d+) batches",
                           ran.stderr)
     assert lane_line is not None and int(lane_line.group(1)) == len(texts), ran.stderr
     assert int(lane_line.group(2)) == 2 and int(lane_line.group(3)) > 0, ran.stderr

@@ -416,6 +416,23 @@ def test_a_migration_is_a_job_running_migrate_with_the_workers_settings():
     assert "Job" not in render(BASE) and "EMBEDSTREAM_MILVUS_ALIAS" not in env_of(render(BASE))
 
 
+def test_a_migration_as_a_lane_runs_the_backfill_in_the_workers_and_the_job_only_switches():
+    lane = {"migration": {"model": "/models/e5-small", "mode": "lane", "share": 0.5, "args": ["--min-overlap", "0.6"]}}
+    objs = render(merge(BASE, lane))
+    env = env_of(objs)
+    assert (env["EMBEDSTREAM_BACKFILL_MODEL"]["value"], env["EMBEDSTREAM_BACKFILL_SHARE"]["value"]) == (
+        "/models/e5-small", "0.5")
+    job = objs["Job"]["spec"]["template"]["spec"]["containers"][0]
+    assert job["args"] == ["migrate", "--model", "/models/e5-small", "--lane", "--min-overlap", "0.6"]
+    assert not {"EMBEDSTREAM_BACKFILL_MODEL", "EMBEDSTREAM_BACKFILL_SHARE"} & {e["name"] for e in job["env"]}
+    as_job = render(merge(BASE, {"migration": {"model": "/models/e5-small", "args": ["--min-overlap", "0.6"]}}))
+    assert "EMBEDSTREAM_BACKFILL_MODEL" not in env_of(as_job)  # job mode, the default: the workers stay one lane
+    assert as_job["Job"]["metadata"]["name"] != objs["Job"]["metadata"]["name"]  # another run, another Job
+    assert "EMBEDSTREAM_BACKFILL_MODEL" not in env_of(render(merge(BASE, {"migration": {"mode": "lane"}})))
+    with pytest.raises(Exception, match="mode"):
+        render(merge(BASE, {"migration": {"model": "/models/e5-small", "mode": "sidecar"}}))
+
+
 def test_extra_env_volumes_and_the_cache_volume_reach_the_worker_and_the_migration_job():
     values = merge(BASE, VALUE_SETS["escape hatches, a cache PVC, alerts"])
     values["migration"] = {"model": "/models/e5-large"}
@@ -753,6 +770,7 @@ RELEASES = {
     "2 GPUs": {"gpu": {"enabled": True, "count": 2}, "keda": {"partitions": 48}},
     "SASL and mutual TLS": VALUE_SETS["OAUTHBEARER (OIDC) and mutual TLS"],
     "migration Job": VALUE_SETS["migration Job, named alias"],
+    "migration as a lane": merge(VALUE_SETS["migration Job, named alias"], {"migration": {"mode": "lane"}}),
     "large numbers everywhere a number goes": LARGE,
     "a Milvus database over mutual TLS": {"milvus": {"dbName": "search", "tls": {"existingSecret": "m",
                                                                                  "clientCert": True}}},

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from worker.core.lanes import ModelGate, gated
+from worker.core.lanes import ModelGate
 from worker.core.records import Batch
 
 pytestmark = pytest.mark.fast
@@ -43,11 +43,11 @@ def test_a_backfill_group_waits_while_the_live_chain_has_batches_before_the_mode
     assert order == []  # the model is free, but two live batches are on their way to it
     waiting[0] = 0
     backfill.join(5)
-    assert order == ["backfill"] and gate.backfill_groups == 1 and gate.backfill_waited_s >= 0.1
+    assert order == ["backfill"] and gate.backfill_batches == 1 and gate.backfill_waited_s >= 0.1
 
 
 def test_a_live_group_never_waits_for_the_live_chain_and_holds_the_model_alone():
-    inside, most = [0], [0]
+    inside, most, sizes = [0], [0], []
     lock = threading.Lock()
     gate = ModelGate(lambda: 5)  # the live chain is busy: live groups go in all the same
 
@@ -55,24 +55,43 @@ def test_a_live_group_never_waits_for_the_live_chain_and_holds_the_model_alone()
         with lock:
             inside[0] += 1
             most[0] = max(most[0], inside[0])
+            sizes.append(len(group))
         time.sleep(0.01)
         with lock:
             inside[0] -= 1
         return handed
 
-    live = gated(step, gate.live)
-    threads = [threading.Thread(target=live, args=([Batch()], [i])) for i in range(8)]
+    live = gate.live_step(step)
+    threads = [threading.Thread(target=live, args=([Batch(), Batch()], [i, i])) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(5)
-    assert most[0] == 1  # one group in the model at a time
+    assert most[0] == 1 and sizes == [2] * 8  # one group in the model at a time, whole
 
 
-def test_gated_hands_the_step_s_values_on():
-    gate = ModelGate(lambda: 0)
-    assert gated(lambda group, handed: [h * 2 for h in handed], gate.backfill)([Batch(), Batch()], [1, 2]) == [2, 4]
-    assert gate.backfill_groups == 1
+def test_a_backfill_group_takes_the_model_a_batch_at_a_time_so_a_live_group_waits_for_one_batch():
+    gate, order = ModelGate(lambda: 0), []
+    live_done = threading.Event()
+
+    def backfill_step(group, handed):
+        order.append(("backfill", handed))
+        time.sleep(0.1)
+        return [h * 2 for h in handed]
+
+    def live_step(group, handed):
+        order.append(("live", handed))
+        live_done.set()
+        return handed
+
+    backfill = threading.Thread(target=lambda: order.append(
+        ("result", gate.backfill_step(backfill_step)([Batch(), Batch(), Batch()], [1, 2, 3]))))
+    backfill.start()
+    time.sleep(0.05)  # the first backfill batch is in the model
+    gate.live_step(live_step)([Batch()], [9])
+    backfill.join(5)
+    assert order == [("backfill", [1]), ("live", [9]), ("backfill", [2]), ("backfill", [3]), ("result", [2, 4, 6])]
+    assert gate.backfill_batches == 3
 
 
 # -- the metrics of the live lane ------------------------------------------------------------------
@@ -119,6 +138,7 @@ def test_the_backfill_lane_runs_in_migrate_s_group_with_its_share_of_the_batches
     assert lane.group_id.startswith("live.migrate.docs__new_model_abc_") and lane.group_type == "consumer"
     assert (lane.model, lane.backfill_model, lane.metrics_port, lane.max_inflight_batches) == ("/models/new", None,
                                                                                                0, 2)
+    assert (lane.max_batch_size, lane.max_batch_tokens) == (s.max_batch_size // 4, s.max_batch_tokens // 4)
     assert backfill_inflight(s.model_copy(update={"backfill_share": 0.01})) == 1  # never none
     assert backfill_inflight(s.model_copy(update={"backfill_share": 1.0})) == 8
 
@@ -182,3 +202,42 @@ def test_a_live_lane_that_fails_stops_the_backfill_and_raises():
     with pytest.raises(RuntimeError, match="consumer died"):
         _lanes(live, backfill).run()
     assert backfill.ended == "stopped"
+
+
+def _nice_of(tid: int) -> int:
+    import os
+
+    return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+def test_what_a_lowered_thread_starts_runs_at_the_lowest_cpu_priority_and_the_caller_does_not():
+    from worker.assembly.lanes import BACKFILL_NICE, on_a_lowered_thread
+
+    def start_a_thread():
+        seen = []
+        child = threading.Thread(target=lambda: seen.append(_nice_of(threading.get_native_id())))
+        child.start()
+        child.join(5)
+        return _nice_of(threading.get_native_id()), seen[0]
+
+    before = _nice_of(threading.get_native_id())
+    assert on_a_lowered_thread(start_a_thread) == (BACKFILL_NICE, BACKFILL_NICE)
+    assert _nice_of(threading.get_native_id()) == before  # the caller (the live lane's) unchanged
+    with pytest.raises(ValueError, match="no model"):
+        on_a_lowered_thread(lambda: (_ for _ in ()).throw(ValueError("no model")))
+
+
+def test_the_gate_sizes_the_backfill_s_batches_to_hold_the_model_about_the_live_lane_s_deadline():
+    now, budgets = [0.0], []
+    gate = ModelGate(lambda: 0, clock=lambda: now[0], backfill_hold_s=0.1, resize=budgets.append)
+
+    def step(group, handed):  # the model's pace: 10,000 tokens a second
+        now[0] += group[0].tokens / 10_000
+        return handed
+
+    batches = [Batch(tokens=t) for t in (4000, 2000, 1000, 1000)]
+    gate.backfill_step(step)(batches, [None] * 4)
+    assert [round(b, -1) for b in budgets] == [1000] * 4  # 0.1 s of 10,000 tokens/s, whatever the batch's size
+    now[0], slow = 0.0, Batch(tokens=1000)
+    gate.backfill_step(lambda group, handed: (now.__setitem__(0, now[0] + 1.0), handed)[1])([slow], [None])
+    assert abs(budgets[-1] - 0.1 * (0.7 * 10_000 + 0.3 * 1000)) <= 1  # a slower pace shrinks it, smoothed

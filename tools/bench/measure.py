@@ -429,14 +429,42 @@ def peer_engine(peer_python: str, model_path: str, texts: list[str], device: str
 
 
 def latency_run(base: Settings, embedder: Embedder, texts: list[str], rate: float, seconds: float,
-                prefix: str) -> tuple[float, float, int]:
-    """Open-loop stream at ``rate`` docs/s for ``seconds`` while the worker runs: (p50, p99) in seconds."""
+                prefix: str, instant_sink: bool = False) -> tuple[float, float, int]:
+    """Open-loop stream at ``rate`` docs/s for ``seconds`` while the worker runs: (p50, p99) in seconds.
+    ``instant_sink``: a Milvus that keeps nothing (``InstantStore``)."""
     from worker.assembly.runner import build_worker
-    from worker.commands.tail import tail_records
 
     s = fresh_topics(base)
     flush_cache(s)
-    worker = build_worker(s, embedder=embedder)
+    worker = build_worker(s, embedder=embedder, store_factory=InstantStore if instant_sink else None)
+    joined = on_first_assignment(worker)
+    runner = threading.Thread(target=lambda: worker.run(stop_when_idle=1.0))
+    runner.start()
+    joined.wait(60)  # join first, so that the open-loop stream is not measured against the join
+    sent = open_loop(s, texts, rate, seconds, prefix)
+    runner.join()
+    if not instant_sink:
+        drop_collection(s)
+    return latencies(s, sent)
+
+
+def on_first_assignment(worker) -> threading.Event:
+    """An event set once ``worker`` (a consumer group's member) is first assigned partitions."""
+    joined = threading.Event()
+    worker.on_progress = None
+    orig_assign = worker.rebalance.on_assign
+
+    def on_assign(consumer, partitions):
+        orig_assign(consumer, partitions)
+        joined.set()
+
+    worker.rebalance.on_assign = on_assign
+    return joined
+
+
+def open_loop(s: Settings, texts: list[str], rate: float, seconds: float, prefix: str) -> dict[str, int]:
+    """Produce ``rate`` × ``seconds`` documents ``<prefix>-<i>`` at ``rate`` docs/s, each stamped with
+    its event time: id → event time (ms)."""
     n = max(1, int(rate * seconds))
     sent: dict[str, int] = {}
 
@@ -446,31 +474,18 @@ def latency_run(base: Settings, embedder: Embedder, texts: list[str], rate: floa
             sent[doc.id] = doc.event_time or 0
             yield document_record(doc)
 
-    def produce():
-        produce_records(s.kafka_common(), s.input_topic, stamped(), rate=rate, **{"linger.ms": 0})
+    produce_records(s.kafka_common(), s.input_topic, stamped(), rate=rate, **{"linger.ms": 0})
+    return sent
 
-    # Join the group first so the open-loop stream is not measured against the join.
-    t = threading.Thread(target=produce)
-    joined = threading.Event()
-    worker.on_progress = None
-    orig_assign = worker.rebalance.on_assign
 
-    def on_assign(consumer, partitions):
-        orig_assign(consumer, partitions)
-        joined.set()
+def latencies(s: Settings, sent: dict[str, int], model: str | None = None) -> tuple[float, float, int]:
+    """(p50, p99, n) in seconds from each of ``sent``'s event time to its output record's timestamp
+    (``model``: only records of that model id)."""
+    from worker.commands.tail import tail_records
 
-    worker.rebalance.on_assign = on_assign  # type: ignore[method-assign]
-    runner = threading.Thread(target=lambda: worker.run(stop_when_idle=1.0))
-    runner.start()
-    joined.wait(60)
-    t.start()
-    t.join()
-    runner.join()
-    drop_collection(s)
-    lat = []
-    for rec in tail_records(s, from_beginning=True, timeout=1.0):
-        if rec.get("id") in sent and rec.get("timestamp", 0) > 0:
-            lat.append((rec["timestamp"] - sent[rec["id"]]) / 1000)
+    lat = [(rec["timestamp"] - sent[rec["id"]]) / 1000
+           for rec in tail_records(s, from_beginning=True, timeout=1.0)
+           if rec.get("id") in sent and rec.get("timestamp", 0) > 0 and (model is None or rec.get("model") == model)]
     if not lat:
         return float("nan"), float("nan"), 0
     return float(np.percentile(lat, 50)), float(np.percentile(lat, 99)), len(lat)

@@ -19,7 +19,6 @@ state), or a step inside intake. The connectors and the model are opened by ``wo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
 
 from connectors.milvus import MilvusStore
 from connectors.redis_cache import RedisCache
@@ -27,7 +26,6 @@ from connectors.registry import SchemaRegistry
 from schemas.errors import ConfigError
 from worker.core.delivery import Delivery
 from worker.core.fence import Fence
-from worker.core.lanes import gated
 from worker.core.member import Chain
 from worker.core.pipeline import Pipeline, Stage, Step
 from worker.core.records import Batch, Share, split_by_model
@@ -108,7 +106,7 @@ def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
                 topic_ids: Mapping[str, str], registry: SchemaRegistry | None = None,
                 limits: TopicLimits | None = None, dead_letters: bool = True,
                 lookup_ids: Callable[[], Mapping[str, str]] | None = None, max_deliveries: int | None = None,
-                model_hold: Callable[[], AbstractContextManager[None]] | None = None) -> Chain:
+                model_gate: Callable[[Step], Step] | None = None) -> Chain:
     """Every step, in the order a record meets it (the pipeline is built first only because intake
     hands its batches to it), each given its own section of the settings. ``models``, ``caches`` and
     ``stores`` are by model name; ``delivery`` makes the sink's groups and their offsets durable
@@ -116,9 +114,9 @@ def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
     ``dead_letters=False`` writes no dead letter (a migration's backfill: the live worker wrote them);
     ``topic_ids`` names the input topic's partitions for the version guard, ``lookup_ids`` reads them
     again when a record looks superseded; ``max_deliveries``: a share group's bound on a record's
-    deliveries (None: a consumer group's records carry no count); ``model_hold``: this lane's way through
-    the model gate of a worker with a backfill lane (``worker.core.lanes``), held around each group's
-    forward passes (None: one lane, no gate)."""
+    deliveries (None: a consumer group's records carry no count); ``model_gate``: this lane's way through
+    the model gate of a worker with a backfill lane (``worker.core.lanes.ModelGate.live_step`` or
+    ``backfill_step``), around the embed stage's step (None: one lane, no gate)."""
     handles = models.handles
     limits = limits or TopicLimits()
     topics, records, durable = s.section(KafkaSettings), s.section(RecordSettings), s.section(DeliverySettings)
@@ -139,7 +137,7 @@ def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
     prepare = Stage("prepare", by_model({n: chunk_then_prepare(chunkers[n], steps[n])  # 5 per model: chunk,
                                          for n in handles}, models.loaded))            #   cache, token ids
     passes = by_model({n: steps[n].embed for n in handles}, models.loaded)
-    embed = Stage("embed", gated(passes, model_hold) if model_hold else passes)     # 6 the passes
+    embed = Stage("embed", model_gate(passes) if model_gate else passes)            # 6 the passes
     pipeline = Pipeline([prepare, embed, Stage("sink", sink.process)],              # 7 Milvus + topics
                         backoff_max=s.section(OperationsSettings).retry_backoff_max_seconds, release=sink.close)
     intake = Intake(

@@ -7,9 +7,16 @@ resume where it stopped), reads the input topic from its start into the new mode
 
 - **Live first.** The two lanes' embed stages pass through one :class:`~worker.core.lanes.ModelGate`:
   a live group takes the model as soon as it is free; a backfill group only when no live batch waits.
-- **A bounded share.** The backfill member holds at most ``EMBEDSTREAM_BACKFILL_SHARE`` of the live
-  lane's ``EMBEDSTREAM_MAX_INFLIGHT_BATCHES`` (at least one batch), so a live batch waits for one
-  small backfill group at most, and the backfill's memory stays a fraction of the live lane's.
+- **A bounded share.** The backfill member holds ``EMBEDSTREAM_BACKFILL_SHARE`` of the live lane's
+  batches in flight (``EMBEDSTREAM_MAX_INFLIGHT_BATCHES``), at least one, each at most that share of
+  a live batch's size (``EMBEDSTREAM_MAX_BATCH_SIZE`` and ``_TOKENS``): its memory stays a fraction of
+  the live lane's.
+- **A short wait.** A live group waits for one backfill batch at most, and the gate keeps the
+  backfill's batches to about the live lane's batch deadline (``EMBEDSTREAM_MAX_BATCH_WAIT_MS``) of
+  model time, at the pace it measures: the wait a live record already accepts.
+- **Live first on the CPU too.** The backfill's threads (its model's, its stages', its clients') run at
+  the lowest CPU priority (nice 19, :func:`lower_this_thread`): its chunking, tokenizing, cache and
+  writes take the cores only when the live lane's threads leave them.
 - **No dead letters twice.** The live lane dead-letters the records that cannot succeed; the backfill
   skips them (as migrate's does).
 - **The live lane's metrics.** The backfill's polling thread writes none of the member's series
@@ -23,8 +30,12 @@ resume where it stopped), reads the input topic from its start into the new mode
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from connectors.milvus import MilvusStore
 from schemas.errors import ConfigError
 from worker.assembly.naming import backfill_group, collection_of
 from worker.core.lanes import ModelGate
@@ -36,6 +47,7 @@ from worker.process.startup import StartClock
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: How long a stopped backfill lane may take to finish its batches in flight and commit.
 BACKFILL_STOP_S = 120.0
@@ -49,11 +61,16 @@ def backfill_inflight(s: Settings) -> int:
 def backfill_settings(s: Settings, model: Embedder) -> Settings:
     """The backfill lane's settings: the live worker's, with the new model (loaded: ``model``) in the
     backfill group of its collection, a consumer group whatever the live lane's kind (its progress
-    is the group's offsets), no metrics server of its own, and its share of the batches in flight."""
+    is the group's offsets), no metrics server of its own, and its share of the live lane's batches
+    in flight and of their size (records and tokens): a live group waits for one backfill batch at
+    most (``worker.core.lanes``), so the backfill's batch size bounds that wait."""
     group = backfill_group(s, collection_of(s, "", model))
+    share = s.backfill_share
     return s.model_copy(update={"model": s.backfill_model, "group_id": group, "group_type": "consumer",
                                 "metrics_port": 0, "backfill_model": None,
-                                "max_inflight_batches": backfill_inflight(s)})
+                                "max_inflight_batches": backfill_inflight(s),
+                                "max_batch_size": max(1, int(s.max_batch_size * share)),
+                                "max_batch_tokens": max(16, int(s.max_batch_tokens * share))})
 
 
 class Lanes:
@@ -83,13 +100,14 @@ class Lanes:
                 self.backfill.stop.requested = True
             thread.join(0.2)
         b = self.backfill.stats
-        log.info("backfill lane into %s: %d embedded (%d from cache), %d skipped; %d groups through the model, "
+        log.info("backfill lane into %s: %d embedded (%d from cache), %d skipped; %d batches through the model, "
                  "%.1f s waiting for the live lane", self.collection, b.embedded, b.cached, b.dead_lettered,
-                 self.gate.backfill_groups, self.gate.backfill_waited_s)
+                 self.gate.backfill_batches, self.gate.backfill_waited_s)
         return stats
 
     def _run_backfill(self, stop_when_idle: float | None) -> None:
         metrics.quiet_this_thread()
+        lower_this_thread()
         try:
             self.backfill.run(stop_when_idle=stop_when_idle)
         except BaseException as exc:  # the live lane goes on: the module doc
@@ -99,24 +117,76 @@ class Lanes:
                       self.collection, type(exc).__name__, exc)
 
 
-def build_lanes(s: Settings, startup: StartClock | None = None) -> Lanes:
-    """The live worker of ``s`` and its backfill lane of ``s.backfill_model``, sharing one model gate.
-    Raises ConfigError (as ``build_worker``) and for a setting the lane cannot serve."""
+#: How long one backfill batch holds the model when the live lane closes batches at once
+#: (EMBEDSTREAM_MAX_BATCH_WAIT_MS=0); otherwise that deadline.
+BACKFILL_HOLD_S = 0.05
+#: The smallest token budget of a backfill batch, whatever the model's pace; and the first one's, before
+#: the gate has measured the pace.
+MIN_BATCH_TOKENS, FIRST_BATCH_TOKENS = 64, 512
+
+#: The nice value of the backfill lane's threads: the lowest CPU priority. Linux sets it per thread,
+#: and a thread starts at its creator's: so the backfill's model, member, stage threads and client
+#: threads are made on a thread that lowered itself first, and its polling thread lowers itself.
+BACKFILL_NICE = 19
+
+
+def lower_this_thread() -> None:
+    """The calling thread (and the threads it starts from now on) at :data:`BACKFILL_NICE`. A host that
+    refuses (no per-thread priority) logs it and goes on at the same priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKFILL_NICE)
+    except (OSError, AttributeError) as exc:
+        log.info("the backfill lane runs at the live lane's CPU priority (%s)", exc)
+
+
+def on_a_lowered_thread(make: Callable[[], T]) -> T:
+    """``make()`` run on a thread of its own at :data:`BACKFILL_NICE`, so that what it starts inherits
+    that priority; its result, or what it raised."""
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        lower_this_thread()
+        try:
+            done["value"] = make()
+        except BaseException as exc:  # raised again on the caller's thread
+            done["error"] = exc
+
+    thread = threading.Thread(target=run, name="backfill-lane-build")
+    thread.start()
+    thread.join()
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
+
+
+def build_lanes(s: Settings, startup: StartClock | None = None, embedder: Embedder | None = None,
+                store_factory: Callable[[Settings, str], MilvusStore] | None = None) -> Lanes:
+    """The live worker of ``s`` and its backfill lane of ``s.backfill_model``, sharing one model gate
+    (``embedder``: the live lane's model, loaded; ``store_factory``: a stand-in for Milvus; the
+    bench's). Raises ConfigError (as ``build_worker``) and for a setting the lane cannot serve."""
     from worker.assembly.runner import build_worker, load_embedder
 
     if s.models is not None:
         raise ConfigError("EMBEDSTREAM_BACKFILL_MODEL moves one model's alias: it cannot run with EMBEDSTREAM_MODELS "
                           "(run `embedstream migrate` per model instead)")
-    gate = ModelGate(lambda: 0)
-    live = build_worker(s, startup=startup, model_hold=gate.live)
+    gate = ModelGate(lambda: 0, backfill_hold_s=s.max_batch_wait_ms / 1000 or BACKFILL_HOLD_S)
+    live = build_worker(s, embedder=embedder, startup=startup, store_factory=store_factory,
+                        model_gate=gate.live_step)
     try:
-        new = load_embedder(s.model_copy(update={"model": s.backfill_model}))
+        new = on_a_lowered_thread(lambda: load_embedder(s.model_copy(update={"model": s.backfill_model})))
         bs = backfill_settings(s, new)
-        backfill = build_worker(bs, embedder=new, dead_letters=False, model_hold=gate.backfill)
+        backfill = on_a_lowered_thread(lambda: build_worker(bs, embedder=new, dead_letters=False,
+                                                            store_factory=store_factory,
+                                                            model_gate=gate.backfill_step))
     except BaseException:
         live.consumer.close()  # leave the live group at once: the process stops here
         raise
     gate.live_waiting = lambda: not live.chain.model_free()
+    batcher = backfill.chain.intake.batcher
+    # Read by the backfill's polling thread as it closes batches; written by its embed thread. Small
+    # until the gate has measured the model's pace: a first batch of the full size could hold it long.
+    gate.resize = lambda tokens: setattr(batcher, "max_tokens", min(max(tokens, MIN_BATCH_TOKENS), bs.max_batch_tokens))
+    gate.resize(FIRST_BATCH_TOKENS)
     collection = collection_of(s, "", new)
     log.info("backfill lane: model %s into %s, group %s, up to %d batches in flight; the live lane goes first",
              new.model_id, collection, bs.group_id, bs.max_inflight_batches)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 from confluent_kafka import KafkaError
 from confluent_kafka.schema_registry import SchemaRegistryError
@@ -31,6 +30,7 @@ from worker.assembly.naming import alias_of, collection_of
 from worker.assembly.upgrade import collection_to_write
 from worker.core.fence import Fence, lease_seconds
 from worker.core.member import Member
+from worker.core.pipeline import Step
 from worker.core.stats import RunStats
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet, ModelSpec, describe, parse_models
@@ -259,13 +259,13 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
                  on_progress: Callable[[RunStats], None] | None = None,
                  store_factory: Callable[[Settings, str], MilvusStore] | None = None,
                  dead_letters: bool = True, stats: RunStats | None = None, startup: StartClock | None = None,
-                 model_hold: Callable[[], AbstractContextManager[None]] | None = None) -> Member:
+                 model_gate: Callable[[Step], Step] | None = None) -> Member:
     """Check the settings against the real systems, open them, and assemble the worker around the
     chain of ``worker.assembly.chain.build_chain``. ``store_factory(settings, collection)`` stands in for
     Milvus (the bench's instant sink); ``dead_letters=False``: records that cannot succeed are skipped,
     not written to the DLQ topic (a migration's backfill); ``stats``: the run's counters (the
     bench's also read the CPU clock); ``startup``: the process's start-up clock (``embedstream run``),
-    read out at the first assignment; ``model_hold``: the lane's way through the model gate of a worker
+    read out at the first assignment; ``model_gate``: the lane's way through the model gate of a worker
     with a backfill lane (``worker.assembly.lanes``). Raises ConfigError."""
     s, clock = settings, startup or StartClock()  # a caller's clock is read out at the first assignment
     clock.mark("python, imports and settings")
@@ -279,7 +279,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     side = groups.join(s, health)
     try:
         return assemble(s, clock, side, embedder, store_factory, dead_letters, health=health, startup=startup,
-                        on_progress=on_progress, stats=stats, model_hold=model_hold)
+                        on_progress=on_progress, stats=stats, model_gate=model_gate)
     except BaseException:
         side.abandon()
         raise
@@ -288,7 +288,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
 def assemble(s: Settings, clock: StartClock, side: groups.Side, embedder: Embedder | None,
              store_factory: Callable[[Settings, str], MilvusStore] | None, dead_letters: bool, *,
              health: metrics.Health, startup: StartClock | None, on_progress: Callable[[RunStats], None] | None,
-             stats: RunStats | None, model_hold: Callable[[], AbstractContextManager[None]] | None = None) -> Member:
+             stats: RunStats | None, model_gate: Callable[[Step], Step] | None = None) -> Member:
     """``build_worker`` past the checks: the models, the stores, the delivery and the chain, around
     the group's ``side`` (``worker.assembly.groups``), with the member's health, start-up clock,
     progress call, counters and way through the model gate."""
@@ -314,7 +314,7 @@ def assemble(s: Settings, clock: StartClock, side: groups.Side, embedder: Embedd
     chain = build_chain(s, delivery, models, caches, stores, fence, input_topic_ids(s), open_registry(s),
                         topic_limits(s), dead_letters=dead_letters,
                         lookup_ids=lambda: topic_ids(s.kafka_common(), [s.input_topic]),
-                        max_deliveries=side.max_deliveries, model_hold=model_hold)
+                        max_deliveries=side.max_deliveries, model_gate=model_gate)
     worker = side.member(s, chain, groups.MemberParts(health, max_inflight, session_s, startup, on_progress, stats))
     worker.metrics_port = metrics_port
     return worker

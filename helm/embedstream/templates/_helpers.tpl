@@ -71,6 +71,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if le (int .Values.terminationGracePeriodSeconds) (int .Values.shutdownGraceSeconds) -}}
 {{- fail "terminationGracePeriodSeconds must exceed shutdownGraceSeconds (the worker needs time to drain and commit)" -}}
 {{- end -}}
+{{- if not (has (.Values.migration.mode | default "job") (list "job" "lane")) -}}
+{{- fail (printf "migration.mode=%v: use job (the Job backfills) or lane (the workers backfill beside their live lane)" .Values.migration.mode) -}}
+{{- end -}}
 {{- if and .Values.redis.enabled (not (or .Values.redis.url .Values.redis.existingSecret)) -}}
 {{- fail "redis.enabled needs redis.url or redis.existingSecret" -}}
 {{- end -}}
@@ -461,4 +464,21 @@ as an integer, anything else as it is.
 */}}
 {{- define "embedstream.value" -}}
 {{- if and (kindIs "float64" .) (eq (float64 (int64 .)) .) -}}{{ int64 . }}{{- else -}}{{ toString . }}{{- end -}}
+{{- end -}}
+
+{{/* The migration Job's arguments, as JSON: `migrate --model <model>`, --lane in lane mode, then
+   migration.args. */}}
+{{- define "embedstream.migrateArgs" -}}
+{{- $lane := eq (.Values.migration.mode | default "job") "lane" -}}
+{{- concat (list "migrate" "--model" .Values.migration.model) (ternary (list "--lane") (list) $lane) .Values.migration.args | toJson -}}
+{{- end -}}
+
+{{/* The backfill lane's settings, on the workers only, in lane mode. */}}
+{{- define "embedstream.backfillLaneEnv" -}}
+{{- if and .Values.migration.model (eq (.Values.migration.mode | default "job") "lane") }}
+- name: EMBEDSTREAM_BACKFILL_MODEL
+  value: {{ .Values.migration.model | quote }}
+- name: EMBEDSTREAM_BACKFILL_SHARE
+  value: {{ .Values.migration.share | default 0.25 | quote }}
+{{- end }}
 {{- end -}}

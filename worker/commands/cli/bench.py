@@ -32,6 +32,10 @@ Processes = Annotated[str | None, typer.Option(
     "`embedstream run --processes K` end to end for each K (cold cache; the best K of S2 once more without "
     "Redis), with tokens/s and the GPU's utilisation (--docs: documents a run, default 20,000). Writes "
     "processes.json")]
+Lanes = Annotated[bool, typer.Option(
+    "--lanes", help="Only the backfill lane's row: the live lane's p99 at 50 % of capacity alone and with a backfill "
+    "lane beside it, and the backfill's docs/s against the capacity left (--docs: the capacity run's documents, "
+    "--latency-seconds: each stream's length)")]
 Brokers = Annotated[str | None, typer.Option(
     "--brokers", help="Only the broker rows, on each of these local brokers in turn, e.g. tansu,kafka: R1, Rio, "
     "Reos and Rdup90, and how long partitions stand still while a second worker joins and leaves, under each "
@@ -43,7 +47,8 @@ Brokers = Annotated[str | None, typer.Option(
 def bench(quick: Quick = False, peer_python: PeerPython = None, docs: Docs = None,
           latency_seconds: LatencySeconds = None, output: Output = Path("."),
           state_dir: opt.StateDir = Path(".embedstream/bench"), broker: opt.Broker = "tansu", cpu: Cpu = False,
-          processes: Processes = None, brokers: Brokers = None, overrides: dict[str, object] | None = None) -> None:
+          processes: Processes = None, brokers: Brokers = None, lanes: Lanes = False,
+          overrides: dict[str, object] | None = None) -> None:
     """Measure the workloads of docs/benchmarks.md on a local stack of its own and print the ratio table.
 
     Every figure is a ratio to a denominator measured in the same run: raw SentenceTransformer.encode,
@@ -56,8 +61,8 @@ def bench(quick: Quick = False, peer_python: PeerPython = None, docs: Docs = Non
         raise fail("bench measures one model (EMBEDSTREAM_MODEL); unset EMBEDSTREAM_MODELS")
     counts = _process_counts(processes) if processes is not None else None
     broker_list = _broker_list(brokers) if brokers is not None else None
-    if sum(map(bool, (counts, cpu, broker_list))) > 1:
-        raise fail("--cpu, --processes and --brokers are separate runs: give one of them")
+    if sum(map(bool, (counts, cpu, broker_list, lanes))) > 1:
+        raise fail("--cpu, --processes, --brokers and --lanes are separate runs: give one of them")
     with console.status("benchmarking…") as status:
         def say(message: str) -> None:
             status.update(message)
@@ -68,6 +73,10 @@ def bench(quick: Quick = False, peer_python: PeerPython = None, docs: Docs = Non
         elif broker_list:
             out = tool("bench.brokers").run_brokers(brokers=broker_list, docs=docs, device=s.device,
                                                     precision=s.precision, state_dir=state_dir, say=say, model=s.model)
+        elif lanes:
+            out = tool("bench.lanes").run_lanes(docs=docs or 2000, seconds=latency_seconds or 20, device=s.device,
+                                                precision=s.precision, state_dir=state_dir, say=say, model=s.model,
+                                                broker=broker)
         elif counts:
             out = bench_run.run_processes(counts=counts, docs=docs or 20_000, device=s.device, precision=s.precision,
                                           state_dir=state_dir, say=say, model=s.model, broker=broker)
@@ -75,7 +84,8 @@ def bench(quick: Quick = False, peer_python: PeerPython = None, docs: Docs = Non
             out = bench_run.run_bench(quick=quick, device=s.device, precision=s.precision, peer_python=peer_python,
                                       docs=docs, latency_seconds=latency_seconds, state_dir=state_dir, say=say,
                                       model=s.model, broker=broker)
-    _write(out, output, "cpu" if s is None else "brokers" if broker_list else "processes" if counts else "bench")
+    run = "cpu" if s is None else "brokers" if broker_list else "lanes" if lanes else "processes" if counts else "bench"
+    _write(out, output, run)
 
 
 def _write(out: dict, output: Path, run: str) -> None:
@@ -86,7 +96,7 @@ def _write(out: dict, output: Path, run: str) -> None:
     if run == "bench":
         report.write_chart(out, output / "bench.png")
     tables = {"cpu": report.cpu_table, "brokers": report.brokers_table, "processes": report.processes_table,
-              "bench": report.ratio_table}
+              "lanes": report.lanes_table, "bench": report.ratio_table}
     console.print(tables[run](out))
     err.print(f"wrote {output / f'{run}.json'}" + (f" and {output / 'bench.png'}" if run == "bench" else ""))
 
