@@ -1,6 +1,7 @@
 """The Kafka ACLs each mode of the worker needs, as data: ``docs/operations.md`` shows this table, and
 ``tests/integration/test_secured_kafka.py`` grants exactly these to a principal on Apache Kafka with its
-authorizer and runs each mode end to end (and each mode without one of them, for the line that names it).
+authorizer and runs each mode end to end (and each mode without one of them, for the line that names it);
+the backfill lane's row is what a worker with one needs besides its mode's, and is not run there.
 
 Names are written with the settings they come from: ``{input}``, ``{output}``, ``{dlq}``, ``{group}``
 (``EMBEDSTREAM_GROUP_ID``). Read and Write imply Describe on Kafka, so Describe is listed only where
@@ -52,6 +53,11 @@ ACLS: dict[str, tuple[Acl, ...]] = {
         Acl("GROUP", "{group}", "ALTER_CONFIGS", why="set it to earliest on a new group (without it a new group "
                                                       "starts at the topic's end, and says so)"),
         *_OUTPUTS,
+    ),
+    # Besides its mode's: not run under the authorizer by the suite (the lane's group is migrate's).
+    "backfill lane": (
+        Acl("GROUP", "{group}.migrate.", "READ", prefixed=True, why="besides its mode's: the lane's group, "
+                                                                   "<group>.migrate.<new collection>"),
     ),
     "lag": (
         Acl("TOPIC", "{input}", "DESCRIBE", why="its partitions and end offsets"),

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from tools.bench import workloads
 from tools.bench.measure import _thread_group, host_gauge, thread_cpu
-from tools.bench.report import cpu_table, processes_table
+from tools.bench.report import cpu_table, lanes_table, processes_table
 
 
 def _spin(seconds: float) -> None:
@@ -102,6 +102,23 @@ def test_the_processes_table_marks_r1_against_the_gpu_goal_and_says_what_the_gpu
     assert rows[0] == ["S1", "1", "on", "1,570", "0.23 ✗", "31,400", "0.71", "8 / 11"]
     assert rows[1] == ["S1", "4", "off", "6,500", "0.96 ✓", "130,000", "—", "—"]  # a run from before TFLOP/s
     assert "H100" in text and "6,800 docs/s at batch 512" in " ".join(text.split())
+
+
+def test_the_lanes_table_marks_the_live_p99_and_the_backfill_s_share_against_their_goals():
+    def sink(peak, alone, lane, docs):
+        return {"peak_docs_per_s": peak, "alone": {"p50_s": 0.18, "p99_s": alone},
+                "with_lane": {"p50_s": 0.3, "p99_s": lane, "backfill_docs_per_s": docs, "backfill_batches": 140,
+                              "backfill_waited_s": 9.0},
+                "p99_ratio": lane / alone, "backfill_share_of_left": docs / (0.5 * peak)}
+
+    out = {"model": "m", "precision": "int8", "device": "cpu", "load": 0.5, "seconds": 20.0,
+           "sinks": {"milvus-lite": sink(200.0, 0.8, 0.88, 90.0), "instant": sink(280.0, 0.9, 1.62, 70.0)}}
+    console = Console(width=200, record=True)
+    console.print(lanes_table(out))
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in console.export_text().splitlines()
+            if line.startswith("│")]
+    assert rows[0] == ["milvus-lite", "200", "0.180 / 0.800", "0.300 / 0.880", "1.10 ✓", "90", "0.90 ✓"]
+    assert rows[1] == ["instant", "280", "0.180 / 0.900", "0.300 / 1.620", "1.80 ✗", "70", "0.50 ✗"]
 
 
 def test_process_counts_are_a_comma_list_of_positive_numbers():

@@ -148,11 +148,14 @@ class FakeMember:
     raises ``fails``."""
 
     def __init__(self, idle_after: float = 0.0, fails: BaseException | None = None) -> None:
+        from types import SimpleNamespace
+
         from worker.core.stats import RunStats
         from worker.process.signals import GracefulStop
 
         self.stop, self.stats, self.metrics_port = GracefulStop(), RunStats(), None
         self.idle_after, self.fails, self.ended = idle_after, fails, None
+        self.chain = SimpleNamespace(pipeline=SimpleNamespace(stages=[]))
 
     def run(self, stop_when_idle=None):
         start = time.monotonic()
@@ -210,34 +213,29 @@ def _nice_of(tid: int) -> int:
     return os.getpriority(os.PRIO_PROCESS, tid)
 
 
-def test_what_a_lowered_thread_starts_runs_at_the_lowest_cpu_priority_and_the_caller_does_not():
-    from worker.assembly.lanes import BACKFILL_NICE, on_a_lowered_thread
+def test_the_backfill_s_polling_prepare_and_sink_threads_run_at_the_lowest_priority_and_its_embed_thread_not():
+    from types import SimpleNamespace
 
-    def start_a_thread():
-        seen = []
-        child = threading.Thread(target=lambda: seen.append(_nice_of(threading.get_native_id())))
-        child.start()
-        child.join(5)
-        return _nice_of(threading.get_native_id()), seen[0]
+    from worker.assembly.lanes import BACKFILL_NICE
+    from worker.core.pipeline import Stage
 
+    stages = [Stage(name, lambda group, handed: handed) for name in ("prepare", "embed", "sink")]
+    abort = threading.Event()
+    for stage in stages:
+        stage.start(lambda handed: None, abort, 1.0, lambda exc: None)
+    live, backfill = FakeMember(), FakeMember()
+    backfill.chain = SimpleNamespace(pipeline=SimpleNamespace(stages=stages))
+    polling = []
+    backfill_run = backfill.run
+    backfill.run = lambda stop_when_idle=None: (polling.append(_nice_of(threading.get_native_id())),
+                                                backfill_run(stop_when_idle))[1]
+    lanes = _lanes(live, backfill)
     before = _nice_of(threading.get_native_id())
-    assert on_a_lowered_thread(start_a_thread) == (BACKFILL_NICE, BACKFILL_NICE)
-    assert _nice_of(threading.get_native_id()) == before  # the caller (the live lane's) unchanged
-    with pytest.raises(ValueError, match="no model"):
-        on_a_lowered_thread(lambda: (_ for _ in ()).throw(ValueError("no model")))
-
-
-def test_the_gate_sizes_the_backfill_s_batches_to_hold_the_model_about_the_live_lane_s_deadline():
-    now, budgets = [0.0], []
-    gate = ModelGate(lambda: 0, clock=lambda: now[0], backfill_hold_s=0.1, resize=budgets.append)
-
-    def step(group, handed):  # the model's pace: 10,000 tokens a second
-        now[0] += group[0].tokens / 10_000
-        return handed
-
-    batches = [Batch(tokens=t) for t in (4000, 2000, 1000, 1000)]
-    gate.backfill_step(step)(batches, [None] * 4)
-    assert [round(b, -1) for b in budgets] == [1000] * 4  # 0.1 s of 10,000 tokens/s, whatever the batch's size
-    now[0], slow = 0.0, Batch(tokens=1000)
-    gate.backfill_step(lambda group, handed: (now.__setitem__(0, now[0] + 1.0), handed)[1])([slow], [None])
-    assert abs(budgets[-1] - 0.1 * (0.7 * 10_000 + 0.3 * 1000)) <= 1  # a slower pace shrinks it, smoothed
+    threading.Timer(0.2, lambda: setattr(lanes.stop, "requested", True)).start()
+    lanes.run()
+    nice = {stage.name: _nice_of(stage.thread_id) for stage in stages}
+    for stage in stages:
+        stage.put(None)
+    assert polling == [BACKFILL_NICE]
+    assert nice == {"prepare": BACKFILL_NICE, "embed": before, "sink": BACKFILL_NICE}
+    assert _nice_of(threading.get_native_id()) == before  # the live lane's thread (this one) unchanged

@@ -14,9 +14,9 @@ resume where it stopped), reads the input topic from its start into the new mode
 - **A short wait.** A live group waits for one backfill batch at most, and the gate keeps the
   backfill's batches to about the live lane's batch deadline (``EMBEDSTREAM_MAX_BATCH_WAIT_MS``) of
   model time, at the pace it measures: the wait a live record already accepts.
-- **Live first on the CPU too.** The backfill's threads (its model's, its stages', its clients') run at
-  the lowest CPU priority (nice 19, :func:`lower_this_thread`): its chunking, tokenizing, cache and
-  writes take the cores only when the live lane's threads leave them.
+- **Live first on the CPU too.** The backfill's polling, prepare and sink threads run at the lowest CPU
+  priority (nice 19, :data:`LOWERED_STAGES`): its decoding, chunking, tokenizing, cache and writes take
+  the cores only when the live lane's threads leave them. Not the thread that holds the model gate.
 - **No dead letters twice.** The live lane dead-letters the records that cannot succeed; the backfill
   skips them (as migrate's does).
 - **The live lane's metrics.** The backfill's polling thread writes none of the member's series
@@ -33,7 +33,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
 
 from connectors.milvus import MilvusStore
 from schemas.errors import ConfigError
@@ -47,7 +46,6 @@ from worker.process.startup import StartClock
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 #: How long a stopped backfill lane may take to finish its batches in flight and commit.
 BACKFILL_STOP_S = 120.0
@@ -107,7 +105,10 @@ class Lanes:
 
     def _run_backfill(self, stop_when_idle: float | None) -> None:
         metrics.quiet_this_thread()
-        lower_this_thread()
+        lower_thread(threading.get_native_id())  # its polling thread
+        for stage in self.backfill.chain.pipeline.stages:
+            if stage.name in LOWERED_STAGES and stage.thread_id is not None:
+                lower_thread(stage.thread_id)
         try:
             self.backfill.run(stop_when_idle=stop_when_idle)
         except BaseException as exc:  # the live lane goes on: the module doc
@@ -124,39 +125,21 @@ BACKFILL_HOLD_S = 0.05
 #: the gate has measured the pace.
 MIN_BATCH_TOKENS, FIRST_BATCH_TOKENS = 64, 512
 
-#: The nice value of the backfill lane's threads: the lowest CPU priority. Linux sets it per thread,
-#: and a thread starts at its creator's: so the backfill's model, member, stage threads and client
-#: threads are made on a thread that lowered itself first, and its polling thread lowers itself.
+#: The nice value of the backfill lane's threads that do not hold the model: the lowest CPU priority.
 BACKFILL_NICE = 19
+#: The backfill's stages that run at :data:`BACKFILL_NICE`. Not its embed stage: that one holds the
+#: model gate, and the live lane waits for it to let go: starved by the live lane's own threads, it
+#: would keep the live lane waiting (priority inversion). Its model's threads keep their priority too.
+LOWERED_STAGES = ("prepare", "sink")
 
 
-def lower_this_thread() -> None:
-    """The calling thread (and the threads it starts from now on) at :data:`BACKFILL_NICE`. A host that
-    refuses (no per-thread priority) logs it and goes on at the same priority."""
+def lower_thread(thread_id: int) -> None:
+    """The kernel thread ``thread_id`` at :data:`BACKFILL_NICE` (Linux sets priority per thread). A host
+    that refuses logs it, and the thread goes on at its priority."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKFILL_NICE)
+        os.setpriority(os.PRIO_PROCESS, thread_id, BACKFILL_NICE)
     except (OSError, AttributeError) as exc:
-        log.info("the backfill lane runs at the live lane's CPU priority (%s)", exc)
-
-
-def on_a_lowered_thread(make: Callable[[], T]) -> T:
-    """``make()`` run on a thread of its own at :data:`BACKFILL_NICE`, so that what it starts inherits
-    that priority; its result, or what it raised."""
-    done: dict[str, Any] = {}
-
-    def run() -> None:
-        lower_this_thread()
-        try:
-            done["value"] = make()
-        except BaseException as exc:  # raised again on the caller's thread
-            done["error"] = exc
-
-    thread = threading.Thread(target=run, name="backfill-lane-build")
-    thread.start()
-    thread.join()
-    if "error" in done:
-        raise done["error"]
-    return done["value"]
+        log.info("a backfill lane thread runs at the live lane's CPU priority (%s)", exc)
 
 
 def build_lanes(s: Settings, startup: StartClock | None = None, embedder: Embedder | None = None,
@@ -173,11 +156,10 @@ def build_lanes(s: Settings, startup: StartClock | None = None, embedder: Embedd
     live = build_worker(s, embedder=embedder, startup=startup, store_factory=store_factory,
                         model_gate=gate.live_step)
     try:
-        new = on_a_lowered_thread(lambda: load_embedder(s.model_copy(update={"model": s.backfill_model})))
+        new = load_embedder(s.model_copy(update={"model": s.backfill_model}))
         bs = backfill_settings(s, new)
-        backfill = on_a_lowered_thread(lambda: build_worker(bs, embedder=new, dead_letters=False,
-                                                            store_factory=store_factory,
-                                                            model_gate=gate.backfill_step))
+        backfill = build_worker(bs, embedder=new, dead_letters=False, store_factory=store_factory,
+                                model_gate=gate.backfill_step)
     except BaseException:
         live.consumer.close()  # leave the live group at once: the process stops here
         raise

@@ -85,6 +85,11 @@ class Stage:
                                         name=self.name, daemon=True)
         self._thread.start()
 
+    @property
+    def thread_id(self) -> int | None:
+        """The stage thread's id in the kernel (None: not started)."""
+        return self._thread.native_id if self._thread is not None else None
+
     def join(self, timeout: float) -> bool:
         """Wait for the thread to end; True when it has."""
         if self._thread is not None:
