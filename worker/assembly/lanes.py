@@ -6,7 +6,7 @@ of a Job of its own: a second member, in the backfill group (``<group>.migrate.<
 resume where it stopped), reads the input topic from its start into the new model's collection.
 
 - **Live first.** The two lanes' embed stages pass through one :class:`~worker.core.lanes.ModelGate`:
-  a live group takes the model as soon as it is free; a backfill group only when no live batch waits.
+  a live group takes the model as soon as it is free; a backfill batch only when no live batch waits.
 - **A bounded share.** The backfill member holds ``EMBEDSTREAM_BACKFILL_SHARE`` of the live lane's
   batches in flight (``EMBEDSTREAM_MAX_INFLIGHT_BATCHES``), at least one, each at most that share of
   a live batch's size (``EMBEDSTREAM_MAX_BATCH_SIZE`` and ``_TOKENS``): its memory stays a fraction of
@@ -49,6 +49,19 @@ log = logging.getLogger(__name__)
 
 #: How long a stopped backfill lane may take to finish its batches in flight and commit.
 BACKFILL_STOP_S = 120.0
+#: How long one backfill batch holds the model when the live lane closes batches at once
+#: (EMBEDSTREAM_MAX_BATCH_WAIT_MS=0); otherwise that deadline.
+BACKFILL_HOLD_S = 0.05
+#: The smallest token budget of a backfill batch, whatever the model's pace; and the first one's, before
+#: the gate has measured the pace.
+MIN_BATCH_TOKENS, FIRST_BATCH_TOKENS = 64, 512
+
+#: The nice value of the backfill lane's threads that do not hold the model: the lowest CPU priority.
+BACKFILL_NICE = 19
+#: The backfill's stages that run at :data:`BACKFILL_NICE`. Not its embed stage: that one holds the
+#: model gate, and the live lane waits for it to let go: starved by the live lane's own threads, it
+#: would keep the live lane waiting (priority inversion). Its model's threads keep their priority too.
+LOWERED_STAGES = ("prepare", "sink")
 
 
 def backfill_inflight(s: Settings) -> int:
@@ -60,8 +73,8 @@ def backfill_settings(s: Settings, model: Embedder) -> Settings:
     """The backfill lane's settings: the live worker's, with the new model (loaded: ``model``) in the
     backfill group of its collection, a consumer group whatever the live lane's kind (its progress
     is the group's offsets), no metrics server of its own, and its share of the live lane's batches
-    in flight and of their size (records and tokens): a live group waits for one backfill batch at
-    most (``worker.core.lanes``), so the backfill's batch size bounds that wait."""
+    in flight and of their size (records and tokens; the gate makes them smaller still: the module
+    doc)."""
     group = backfill_group(s, collection_of(s, "", model))
     share = s.backfill_share
     return s.model_copy(update={"model": s.backfill_model, "group_id": group, "group_type": "consumer",
@@ -116,21 +129,6 @@ class Lanes:
             log.error("the backfill lane into %s stopped (%s: %s); the live lane goes on. Fix the cause and "
                       "restart the worker: the backfill resumes from its group's offsets",
                       self.collection, type(exc).__name__, exc)
-
-
-#: How long one backfill batch holds the model when the live lane closes batches at once
-#: (EMBEDSTREAM_MAX_BATCH_WAIT_MS=0); otherwise that deadline.
-BACKFILL_HOLD_S = 0.05
-#: The smallest token budget of a backfill batch, whatever the model's pace; and the first one's, before
-#: the gate has measured the pace.
-MIN_BATCH_TOKENS, FIRST_BATCH_TOKENS = 64, 512
-
-#: The nice value of the backfill lane's threads that do not hold the model: the lowest CPU priority.
-BACKFILL_NICE = 19
-#: The backfill's stages that run at :data:`BACKFILL_NICE`. Not its embed stage: that one holds the
-#: model gate, and the live lane waits for it to let go: starved by the live lane's own threads, it
-#: would keep the live lane waiting (priority inversion). Its model's threads keep their priority too.
-LOWERED_STAGES = ("prepare", "sink")
 
 
 def lower_thread(thread_id: int) -> None:
