@@ -54,3 +54,14 @@ def test_drop_old_drops_the_alias_family_but_the_new_collection():
                             collections=lambda prefix: [n for n in names if n.startswith(prefix)])
     plan = Plan("docs", "docs__a_1", "a", "docs__b_2", "b", "g", "t", switched=True)
     assert drop_old(admin, plan) == ["docs__a_1", "docs__a_1_deleted"] == dropped
+
+
+def test_a_lane_is_caught_up_at_a_zero_lag_and_its_bar_counts_from_the_first_reading():
+    from worker.commands.migrate import BackfillLag, LaneWatch, lane_lag
+
+    assert lane_lag(BackfillLag(0, False, True)) == BackfillLag(0, True, True)
+    assert lane_lag(BackfillLag(0, False, False)).certain is True  # never committed, nothing owed: an empty topic
+    assert lane_lag(BackfillLag(5, True, True)).certain is False
+    watch = LaneWatch()
+    assert [watch.done(lag) for lag in (100, 60, 80, 0)] == [0, 40, 20, 100]
+    assert watch.ends() == {} and watch.alive and watch.error is None

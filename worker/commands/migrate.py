@@ -264,10 +264,11 @@ class LaneWatch:
 
 
 def lane_lag(lag: BackfillLag) -> BackfillLag:
-    """A lane's lag read from the broker alone: a 0 is taken as done once the group has committed. A
-    broker whose end offsets answer short (Tansu) can read 0 one batch early; the lane writes that batch
-    into the new collection after the switch all the same."""
-    return lag._replace(certain=lag.records == 0 and lag.started)
+    """A lane's lag read from the broker alone: a 0 is taken as done (a group that never committed owes
+    every record from the first offset: its 0 is an empty topic). A broker whose end offsets answer
+    short (Tansu) can read 0 one batch early; the lane writes that batch into the new collection after
+    the switch all the same."""
+    return lag._replace(certain=lag.records == 0)
 
 
 def wait_caught_up(lag: Callable[[], BackfillLag], backfill: Backfill | LaneWatch, on_lag: Callable[[int], None],
