@@ -14,10 +14,10 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
-from pymilvus import MilvusClient
 
 from connectors.kafka import make_admin
 from connectors.milvus import MilvusAdmin, MilvusReader
+from connectors.milvus.connection import connect
 from schemas.codec import Document, encode_document
 from tests.helpers import (
     CLI,
@@ -68,7 +68,7 @@ class Reader(threading.Thread):
 
     def __init__(self, uri: str, alias: str, vector: list[float]) -> None:
         super().__init__(daemon=True)
-        self.client = MilvusClient(uri=uri, timeout=10, dedicated=True)
+        self.client = connect(uri, None, 10)  # as the worker opens it: no idle keepalive pings
         self.alias, self.vector = alias, vector
         self.answers, self.empty, self.errors, self.models = 0, 0, [], set()
         self.stop = threading.Event()
@@ -180,6 +180,7 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
     time.sleep(0.5)
     reader.stop.set()
     reader.join(10)
+    reader.client.close()
     assert reader.errors == [] and reader.empty == 0 and reader.answers > 20
     assert reader.models == {model.model_id, new.model_id}  # it was answered by both, never left without
 

@@ -38,20 +38,22 @@ def _last_line(log: str) -> str:
 
 
 def test_a_database_other_than_default_holds_the_collection_and_a_missing_one_is_one_line(stack):
-    from pymilvus import MilvusClient
+    from connectors.milvus.connection import connect
 
     plain = _with_documents(stack)
     db = f"tenant_{uuid.uuid4().hex[:8]}"
-    admin = MilvusClient(uri=plain.milvus_uri)
+    # Opened as the worker opens them (no idle keepalive pings, which milvus-lite answers with GOAWAY
+    # "too_many_pings"; a refused handshake retried): a raw client failed here once in a full run.
+    admin = connect(plain.milvus_uri, None, 30)
     admin.create_database(db)
+    in_db = connect(plain.milvus_uri, None, 30, {"db_name": db})
     try:
         s = plain.model_copy(update={"milvus_db_name": db})
         res = run_worker(s, "--stop-when-idle", "3", timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
         assert set(documents_in_milvus(s)) == {f"d{i}" for i in range(8)}
         # the collection (named from the alias and the model) and its companion, in that database only
-        ours = [n for n in MilvusClient(uri=plain.milvus_uri, db_name=db).list_collections()
-                if n.startswith(f"{s.milvus_collection}__")]
+        ours = [n for n in in_db.list_collections() if n.startswith(f"{s.milvus_collection}__")]
         assert len(ours) == 2, ours
         assert not [n for n in admin.list_collections() if n.startswith(s.milvus_collection)]
 
@@ -60,9 +62,11 @@ def test_a_database_other_than_default_holds_the_collection_and_a_missing_one_is
         assert res.returncode == 2, res.stderr[-3000:]
         assert "EMBEDSTREAM_MILVUS_DB_NAME" in _last_line(res.stderr), _last_line(res.stderr)
     finally:
-        for name in MilvusClient(uri=plain.milvus_uri, db_name=db).list_collections():
-            MilvusClient(uri=plain.milvus_uri, db_name=db).drop_collection(name)
+        for name in in_db.list_collections():
+            in_db.drop_collection(name)
+        in_db.close()
         admin.drop_database(db)
+        admin.close()
 
 
 def test_tls_with_a_private_ca_server_only_and_mutual(stack, tmp_path):

@@ -207,6 +207,7 @@ def test_startup_errors_are_clear(stack, tmp_path):
     old.add_field("metadata", DataType.JSON)
     old.add_field("updated_at", DataType.INT64)
     client.create_collection("one_row_per_document", schema=old, timeout=10)
+    client.close()  # an idle client's keepalive pings draw milvus-lite's GOAWAY "too_many_pings"
 
     # each wrong setting, and what its message must name (the runs are independent: two at a time)
     cases = [
