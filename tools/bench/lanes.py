@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tools.bench import measure, workloads
-from tools.dev import LocalStack
 
 #: The live stream's rate, as a share of the measured peak.
 LOAD = 0.5
@@ -35,19 +34,10 @@ def run_lanes(*, docs: int, seconds: float, device: str, precision: str, state_d
     """The row (the module doc) as the ``lanes.json`` dict: once writing milvus-lite, once with an
     instant sink (a Milvus that keeps nothing: milvus-lite on the same cores is a writer both lanes
     share, which a Milvus of its own is not)."""
-    from tools.bench.run import _machine, _stack_settings
+    from tools.bench.run import _machine, stack_and_model
     from tools.derived_models import projected_model
-    from worker.embedding.sentence import SentenceTransformerEmbedder
-    from worker.process.logs import setup_logging
 
-    stack = LocalStack(state_dir, broker=broker)
-    env, _ = stack.up(partitions=6)
-    try:
-        base = _stack_settings(env, broker, device=device, precision=precision, model=model)
-        setup_logging(base)
-        say("loading the model")
-        emb = SentenceTransformerEmbedder(model, precision, device)
-        emb.warmup()
+    with stack_and_model(state_dir, broker, device, precision, model, say) as (_, base, emb):
         texts = workloads.mixed_texts(docs)
         out: dict = {"machine": _machine(broker, emb.device), "model": emb.model_id, "precision": emb.precision,
                      "device": emb.device, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load": LOAD,
@@ -58,8 +48,6 @@ def run_lanes(*, docs: int, seconds: float, device: str, precision: str, state_d
                 out["sinks"][sink] = _pair(base, emb, texts, seconds, new_model, instant,
                                            lambda m, sink=sink: say(f"{sink}: {m}"))
         return out
-    finally:
-        stack.down()
 
 
 def _pair(base, emb, texts: list[str], seconds: float, new_model: str, instant: bool,

@@ -9,8 +9,10 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from pydantic import SecretStr
 
@@ -40,6 +42,27 @@ def _stack_settings(env: dict[str, str], broker: str, **extra) -> Settings:
                     kafka=quick_join_session(broker), metrics_port=0, log_level="WARNING", **extra)
 
 
+@contextmanager
+def stack_and_model(state_dir: Path, broker: str, device: str, precision: str, model: str | None,
+                    say: Callable[[str], None]) -> Iterator[tuple[dict[str, str], Settings, Any]]:
+    """A local stack of its own (``broker``), the bench's settings on it (logging set up) and the model
+    loaded and warmed up: ``(env, base, embedder)``; the stack goes down on the way out."""
+    from worker.embedding.sentence import SentenceTransformerEmbedder
+    from worker.process.logs import setup_logging
+
+    stack = LocalStack(state_dir, broker=broker)
+    env, _ = stack.up(partitions=6)
+    try:
+        base = _stack_settings(env, broker, device=device, precision=precision, model=model)
+        setup_logging(base)
+        say("loading the model")
+        emb = SentenceTransformerEmbedder(model, precision, device)
+        emb.warmup()
+        yield env, base, emb
+    finally:
+        stack.down()
+
+
 def _machine(broker: str, device: str) -> dict:
     """What the run ran on: Python, CPU, cores, broker, and the GPU's name on CUDA."""
     machine: dict = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
@@ -58,23 +81,13 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
     where Tansu cannot run); returns the bench.json dict. ``model``: EMBEDSTREAM_MODEL (None: the
     packaged MiniLM). On CUDA the raw encode tries larger batches, and the worker also runs with an
     instant sink (its own ceiling in front of the device)."""
-    from worker.embedding.sentence import SentenceTransformerEmbedder
-    from worker.process.logs import setup_logging
-
     sizes = dict(workloads.QUICK if quick else workloads.FULL)
     if docs:  # the recall sets scale too, with enough documents that a top 10 is a choice
         sizes.update(S1=docs, S2=docs, S4=docs, io=docs, recall_docs=max(docs, 100),
                      recall_queries=min(sizes["recall_queries"], max(docs, 100) // 2))
     if latency_seconds:
         sizes["S5_seconds"] = latency_seconds
-    stack = LocalStack(state_dir, broker=broker)
-    env, _ = stack.up(partitions=6)
-    try:
-        base = _stack_settings(env, broker, device=device, precision=precision, model=model)
-        setup_logging(base)
-        say("loading the model")
-        emb = SentenceTransformerEmbedder(model, precision, device)
-        emb.warmup()
+    with stack_and_model(state_dir, broker, device, precision, model, say) as (env, base, emb):
         if emb.device == "cuda":
             sizes["raw_batch_sizes"] = (128, 256, 512)
         texts = {"S1": workloads.short_texts(sizes["S1"]), "S2": workloads.mixed_texts(sizes["S2"])}
@@ -100,8 +113,6 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         out["achieved_tflops"] = _tflops(out, emb, texts["S2"])
         out["ratios"] = ratios(out)
         return out
-    finally:
-        stack.down()
 
 
 def _tflops(out: dict, emb, s2_texts: list[str]) -> dict[str, float]:

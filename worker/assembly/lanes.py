@@ -64,6 +64,13 @@ BACKFILL_NICE = 19
 LOWERED_STAGES = ("prepare", "sink")
 
 
+def check_supported(s: Settings) -> None:
+    """ConfigError when ``s`` asks for a backfill lane it cannot serve: one beside a model set."""
+    if s.models is not None:
+        raise ConfigError("EMBEDSTREAM_BACKFILL_MODEL moves one model's alias: it cannot run with EMBEDSTREAM_MODELS "
+                          "(run `embedstream migrate` per model instead)")
+
+
 def backfill_inflight(s: Settings) -> int:
     """The backfill lane's batches in flight: its share of the live lane's, at least one."""
     return max(1, int(s.max_inflight_batches * s.backfill_share))
@@ -147,9 +154,7 @@ def build_lanes(s: Settings, startup: StartClock | None = None, embedder: Embedd
     bench's). Raises ConfigError (as ``build_worker``) and for a setting the lane cannot serve."""
     from worker.assembly.runner import build_worker, load_embedder
 
-    if s.models is not None:
-        raise ConfigError("EMBEDSTREAM_BACKFILL_MODEL moves one model's alias: it cannot run with EMBEDSTREAM_MODELS "
-                          "(run `embedstream migrate` per model instead)")
+    check_supported(s)
     gate = ModelGate(lambda: 0, backfill_hold_s=s.max_batch_wait_ms / 1000 or BACKFILL_HOLD_S)
     live = build_worker(s, embedder=embedder, startup=startup, store_factory=store_factory,
                         model_gate=gate.live_step)

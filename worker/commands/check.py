@@ -71,12 +71,11 @@ def run_checks(s: Settings) -> list[Check]:
 
 def _backfill(s: Settings) -> str:
     """EMBEDSTREAM_BACKFILL_MODEL loads, and where its lane would write (``worker.assembly.lanes``)."""
-    from worker.assembly.lanes import backfill_settings
+    from worker.assembly.lanes import backfill_settings, check_supported
     from worker.assembly.naming import collection_of
     from worker.assembly.runner import load_embedder
 
-    if s.models is not None:
-        raise ConfigError("EMBEDSTREAM_BACKFILL_MODEL cannot run with EMBEDSTREAM_MODELS")
+    check_supported(s)
     model = load_embedder(s.model_copy(update={"model": s.backfill_model}))
     lane = backfill_settings(s, model)
     return (f"{model.model_id} loads; it would write {collection_of(s, '', model)} in group {lane.group_id}, up to "

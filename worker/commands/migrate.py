@@ -401,12 +401,13 @@ def run(m: Migration, *, sample: int = 50, min_overlap: float | None = None, dro
         say(f"alias {p.alias!r} already points to {p.new_collection!r}: nothing to backfill")
     else:
         adopt_legacy(m)
-        backfill: Backfill | LaneWatch = LaneWatch() if lane else Backfill(m.backfill_settings)
+        backfill: Backfill | LaneWatch
         if lane:
+            backfill = LaneWatch()
             say(f"waiting for the live workers' backfill lane (EMBEDSTREAM_BACKFILL_MODEL set to this model) to "
                 f"catch up in group {p.group!r}: without one, its lag stands still")
         else:
-            assert isinstance(backfill, Backfill)
+            backfill = Backfill(m.backfill_settings)
             backfill.start()
         try:
             admin = make_admin(m.settings.kafka_common())

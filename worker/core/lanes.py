@@ -27,17 +27,17 @@ from typing import Any
 from worker.core.pipeline import Step
 from worker.core.records import Batch
 
-#: How often a waiting backfill group looks again at the live chain's stages (they are counted by
+#: How often a waiting backfill batch looks again at the live chain's stages (they are counted by
 #: other threads, outside the gate's lock).
 LOOK_AGAIN_S = 0.005
 
 
 class ModelGate:
     """The model's time between a live lane and a backfill lane (the module doc). ``live_waiting()``:
-    how many live batches are in the live chain's stages before and in the model (read from the
-    backfill's embed thread)."""
+    whether live batches are in the live chain's stages before or in the model (any truthy value; read
+    from the backfill's embed thread)."""
 
-    def __init__(self, live_waiting: Callable[[], int], clock: Callable[[], float] = time.monotonic,
+    def __init__(self, live_waiting: Callable[[], object], clock: Callable[[], float] = time.monotonic,
                  backfill_hold_s: float = 0.1, resize: Callable[[int], None] = lambda tokens: None) -> None:
         self.live_waiting = live_waiting
         self._clock = clock
