@@ -23,13 +23,16 @@ import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
 from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.schema_registry.common._httpx_compat import httpx  # whichever the client uses
+from confluent_kafka.schema_registry.common.avro import parse_schema_with_repo
 from fastavro.read import SchemaResolutionError
 
-from schemas.avro_shapes import zero_byte_collection
+from schemas.avro_shapes import json_depth, zero_byte_collection
 from schemas.codec import is_framed
 from schemas.errors import ConfigError, DecodeError, TransientError
 from schemas.redact import without_userinfo
@@ -51,37 +54,48 @@ def schema_id(data: bytes | None) -> int | None:
     return int.from_bytes(data[1:5], "big")
 
 
-def with_writer_aliases(reader: dict[str, Any], writer_text: str) -> dict[str, Any] | None:
-    """``reader`` with aliases added for the fields ``writer_text`` renamed (a writer field that lists
-    one of our names in its ``aliases`` and no field of that name); None when it renames nothing."""
-    try:
-        writer = json.loads(writer_text)
-    except ValueError:
+def with_writer_aliases(reader: dict[str, Any], writer: Any) -> dict[str, Any] | None:
+    """``reader`` with aliases added for the fields ``writer`` (parsed JSON) renamed (a writer field that
+    lists one of our names in its ``aliases`` and no field of that name); None when it renames nothing."""
+    if not isinstance(writer, dict) or writer.get("type") != "record" or not isinstance(writer.get("fields"), list):
         return None
-    if not isinstance(writer, dict) or writer.get("type") != "record":
-        return None
-    names = {f["name"] for f in writer.get("fields", [])}
-    renamed = {alias: f["name"] for f in writer.get("fields", []) for alias in f.get("aliases", [])
-               if alias not in names}
+    fields = [f for f in writer["fields"] if isinstance(f, dict) and isinstance(f.get("name"), str)]
+    names = {f["name"] for f in fields}
+    renamed = {alias: f["name"] for f in fields for alias in (f.get("aliases") or ())
+               if isinstance(alias, str) and alias not in names}
     if not any(f["name"] in renamed for f in reader["fields"]):
         return None
-    fields = [{**f, "aliases": [*f.get("aliases", []), renamed[f["name"]]]} if f["name"] in renamed else f
-              for f in reader["fields"]]
-    return {**reader, "fields": fields}
+    widened = [{**f, "aliases": [*f.get("aliases", []), renamed[f["name"]]]} if f["name"] in renamed else f
+               for f in reader["fields"]]
+    return {**reader, "fields": widened}
 
 
-def _refusal(writer_text: str) -> str | None:
-    """Why no record written with ``writer_text`` is read (None: they are): an array or map of items
-    that take no bytes, whose count alone could hold the polling thread for ever."""
-    try:
-        writer = json.loads(writer_text)
-    except ValueError:
-        return None  # the deserializer says what is wrong with it
-    where = zero_byte_collection(writer)
+#: A writer schema is refused past these (real ones are a few KB and a few levels deep): every walk of
+#: a schema, ours and fastavro's, recurses, and a schema is fetched on the polling thread.
+MAX_SCHEMA_CHARS = 1_000_000
+MAX_SCHEMA_DEPTH = 64
+#: Schemas a writer schema may reference (``references``, followed transitively).
+MAX_REFERENCES = 64
+
+
+def _refusal(parsed: Any) -> str | None:
+    """Why no record written with ``parsed`` (fastavro's parse of the writer schema) is read (None:
+    they are): an array or map of items that take no bytes, whose count alone could hold the polling
+    thread for ever."""
+    where = zero_byte_collection(parsed)
     if where is None:
         return None
     return (f"its {where} takes no bytes per item, so a few bytes could claim 2^62 items; such schemas "
             "are refused (give the items a field, or use another type)")
+
+
+def _shape_refusal(text: str, what: str) -> str | None:
+    """Why the schema text ``text`` is refused before it is parsed (None: it may be parsed)."""
+    if len(text) > MAX_SCHEMA_CHARS:
+        return f"{what} is {len(text):,} characters, over the {MAX_SCHEMA_CHARS:,} a writer schema may be"
+    if json_depth(text, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        return f"{what} nests deeper than {MAX_SCHEMA_DEPTH} levels"
+    return None
 
 
 def frame(sid: int) -> bytes:
@@ -108,6 +122,15 @@ MISSING_MAX = 10_000
 #: dead-lettered ``unknown_schema``, the message says why). Random frames name a new id with nearly
 #: every record: requests must be bounded by this budget, not by the number of records.
 MISSING_LOOKUPS = 1_000
+
+
+class _Refused(Exception):
+    """A writer schema refused, with why (its message)."""
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    return text[:200] + ("…" if len(text) > 200 else "")
 
 
 class SchemaRegistry:
@@ -151,27 +174,91 @@ class SchemaRegistry:
         misses = self._misses
         return len(misses) == MISSING_LOOKUPS and self._clock() - misses[0] <= MISSING_TTL_S
 
+    def _ask(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call()``'s answer from the registry; None where it answered 404. Raises
+        :class:`TransientError` where it did not answer (a refusal, a timeout, a 5xx, 401/403)."""
+        try:
+            return call()
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == 404:
+                return None
+            raise TransientError("schema registry", f"{what} at {self.url}: {exc}") from None
+        except (httpx.HTTPError, OSError, ValueError) as exc:  # connection refused, timeouts, a page not JSON
+            raise TransientError("schema registry", f"{what} at {self.url}: {exc!r}") from None
+
     def _fetch(self, sid: int) -> None:
         if self._budget_spent():
             self._remember_missing(sid, asked=False)
             return
+        reason: str | None = None
         try:
-            schema = self.client.get_schema(sid)
-        except SchemaRegistryError as exc:
-            if exc.http_status_code == 404:
-                self._remember_missing(sid, asked=True)
-                return
-            raise TransientError("schema registry", f"looking up schema id {sid} at {self.url}: {exc}") from None
-        except Exception as exc:  # connection refused, timeouts: the HTTP library's own types
-            raise TransientError("schema registry", f"looking up schema id {sid} at {self.url}: {exc!r}") from None
-        reason = _refusal(schema.schema_str or "")
+            schema = self._ask(f"looking up schema id {sid}", lambda: self.client.get_schema(sid))
+        except TransientError:
+            raise
+        except Exception as exc:  # the client could not make sense of the registry's answer for this id
+            schema, reason = False, f"the registry's answer could not be read ({type(exc).__name__}: {_short(exc)})"
+        if schema is None:
+            self._remember_missing(sid, asked=True)
+            return
+        if schema is not False:
+            try:
+                reason = self._judge(sid, schema)
+            except TransientError:
+                raise
+            except _Refused as refused:
+                reason = str(refused)
+            except Exception as exc:  # whatever a hostile schema makes a walk raise: RecursionError, KeyError...
+                reason = f"it could not be read as an Avro schema ({type(exc).__name__}: {_short(exc)})"
         if reason is not None:
             log.warning("schema id %d: %s; its records are dead-lettered (incompatible_schema)", sid, reason)
             self._refused[sid] = reason
-        reader = with_writer_aliases(self._reader, schema.schema_str or "")
+        self._known.add(sid)
+
+    def _judge(self, sid: int, schema: Schema) -> str | None:
+        """Why records written with ``schema`` are refused (None: they are read). The registry's answer
+        is input like a record's bytes: bounded before any recursive walk, parsed as the deserializer
+        parses it (its references resolved the same way), and walked as fastavro resolved its names."""
+        kind = schema.schema_type or "AVRO"
+        if not isinstance(kind, str) or kind.upper() != "AVRO":
+            return f"it is a {str(kind)[:20]!r} schema; this worker reads Avro schemas only"
+        rules = schema.rule_set
+        if rules is not None and (rules.migration_rules or rules.domain_rules):
+            return "its rule set asks readers to run rules (CEL, JSONata, encryption); this worker runs none"
+        text = schema.schema_str or ""
+        refusal = _shape_refusal(text, "it")
+        if refusal is not None:
+            return refusal
+        named: dict[str, Any] = {}
+        self._references(schema, named, [0])
+        parsed = parse_schema_with_repo(text, named)
+        refusal = _refusal(parsed)
+        if refusal is not None:
+            return refusal
+        reader = with_writer_aliases(self._reader, json.loads(text))
         if reader is not None:
             self._renamed[sid] = AvroDeserializer(self.client, json.dumps(reader))
-        self._known.add(sid)
+        return None
+
+    def _references(self, schema: Schema, named: dict[str, Any], fetched: list[int]) -> None:
+        """Fill ``named`` with the schemas ``schema`` references, transitively, as confluent-kafka's
+        deserializer resolves them; at most ``MAX_REFERENCES`` fetched (a cycle ends there)."""
+        for ref in schema.references or ():
+            fetched[0] += 1
+            if fetched[0] > MAX_REFERENCES:
+                raise _Refused(f"it references more than {MAX_REFERENCES} schemas")
+            if not (isinstance(ref.subject, str) and isinstance(ref.name, str) and isinstance(ref.version, int)):
+                raise _Refused("it has a reference without a subject, a name or a version")
+            got = self._ask(f"looking up reference {ref.subject!r} version {ref.version}",
+                            partial(self.client.get_version, ref.subject, ref.version, True))
+            if got is None:
+                raise _Refused(f"it references {ref.subject[:100]!r} version {ref.version}, which the registry "
+                               "does not know")
+            text = got.schema.schema_str or ""
+            refusal = _shape_refusal(text, f"its reference {ref.name[:100]!r}")
+            if refusal is not None:
+                raise _Refused(refusal)
+            self._references(got.schema, named, fetched)
+            named[ref.name] = json.loads(text)
 
     def resolve(self, ids: Iterable[int]) -> None:
         """Make sure every schema id in ``ids`` is known or known to be missing. Raises

@@ -5,6 +5,11 @@ a ``fixed`` of size 0, a record whose fields all take none) lets a few bytes of 
 items: the reader then steps through them one by one, holding the polling thread for ever, while a
 bound on the record's size bounds nothing. :func:`zero_byte_collection` finds such an array or map in
 a writer schema, so that records written with it are refused (``incompatible_schema``) instead.
+
+It walks the schema as the reader parsed it (fastavro's parse, where every named type is defined and
+referred to by its full name), so names resolve exactly as the reader resolves them: two types of one
+short name in two namespaces are two types. :func:`json_depth` bounds how deep a schema may nest
+before anything recursive walks it.
 """
 
 from __future__ import annotations
@@ -15,44 +20,59 @@ from typing import Any
 _PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
 
 
-def zero_byte_collection(schema: Any) -> str | None:
-    """The path of the first array or map in ``schema`` (parsed JSON) whose items take no bytes
-    (``"record Doc field tags: array of null"``); None when there is none. Named types are followed by
-    name, recursion included; a schema this function cannot make sense of is left to the reader."""
+def json_depth(text: str, limit: int) -> int:
+    """How deep the JSON ``text`` nests arrays and objects, read from its brackets outside strings (no
+    parser runs: Python's is recursive); stops reading past ``limit`` (returns ``limit + 1``)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return limit + 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def zero_byte_collection(parsed: Any) -> str | None:
+    """The path of the first array or map in ``parsed`` (a schema as fastavro's ``parse_schema``
+    returns it) whose items take no bytes (``"record io.Doc field tags: array of null"``); None when
+    there is none. Named types are followed by full name, recursion included."""
     names: dict[str, Any] = {}
-    _collect(schema, names, None)
-    return _Walk(names).find(schema, "")
+    _collect(parsed, names)
+    return _Walk(names).find(parsed, "")
 
 
-def _full_name(node: dict, namespace: str | None) -> tuple[str, str | None]:
-    name = str(node.get("name", ""))
-    if "." in name:
-        return name, name.rsplit(".", 1)[0]
-    space = node.get("namespace", namespace)
-    return (f"{space}.{name}" if space else name), space
-
-
-def _collect(node: Any, names: dict[str, Any], namespace: str | None) -> None:
-    """Every named type (record, enum, fixed) under ``node``, by full and short name."""
-    if isinstance(node, list):
-        for branch in node:
-            _collect(branch, names, namespace)
-    elif isinstance(node, dict):
-        kind = node.get("type")
-        if kind in ("record", "error", "enum", "fixed") and "name" in node:
-            full, namespace = _full_name(node, namespace)
-            names[full] = node
-            names.setdefault(full.rsplit(".", 1)[-1], node)
-        if kind in ("record", "error"):
-            for field in node.get("fields") or ():
-                if isinstance(field, dict):
-                    _collect(field.get("type"), names, namespace)
-        elif kind == "array":
-            _collect(node.get("items"), names, namespace)
-        elif kind == "map":
-            _collect(node.get("values"), names, namespace)
-        elif isinstance(kind, (dict, list)):
-            _collect(kind, names, namespace)
+def _collect(node: Any, names: dict[str, Any]) -> None:
+    """Every named type (record, enum, fixed) defined under ``node``, by its full name."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            kind = item.get("type")
+            if kind in ("record", "error", "enum", "fixed") and isinstance(item.get("name"), str):
+                names.setdefault(item["name"], item)
+            if kind in ("record", "error"):
+                stack.extend(f.get("type") for f in item.get("fields") or () if isinstance(f, dict))
+            elif kind == "array":
+                stack.append(item.get("items"))
+            elif kind == "map":
+                stack.append(item.get("values"))
+            elif isinstance(kind, (dict, list)):
+                stack.append(kind)
 
 
 class _Walk:

@@ -22,6 +22,9 @@ data written with the old one"; it is checked with fastavro's own schema resolut
 records of the old schema (plus the same check fastavro does when it reads real data). Schemas are
 kept in a JSON file, so ids survive a restart.
 
+``lax`` (``--lax``) stores whatever is registered, any schema type, any text, unchecked, as a registry
+that checks nothing would: the hostile-input tests plant the writer schemas an attacker could.
+
 Run: ``python -m tools.registry --port 8081 --data registry.json``.
 """
 
@@ -89,8 +92,11 @@ def compatible(level: str, new: str, olds: list[str]) -> bool:
 class Store:
     """Subjects, versions and global ids, persisted to ``path`` (JSON) after every change."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, lax: bool = False) -> None:
         self.path = path
+        self.lax = lax
+        #: ``schemaType`` and ``references`` of the schemas registered with them (lax only).
+        self.extras: dict[int, dict[str, Any]] = {}
         self.lock = threading.Lock()
         data = json.loads(path.read_text()) if path and path.exists() else {}
         self.schemas: dict[int, str] = {int(k): v for k, v in data.get("schemas", {}).items()}
@@ -107,6 +113,8 @@ class Store:
         tmp.replace(self.path)
 
     def _id_of(self, text: str) -> int | None:
+        if self.lax:
+            return next((sid for sid, known in self.schemas.items() if known == text), None)
         canon = json.dumps(json.loads(text), sort_keys=True)
         for sid, known in self.schemas.items():
             if json.dumps(json.loads(known), sort_keys=True) == canon:
@@ -128,7 +136,14 @@ class Store:
             self._save()
         return level
 
-    def register(self, subject: str, text: str) -> int:
+    def register(self, subject: str, text: str, extras: dict[str, Any] | None = None) -> int:
+        if self.lax:
+            with self.lock:
+                sid = max(self.schemas, default=0) + 1
+                self.schemas[sid] = text
+                self.extras[sid] = extras or {}
+                self.subjects[subject] = [*self.subjects.get(subject, []), sid]
+                return sid
         _parse(text)
         with self.lock:
             versions = self.subjects.get(subject, [])
@@ -153,7 +168,7 @@ class Store:
         if not 1 <= n <= len(versions):
             raise RegistryError(404, 40402, f"Version {which} not found.")
         sid = versions[n - 1]
-        return {"subject": subject, "version": n, "id": sid, "schema": self.schemas[sid]}
+        return {"subject": subject, "version": n, "id": sid, "schema": self.schemas[sid], **self.extras.get(sid, {})}
 
     def lookup(self, subject: str, text: str) -> dict[str, Any]:
         if subject not in self.subjects:
@@ -166,13 +181,13 @@ class Store:
     def by_id(self, sid: int) -> dict[str, Any]:
         if sid not in self.schemas:
             raise RegistryError(404, 40403, f"Schema {sid} not found")
-        return {"schema": self.schemas[sid]}
+        return {"schema": self.schemas[sid], **self.extras.get(sid, {})}
 
 
 def _route(store: Store, method: str, path: str, body: dict[str, Any]) -> Any:
     """The answer to one request, or :class:`RegistryError`."""
     parts = [unquote(p) for p in path.strip("/").split("/") if p]
-    if body.get("schemaType", "AVRO") != "AVRO":
+    if body.get("schemaType", "AVRO") != "AVRO" and not store.lax:
         raise RegistryError(422, 42201, "this development registry serves Avro schemas only")
     match method, parts:
         case "GET", ["subjects"]:
@@ -182,7 +197,8 @@ def _route(store: Store, method: str, path: str, body: dict[str, Any]) -> Any:
         case "GET", ["subjects", s, "versions", v]:
             return store.version(s, v)
         case "POST", ["subjects", s, "versions"]:
-            return {"id": store.register(s, _schema_text(body))}
+            extras = {k: body[k] for k in ("schemaType", "references", "ruleSet") if k in body}
+            return {"id": store.register(s, _schema_text(body), extras)}
         case "POST", ["subjects", s]:
             return store.lookup(s, _schema_text(body))
         case "GET", ["schemas", "ids", sid] if sid.isdigit():
@@ -214,11 +230,11 @@ class RegistryServer(ThreadingHTTPServer):
 
 
 def make_server(port: int, data: Path | None, host: str = "127.0.0.1",
-                basic_auth: str | None = None) -> RegistryServer:
+                basic_auth: str | None = None, lax: bool = False) -> RegistryServer:
     """The registry on ``port`` (0: any free port; ``server.server_port`` says which). ``basic_auth``
     (``user:password``): every request must carry those credentials, else 401, as a registry with
     HTTP basic authentication answers."""
-    store = Store(data)
+    store = Store(data, lax)
     wanted = "Basic " + base64.b64encode(basic_auth.encode()).decode() if basic_auth else None
     requests: Counter[str] = Counter()
 
@@ -272,10 +288,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--data", type=Path, default=None, help="JSON file that keeps the schemas across restarts")
+    ap.add_argument("--lax", action="store_true", help="store any schema registered, unchecked (tests)")
     ap.add_argument("--basic-auth", default=None, metavar="USER:PASSWORD",
                     help="answer 401 to any request without these HTTP basic credentials")
     args = ap.parse_args(argv)
-    server = make_server(args.port, args.data, args.host, args.basic_auth)
+    server = make_server(args.port, args.data, args.host, args.basic_auth, args.lax)
     print(f"development schema registry on http://{args.host}:{args.port}", flush=True)
     server.serve_forever()
 

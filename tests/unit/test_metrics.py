@@ -80,34 +80,119 @@ def test_a_batch_histogram_exposes_what_a_histogram_observing_one_value_at_a_tim
                     if "_sum" not in ln and "_created" not in ln]
 
 
-def test_idle_connections_cannot_hold_the_metrics_server():
-    """A connection silent past the timeout is closed, and past the bound on connections a new one is
-    closed at once: idle clients never hold a thread each (200 idle ones held 200 threads before)."""
+def _get(port: int, path: str = "/healthz", timeout: float = 5.0) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_trickling_clients_never_lock_out_a_probe():
+    """Clients that hold connections open by sending a byte now and then (slow loris) never keep a probe
+    from its answer: at the bound on connections the oldest unfinished request is closed, and each
+    connection has a deadline for its whole exchange, not per read."""
     import socket
     import threading
     import time
-    import urllib.request
 
-    from worker.process.metrics import serve_answers
+    from worker.process.answer_server import serve_answers
 
-    server = serve_answers(0, lambda path: (200, "text/plain", b"ok"), "127.0.0.1", timeout=1.0, limit=4)
+    server = serve_answers(0, lambda path: (200, "text/plain", b"ok\n"), "127.0.0.1", deadline=1.0, limit=8)
     port = server.server_address[1]
-    url = f"http://127.0.0.1:{port}/metrics"
-    before = threading.active_count()
-    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
-    deadline = time.monotonic() + 5
-    while threading.active_count() < before + 4 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert threading.active_count() >= before + 4  # the four idle ones hold every slot
+    stop = threading.Event()
+
+    def trickle() -> None:  # 3x the bound, each sending a byte every 50 ms, reconnecting when closed
+        socks: list[socket.socket] = []
+        while not stop.is_set():
+            while len(socks) < 24:
+                socks.append(socket.create_connection(("127.0.0.1", port)))
+            for s in list(socks):
+                try:
+                    s.send(b"G")
+                except OSError:
+                    socks.remove(s)
+                    s.close()
+            time.sleep(0.05)
+        for s in socks:
+            s.close()
+
+    attacker = threading.Thread(target=trickle, daemon=True)
+    attacker.start()
     try:
-        refused = urllib.request.urlopen(url, timeout=5).read()
-    except Exception as exc:  # closed at once: no answer
-        refused = exc
-    assert not isinstance(refused, bytes), "a fifth connection was served past the bound"
-    for s in idle:
-        s.settimeout(10)
-        assert s.recv(1) == b""  # closed by the server after its second of silence
-    assert urllib.request.urlopen(url, timeout=5).read() == b"ok"  # slots free again
+        time.sleep(0.3)
+        answers = [_get(port, timeout=2.0) for _ in range(30)]
+    finally:
+        stop.set()
+        attacker.join(5)
+    assert answers == [(200, b"ok\n")] * 30
     server.shutdown()
-    for s in idle:
+
+
+def test_a_connection_is_closed_at_its_deadline_whatever_it_sends():
+    import socket
+    import time
+
+    from worker.process.answer_server import serve_answers
+
+    server = serve_answers(0, lambda path: (200, "text/plain", b"ok"), "127.0.0.1", deadline=0.5)
+    port = server.server_address[1]
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(5)
+    t0 = time.monotonic()
+    closed = False
+    while time.monotonic() - t0 < 4:
+        try:
+            s.send(b"X")  # never a whole request
+        except OSError:
+            closed = True
+            break
+        s.setblocking(False)
+        try:
+            if s.recv(1) == b"":
+                closed = True
+                break
+        except BlockingIOError:
+            pass
+        s.setblocking(True)
+        time.sleep(0.05)
+    assert closed and time.monotonic() - t0 < 2.0
+    s.close()
+    server.shutdown()
+
+
+def test_the_answer_server_answers_what_it_is_asked_and_refuses_the_rest():
+    import socket
+
+    from worker.process.answer_server import MAX_REQUEST_BYTES, serve_answers
+
+    def answer(path: str):
+        if path == "/boom":
+            raise RuntimeError("a failing answer")
+        return (200, "text/plain", path.encode()) if path.startswith("/ok") else (404, "text/plain", b"no\n")
+
+    server = serve_answers(0, answer, "127.0.0.1")
+    port = server.server_address[1]
+    assert _get(port, "/ok?x=1") == (200, b"/ok?x=1")
+    assert _get(port, "/nope") == (404, b"no\n")
+    assert _get(port, "/boom")[0] == 500
+    assert _get(port, "/ok")[0] == 200  # still serving after an answer raised
+
+    def raw(data: bytes) -> bytes:
+        s = socket.create_connection(("127.0.0.1", port))
+        s.settimeout(5)
+        s.sendall(data)
+        got = b""
+        while chunk := s.recv(4096):
+            got += chunk
         s.close()
+        return got
+
+    assert raw(b"POST /ok HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 405")
+    assert raw(b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert raw(b"GET /" + b"a" * (MAX_REQUEST_BYTES + 10) + b" HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 431")
+    head = raw(b"HEAD /ok HTTP/1.1\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n")
+    server.shutdown()

@@ -20,12 +20,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from http.server import ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from connectors.share_backlog import PartitionBacklog, as_json
-from worker.process.metrics import serve_answers
+from worker.process.answer_server import AnswerServer, serve_answers
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ class BacklogExporter:
             return (200 if ok else 503), "text/plain", (b"ok\n" if ok else f"{self.error}\n".encode())
         return 404, "text/plain", b"not found: /backlog, /metrics, /healthz\n"
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    def serve(self, port: int, host: str = "0.0.0.0") -> AnswerServer:
         """Start reading and serving on daemon threads; returns the server."""
         threading.Thread(target=self.run, name="backlog", daemon=True).start()
         return serve_answers(port, self.answer, host, name="backlog-http")

@@ -6,12 +6,13 @@ import json
 import threading
 import time
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
+
+from worker.process.answer_server import AnswerServer, serve_answers
 
 
 class BatchHistogram:
@@ -231,71 +232,7 @@ class Health:
         return self.model_loaded and self.assigned > 0
 
 
-#: Seconds a connection to the metrics or backlog server may stay silent (reading a request, writing an
-#: answer) before it is closed: an idle client cannot hold a thread.
-CONNECTION_TIMEOUT_S = 10.0
-#: Connections answered at once; one more is closed at once (a scraper needs one or two).
-MAX_CONNECTIONS = 32
-
-
-class _BoundedServer(ThreadingHTTPServer):
-    """A thread per connection, at most ``MAX_CONNECTIONS`` at a time, each silent for at most
-    ``CONNECTION_TIMEOUT_S``: 200 idle connections held 200 threads of a server without either."""
-
-    daemon_threads = True
-
-    def __init__(self, address, handler, limit: int) -> None:
-        self._slots = threading.BoundedSemaphore(limit)
-        super().__init__(address, handler)
-
-    def process_request(self, request, client_address) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # full: closed at once, never queued behind the others
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request, client_address) -> None:
-        pass  # a client that hung up or timed out: nothing to report (socketserver prints a traceback)
-
-
-def serve_answers(port: int, answer, host: str = "0.0.0.0", name: str = "metrics",
-                  timeout: float = CONNECTION_TIMEOUT_S, limit: int = MAX_CONNECTIONS) -> ThreadingHTTPServer:
-    """Serve GETs on ``host:port`` from a daemon thread, each answered by ``answer(path)`` as ``(status,
-    content type, body)``; returns the server (the worker's and the backlog exporter's). A connection
-    silent for ``timeout`` seconds is closed; past ``limit`` connections at once, a new one is closed."""
-
-    silent_s = timeout
-
-    class Handler(BaseHTTPRequestHandler):
-        timeout = silent_s  # the socket's timeout for every read and write of a connection
-
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            code, ctype, body = answer(self.path)
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_args):
-            pass
-
-    server = _BoundedServer((host, port), Handler, limit)
-    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
-    return server
-
-
-def serve(port: int, health: Health, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+def serve(port: int, health: Health, host: str = "0.0.0.0") -> AnswerServer:
     """Serve /metrics, /healthz, /readyz on ``host:port`` from a daemon thread; returns the server."""
 
     def answer(path: str) -> tuple[int, str, bytes]:

@@ -6,6 +6,7 @@ bytes before anything is decoded or tokenised, so a 50 MB value costs one ``len`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME
@@ -15,6 +16,8 @@ from connectors.registry import SchemaRegistry, schema_id
 from schemas.codec import DecodeError, Tombstone, decode_document
 from schemas.errors import TransientError
 from worker.core.records import DeadLetter, Delete, Entry, Item, Source, content_hash, headers_size, normalise_text
+
+log = logging.getLogger(__name__)
 
 #: Milvus VARCHAR primary key limit (bytes) of the collection this worker creates.
 MAX_ID_BYTES = 512
@@ -57,8 +60,13 @@ class Validator:
         ``TransientError`` while the registry is out (the caller holds ``msgs`` and retries)."""
         if self.registry is None:
             return
-        self.registry.resolve({sid for m in msgs for data in (m.key(), m.value())
-                               if (sid := schema_id(data)) is not None})
+        try:
+            self.registry.resolve({sid for m in msgs for data in (m.key(), m.value())
+                                   if (sid := schema_id(data)) is not None})
+        except TransientError:
+            raise
+        except Exception:  # never expected (the registry refuses what it cannot judge): validate() meets it
+            log.exception("looking up the writer schemas of %d records failed", len(msgs))
 
     def validate(self, msg) -> Entry:
         """The record's entry. Raises only ``TransientError`` (the registry is out: the caller retries);
