@@ -95,7 +95,7 @@ SWITCH_OFFS = (
               ("tests/integration/test_recreated_topic.py", "-k", "older_version"), ("tests/unit/test_versions.py",)),
     SwitchOff("DLQ breaker", "worker/steps/polling/dlq_limit.py", "DlqLimit._trip",
               "raise DlqLimitExceeded(", "return DlqLimitExceeded(",
-              ("tests/faults/test_data_and_group.py", "-k", "breaker"), ("tests/unit/test_dlq_limit.py",)),
+              ("tests/unit/test_loop.py", "-k", "trip_the_breaker"), ("tests/unit/test_dlq_limit.py",)),
     SwitchOff("stale chunks", "worker/steps/writing/targets.py", "write_collection",
               "store.delete(stale)", "pass",
               ("tests/faults/test_long_documents.py",), ("tests/unit/test_sink_rows.py",)),

@@ -4,8 +4,12 @@ One worker process reads 1,000 clean documents, then a flood of 20,000 hostile r
 180,000 more. In the floods every hundredth record is a good document (JSON, or
 registry-framed Avro; keys plain or CDC envelopes with extra fields) and the rest are built to
 hurt: random bytes, registry frames with random schema ids, JSON nested 10,000 deep, invalid UTF-8,
-lone surrogates, keys of 1 MB, CDC envelopes with fields missing, and headers of every size on all
-kinds. The breaker is off (a topic of garbage would trip it at once; that is its own test).
+lone surrogates, keys of 1 MB, CDC envelopes with fields missing, frames of writer schemas a registry
+that checks nothing stored (a namespace decoy hiding an array of empty records whose count claims 2^62
+items, arrays nested 990 deep, a JSON Schema with a field without a name), and headers of every size on
+all kinds. The breaker is at its defaults: a producer's flood never trips it. Throughout, 40 clients
+trickle a byte every few seconds into the worker's probe port, and ``/healthz`` is asked every half
+second: every probe is answered.
 
 It shows:
 - no crash: the worker stops cleanly at the end, no traceback;
@@ -28,8 +32,11 @@ from __future__ import annotations
 import io
 import json
 import random
+import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 
 import fastavro
@@ -42,6 +49,7 @@ from connectors.registry import MISSING_LOOKUPS, client_conf, frame
 from schemas.codec import DOCUMENT_SCHEMA_TEXT
 from tests.faults.harness import WorkerProcess, wait_until
 from tests.helpers import documents_in_milvus, fresh_settings, read_topic, registry_serializer
+from tests.unit.test_fuzz_schemas import DECOY, DECOY_BODY, _deep_arrays
 from tools.registry import make_server
 from worker.steps.polling.dlq_limit import HINTS
 
@@ -106,6 +114,7 @@ EXPECTED_REASONS: dict[str, set[str]] = {
     "cdc": {"decode_error"},  # an envelope without the id field, a value without a text
     "empty": {"decode_error", "empty_text"},
     "bigkey": {"id_too_long"},  # the key is the id: over the 512 bytes of Milvus's key
+    "schema": {"incompatible_schema"},  # a writer schema no reader should walk
 }
 KINDS = ["random", "random", "random", "frame", "frame", "deep", "utf8", "surrogate", "cdc", "empty"]
 
@@ -129,15 +138,83 @@ def _makes_a_document(key: bytes | None, value: bytes) -> bool:
     return (key_text is None and rec["id"] != "") or (key_text is not None and rec["id"] in ("", key_text))
 
 
+def _register(url: str, text: str, schema_type: str | None = None) -> int:
+    body = {"schema": text, **({"schemaType": schema_type} if schema_type else {})}
+    req = urllib.request.Request(f"{url}/subjects/hostile/versions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())["id"]
+
+
+def _hostile_schemas(url: str) -> list[bytes]:
+    """Records framed with writer schemas that a registry checking nothing stores, built to hurt."""
+    decoy = frame(_register(url, json.dumps(DECOY))) + DECOY_BODY
+    deep = frame(_register(url, _deep_arrays(990))) + b"\x02a\x02b\x00"
+    nameless = frame(_register(url, json.dumps({"type": "record", "name": "J", "fields": [{"type": "string"}]}),
+                               "JSON")) + b"\x02a\x02b"
+    return [decoy, deep, nameless]
+
+
+class _Trickle:
+    """``clients`` connections to ``port`` that each send a byte every ``every`` seconds (reconnecting
+    when closed), and a probe of ``/healthz`` every half second; ``probes`` holds each probe's status
+    (or the error's name)."""
+
+    def __init__(self, port: int, clients: int = 40, every: float = 5.0) -> None:
+        self.port, self.clients, self.every = port, clients, every
+        self.probes: list[int | str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._attack, daemon=True),
+                         threading.Thread(target=self._probe, daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _attack(self) -> None:
+        socks: list[socket.socket] = []
+        while not self._stop.is_set():
+            while len(socks) < self.clients:
+                try:
+                    socks.append(socket.create_connection(("127.0.0.1", self.port), timeout=2))
+                except OSError:
+                    break
+            for s in list(socks):
+                try:
+                    s.send(b"G")
+                except OSError:
+                    socks.remove(s)
+                    s.close()
+            self._stop.wait(self.every)
+        for s in socks:
+            s.close()
+
+    def _probe(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
+                    self.probes.append(r.status)
+            except urllib.error.HTTPError as exc:
+                self.probes.append(exc.code)
+            except Exception as exc:
+                self.probes.append(type(exc).__name__)
+            self._stop.wait(0.5)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(10)
+
+
 def test_hostile_records_are_dead_lettered_with_memory_and_registry_requests_bounded(stack, capsys, tmp_path):
-    registry = make_server(0, None)
+    registry = make_server(0, None, lax=True)  # stores any schema, as a registry that checks nothing
     threading.Thread(target=registry.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{registry.server_address[1]}"
-    s = fresh_settings(stack, partitions=3, schema_registry_url=url, key_field="id", dlq_max_ratio=1.0,
-                       dlq_max_consecutive=10**9, topic_config={"input": {"max.message.bytes": "4194304"}})
+    # the breaker at its defaults: a producer's garbage never trips it
+    s = fresh_settings(stack, partitions=3, schema_registry_url=url, key_field="id",
+                       topic_config={"input": {"max.message.bytes": "4194304"}})
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
     framed = registry_serializer(SchemaRegistryClient(client_conf(url, {})), DOCUMENT_SCHEMA_TEXT, s.input_topic)
+    schema_frames = _hostile_schemas(url)
 
     rng = random.Random(35)
     producer = make_producer(s.kafka_common(), **{"message.max.bytes": 4_500_000, "linger.ms": 20,
@@ -180,6 +257,8 @@ def test_hostile_records_are_dead_lettered_with_memory_and_registry_requests_bou
                 good.add(doc_id)
             if n in big_at:
                 kind, (key, value) = "bigkey", (b"K" * 1_000_000 + str(n).encode(), b'{"text": "a key of a megabyte"}')
+            elif n % 500 == 1:
+                kind, (key, value) = "schema", (f"bad-{n}".encode(), schema_frames[n // 500 % len(schema_frames)])
             else:
                 kind, (key, value) = KINDS[n % 10], _hostile(rng, n)
             while _makes_a_document(key, value):  # a rare random one (a short Avro record) is not hostile: redraw
@@ -206,7 +285,8 @@ def test_hostile_records_are_dead_lettered_with_memory_and_registry_requests_bou
                          on_delivery=delivered("good"))
         good.add(doc_id)
     assert producer.flush(60) == 0
-    worker = WorkerProcess(s, tmp_path, "worker", instant=True)  # RSS sampled every 0.2 s
+    worker = WorkerProcess(s, tmp_path, "worker", instant=True, EMBEDSTREAM_METRICS_PORT="auto")  # RSS every 0.2 s
+    trickle = _Trickle(worker.metrics_port())
     watcher = Consumer({**s.kafka_common(), "group.id": s.group_id, "enable.auto.commit": False})
     parts = [TopicPartition(s.input_topic, p) for p in range(3)]
     committed = 0
@@ -235,9 +315,11 @@ def test_hostile_records_are_dead_lettered_with_memory_and_registry_requests_bou
         worker.terminate()
         code = worker.wait(60)
     finally:
+        trickle.stop()
         watcher.close()
         WorkerProcess.kill_all()
     err = worker.log()
+    assert len(trickle.probes) > 20 and set(trickle.probes) == {200}, Counter(trickle.probes)
     assert code == 0, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert len(placed["bad"]) == HOSTILE and len(placed["good"]) == len(good) == CLEAN + HOSTILE // GOOD_EVERY

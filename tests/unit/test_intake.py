@@ -16,7 +16,8 @@ from .fakes import FakeMessage
 
 
 def _intake(out: list[Batch], size: int = 3, run: int = 100) -> Intake:
-    return Intake(Validator(1000, lambda m: "" if m is None else None), lambda texts, _model: [len(t) for t in texts],
+    return Intake(Validator(1000, lambda m: "" if m is None else None, max_deliveries=5),
+                  lambda texts, _model: [len(t) for t in texts],
                   DlqLimit(run, 1.0, 100), Batcher(size, 10_000, 60, max_bytes=1 << 20), out.append)
 
 
@@ -44,14 +45,25 @@ def test_bad_records_become_dead_letters_in_the_batch():
 
 
 def test_a_trip_keeps_every_batch_closed_before_it():
+    """Records the share group delivered too often point at the workers (they crashed or stalled on
+    them): a run of them trips the breaker, and the batches closed before the trip are kept."""
     out: list[Batch] = []
     intake = _intake(out, size=2, run=3)
     good = [_msg(o) for o in range(4)]
-    bad = [FakeMessage(b"b%d" % o, b"\x02\x04", 0, o) for o in range(4, 10)]
+    bad = [FakeMessage(b"b%d" % o, b"\x02\x04", 0, o, deliveries=9) for o in range(4, 10)]
     with pytest.raises(DlqLimitExceeded):
         intake.add(good + bad)
     # offsets 0-3 in two batches, then one batch of dead letters (4, 5); the trip at offset 6
     assert [b.offsets[("docs", 0)] for b in out] == [2, 4, 6]
+
+
+def test_a_producers_garbage_never_trips_the_breaker():
+    out: list[Batch] = []
+    intake = _intake(out, size=2, run=3)
+    bad = [FakeMessage(b"b%d" % o, b"\x02\x04", 0, o) for o in range(1000)]
+    intake.add(bad)
+    intake.flush()
+    assert sum(len(b.entries) for b in out) == 1000 and out[-1].offsets[("docs", 0)] == 1000
 
 
 def test_drop_forgets_what_is_batching_for_revoked_partitions():

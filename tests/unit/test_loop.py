@@ -193,32 +193,32 @@ def test_a_stall_longer_than_the_lease_closes_the_fence_until_revalidated():
     assert stats.embedded == 12 and consumer.committed_offsets == {0: 12}
 
 
-def test_tripped_breaker_commits_only_what_came_before_the_bad_run():
+def test_a_producers_run_of_bad_records_never_halts_the_worker():
+    """Undecodable records are the producer's alone: 30 in a row, past a run limit of 10, are
+    dead-lettered at full speed and everything is committed (the breaker counts only the reasons that
+    point at the worker)."""
     consumer = FakeConsumer({0: _records(0, 50, bad_from=20)})
-    with pytest.raises(DlqLimitExceeded):
-        _worker(consumer, batch=5, dlq_run=10).run(stop_when_idle=1)
-    # the 4 batches of good records (offsets 0-19) and the batches of dead letters closed before the
-    # 10th bad record in a row (offsets 20-24) finish and are committed; nothing from the trip on
-    assert 20 <= consumer.committed_offsets[0] <= 25 and consumer.closed
+    _worker(consumer, batch=5, dlq_run=10).run(stop_when_idle=1)
+    assert consumer.committed_offsets[0] == 50 and consumer.closed
 
 
 def test_dead_letters_made_after_intake_trip_the_breaker_too():
-    """The chunk and sink steps report the dead letters they make (``DlqLimit.record_late``): a topic
-    of documents that all turn out too long halts the worker as one of undecodable records would,
-    well before its end, with what finished committed."""
+    """The sink step reports the dead letters it makes (``DlqLimit.record_late``): a topic of documents
+    that Milvus refuses one by one (a collection of another shape) halts the worker well before its
+    end, with what finished committed."""
     consumer = FakeConsumer({0: _records(0, 400)})
     holder: list[Worker] = []
 
-    def embed(group):  # every document would make too many chunks
+    def embed(group):  # every document refused by the collection
         breaker = holder[0].chain.intake.dlq_limit
         for batch in group:
             for i, e in enumerate(batch.entries):
-                batch.entries[i] = DeadLetter(e.source, b"k", b"v", None, "too_many_chunks", "900 chunks")
-                breaker.record_late("too_many_chunks", "900 chunks")
+                batch.entries[i] = DeadLetter(e.source, b"k", b"v", None, "milvus_rejected", "no such field")
+                breaker.record_late("milvus_rejected", "no such field")
 
     worker = _worker(consumer, embed=embed, batch=5, inflight=2, dlq_ratio=(0.5, 20))
     holder.append(worker)
-    with pytest.raises(DlqLimitExceeded, match="too_many_chunks.*EMBEDSTREAM_MAX_CHUNKS"):
+    with pytest.raises(DlqLimitExceeded, match="milvus_rejected.*embedstream migrate"):
         worker.run(stop_when_idle=1)
     assert 10 <= consumer.committed_offsets.get(0, 0) < 100 and consumer.closed
 

@@ -1,5 +1,14 @@
 """The dead-letter circuit breaker: halt a bad deploy instead of dead-lettering a whole topic.
 
+Its contract: it stops a worker whose own settings, collection or output topic are wrong before it
+dead-letters everything, and **a producer alone can never trip it**. So it counts only the reasons
+that point at where the worker writes or at its own health (:data:`WORKER_REASONS`: Milvus or the
+output topic refusing records that passed every check, records that crashed or stalled the share
+group's workers). Every other reason is one that a record's own bytes can cause (a producer's garbage,
+its ids, its sizes, its schema, the model it names): those records are dead-lettered at full speed, the
+``DeadLetters`` alert fires on their rate, and the breaker does not see them at all (they neither
+count against the window nor break a run of worker-pointing ones).
+
 Trips when ``max_consecutive`` records in a row were dead-lettered, or when more than
 ``max_ratio`` of the last ``window`` records were. The worker then stops without committing
 anything it had not finished, so after the fix it resumes at the first unprocessed offset.
@@ -41,12 +50,16 @@ HINTS = {
     "metadata_too_large": "are producers putting whole documents or blobs into metadata? Milvus takes 64 KB of "
                           "JSON a row: trim it upstream",
     "milvus_rejected": "does the collection still have the shape this worker made (embedstream migrate makes a new "
-                       "one)? The dead letters' embedstream.error.message headers carry Milvus' answer",
+                       "one)? The dead letters' embedstream.error.message headers carry Milvus' answer.",
     "output_rejected": "does the output topic's configuration (its policy, cleanup, limits) refuse the worker's "
-                       "records? The dead letters' messages carry the broker's answer",
+                       "records? The dead letters' messages carry the broker's answer.",
     "delivery_count_exceeded": "do workers of the share group crash or stall on these records, or is Milvus or "
                                "Kafka out for longer than a record's lock?",
 }
+
+
+#: The reasons that point at the worker, not at the record: the only ones the breaker counts.
+WORKER_REASONS = frozenset({"milvus_rejected", "output_rejected", "delivery_count_exceeded"})
 
 
 class DlqLimit:
@@ -66,7 +79,10 @@ class DlqLimit:
         self._late_lock = threading.Lock()
 
     def record(self, reason: str | None, message: str = "") -> None:
-        """``reason`` is the dead-letter reason, or None for a record that will be processed."""
+        """``reason`` is the dead-letter reason, or None for a record that will be processed; a reason a
+        record alone can cause (not in :data:`WORKER_REASONS`) is not counted."""
+        if reason is not None and reason not in WORKER_REASONS:
+            return
         bad = reason is not None
         if len(self._recent) == self.window and self._recent[0]:
             self._bad_in_window -= 1
@@ -114,6 +130,8 @@ class DlqLimit:
         with self._late_lock:
             late, self._late = self._late, []
         for reason, message in late:
+            if reason not in WORKER_REASONS:
+                continue
             newest_good = next((i for i in range(len(self._recent) - 1, -1, -1) if not self._recent[i]), None)
             if newest_good is not None:
                 self._recent[newest_good] = True
