@@ -13,6 +13,7 @@ import logging
 import re
 import threading
 from collections.abc import Iterable
+from urllib.parse import unquote
 
 #: Names of properties whose values are secrets: passwords, pass phrases, secrets, tokens, private keys
 #: inline (``*.pem``), credentials and user info, OAUTHBEARER's configuration (which holds a secret).
@@ -37,23 +38,34 @@ def _split(url: str) -> tuple[str, str, str]:
 
 
 def without_userinfo(url: str) -> str:
-    """``url`` (or comma-separated URLs) with any ``user:password@`` masked, for logs and messages."""
+    """``url`` (or comma-separated URLs) with any ``user:password@`` and secret query parameters
+    (``?password=``) masked, for logs and messages."""
     out = []
     for one in url.split(","):
         scheme, info, rest = _split(one)
         out.append(f"{scheme}{MASK}@{rest}" if info else one)
-    return ",".join(out)
+    return _QUERY_SECRET.sub(lambda m: f"{m.group(1)}{MASK}", ",".join(out))
 
 
 def userinfo(url: str) -> list[str]:
-    """The secret parts of ``url``'s (or comma-separated URLs') user info: the password (or a lone token)."""
+    """The secret parts of ``url`` (or comma-separated URLs): its user info's password (or a lone
+    token), and the values of secret query parameters (``?password=``, ``&token=``)."""
     out = []
     for one in url.split(","):
-        _, info, _ = _split(one)
+        _, info, rest = _split(one)
         if info:
             user, colon, password = info.partition(":")
             out.append(password if colon else user)
+        out += [unquote(m.group(2)) for m in _QUERY_SECRET.finditer(rest)]
+        out += [m.group(2) for m in _QUERY_SECRET.finditer(rest)]
     return [s for s in out if s]
+
+
+def token_parts(token: str) -> list[str]:
+    """The secret parts of a credential: itself, and for ``user:password`` (Milvus' token form) the
+    password alone, which a server's message may quote without the user."""
+    user, colon, password = token.partition(":")
+    return [token, password] if colon and password else [token]
 
 
 _known: set[str] = set()
@@ -80,11 +92,16 @@ def mask(text: str) -> str:
     """``text`` with every remembered secret, and the user info of any URL in it, replaced by ``***``."""
     if _pattern is not None:
         text = _pattern.sub(MASK, text)
+    if "=" in text:
+        text = _QUERY_SECRET.sub(lambda m: f"{m.group(1)}{MASK}", text)
     return _URL_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text) if "@" in text else text
 
 
 #: ``scheme://user:password@`` anywhere in a line.
 _URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^\s/@'\"]+@")
+#: A secret query parameter of a URL (``?password=…``, ``&token=…``), anywhere in a line.
+_QUERY_SECRET = re.compile(r"([?&;](?:[A-Za-z_.\-]*(?:pass(?:word)?|pwd|secret|token|key|credential)[A-Za-z_.\-]*)=)"
+                           r"([^&;#\s'\"]+)", re.IGNORECASE)
 
 
 class MaskingFilter(logging.Filter):

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas.redact import MASK, is_secret_key, userinfo, without_userinfo
+from schemas.redact import MASK, is_secret_key, token_parts, userinfo, without_userinfo
 
 KAFKA_PREFIX = "EMBEDSTREAM_KAFKA__"
 
@@ -232,7 +232,8 @@ class BatchingSettings(BaseModel):
 class CacheSettings(BaseModel):
     """The Redis cache of vectors by content hash."""
 
-    redis_url: SecretStr | None = setting(None, "Redis for the embedding cache; unset = no cache", flag=True)
+    # no flag: a URL with a password on the command line is visible to every user of the host (ps)
+    redis_url: SecretStr | None = setting(None, "Redis for the embedding cache; unset = no cache")
     cache_ttl_seconds: int = setting(7 * 24 * 3600, "Cache entry lifetime in seconds", flag=True, ge=1)
     redis_timeout_ms: int = setting(150, "a lookup slower than this is a miss", ge=1)
 
@@ -435,7 +436,7 @@ class Settings(BaseSettings, OperationsSettings, MilvusSettings, CacheSettings, 
         for key, value in self.model_dump().items():
             if hasattr(value, "get_secret_value"):
                 secret = value.get_secret_value()
-                found += [secret, *userinfo(secret)]
+                found += [*token_parts(secret), *userinfo(secret)]
             elif key in _URL_SETTINGS and isinstance(value, str):
                 found += userinfo(value)
         for props in (self.kafka, self.schema_registry):

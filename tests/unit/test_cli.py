@@ -12,7 +12,7 @@ from worker.settings import Settings
 
 ENV_SETTINGS = ["kafka_bootstrap_servers", "input_topic", "output_topic", "dlq_topic", "group_id",
                 "group_instance_id", "group_protocol", "group_type", "model", "precision", "device", "max_batch_size",
-                "max_batch_tokens", "max_batch_wait_ms", "redis_url", "cache_ttl_seconds", "milvus_uri",
+                "max_batch_tokens", "max_batch_wait_ms", "cache_ttl_seconds", "milvus_uri",
                 "milvus_collection", "milvus_alias", "milvus_db_name",
                 "metrics_port", "metrics_host", "schema_registry_url", "output_format", "key_field",
                 "document_prompt", "query_prompt", "truncate_dim", "sparse", "models", "model_memory_mb",

@@ -197,3 +197,57 @@ def test_a_line_that_quotes_a_secret_is_masked_wherever_it_comes_from(caplog):
     MaskingFilter().filter(record)
     text = logging.Formatter().format(record)
     assert "tok-s3cr3t-9" not in text and "pw-1" not in text and "cannot reach http://***@h" in text
+
+
+def test_json_logs_print_tracebacks_masked_too():
+    """The JSON formatter prints the traceback the masking filter left, never a fresh one in clear."""
+    import json
+    import logging
+    import sys
+
+    from schemas.redact import MaskingFilter, remember
+    from worker.process.logs import JsonFormatter
+
+    remember(["json-s3cr3t-7"])
+    record = logging.LogRecord("pymilvus", logging.ERROR, __file__, 1, "failed", (), None)
+    try:
+        raise ValueError("uri http://root:json-s3cr3t-7@milvus:19530 refused")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    MaskingFilter().filter(record)
+    line = JsonFormatter().format(record)
+    assert "json-s3cr3t-7" not in line and "ValueError" in json.loads(line)["exc"]
+
+
+def test_a_tokens_password_part_and_a_urls_query_password_are_masked_alone():
+    from schemas.redact import mask, remember, without_userinfo
+
+    s = Settings(milvus_token="root:tokpart-s3cr3t", redis_url="redis://cache:6379/0?password=q-s3cr3t-8&db=1")
+    remember(s.secrets())
+    assert "tokpart-s3cr3t" in s.secrets() and "q-s3cr3t-8" in s.secrets()
+    assert mask("authentication failed: password tokpart-s3cr3t is wrong") == \
+        "authentication failed: password *** is wrong"
+    assert mask("cannot reach redis://other:6379?password=never-remembered-1") == \
+        "cannot reach redis://other:6379?password=***"
+    assert without_userinfo("redis://cache:6379/0?password=q-s3cr3t-8&db=1") == "redis://cache:6379/0?password=***&db=1"
+    assert "q-s3cr3t-8" not in str(s.redacted())
+
+
+def test_no_secret_setting_is_a_flag():
+    """A flag's value is on the command line, which every user of the host reads (ps)."""
+    from worker.commands.options import FLAGGED
+
+    secret = {n for n, f in Settings.model_fields.items() if "SecretStr" in str(f.annotation)}
+    assert secret >= {"redis_url", "milvus_token"} and not secret & set(FLAGGED), secret & set(FLAGGED)
+
+
+def test_text_from_outside_is_shown_as_the_characters_it_holds():
+    from rich.console import Console
+
+    from worker.commands.shown import shown
+
+    console = Console(record=True, width=200, color_system=None)
+    hostile = "model [/x] asked [bold]x\x1b]0;pwned\x07 \x1b[31m"
+    console.print(f"[red]error:[/] {shown(hostile)}")
+    out = console.export_text()
+    assert "model [/x] asked [bold]x]0;pwned [31m" in out and "\x1b" not in out

@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 
-from schemas.redact import MaskingFilter, remember
+from schemas.redact import MaskingFilter, mask, remember
 from worker.settings import Settings
 
 
@@ -26,8 +26,10 @@ class JsonFormatter(logging.Formatter):
         ts = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(timespec="milliseconds")
         out = {"ts": ts, "level": record.levelname, "logger": record.name, "process": self.process,
                "message": record.getMessage()}
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+        if record.exc_info or record.exc_text:
+            # the masked text MaskingFilter left on the record; formatting exc_info again here would
+            # print the secrets a traceback holds in clear
+            out["exc"] = record.exc_text or mask(self.formatException(record.exc_info))  # type: ignore[arg-type]
         return json.dumps(out)
 
 

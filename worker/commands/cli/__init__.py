@@ -11,6 +11,7 @@ from schemas.errors import ConfigError
 # each module registers its command with the app
 from worker.commands.cli import bench, config, demo, dev, lag, migrate, produce, run, search, tail  # noqa: F401
 from worker.commands.cli.app import app, err
+from worker.commands.shown import shown
 
 __all__ = ["app", "main"]
 
@@ -23,5 +24,5 @@ def main() -> None:  # pragma: no cover - console entry for `python -m worker`
     try:
         app()
     except ConfigError as exc:
-        err.print(f"[red]configuration error:[/] {exc}")
+        err.print(f"[red]configuration error:[/] {shown(exc)}")
         sys.exit(2)

@@ -10,7 +10,8 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from schemas.redact import mask, remember
+from schemas.redact import remember
+from worker.commands.shown import shown
 from worker.process.logs import logs_are_json
 from worker.settings import Settings, UnknownVariables, load_settings
 
@@ -19,6 +20,8 @@ app = typer.Typer(
     help="Kafka-driven streaming embedding worker: documents in, vectors out (Milvus + an output topic).",
     no_args_is_help=True,
     add_completion=False,
+    # a traceback of a crash never prints the frames' locals: they hold the settings, secrets included
+    pretty_exceptions_show_locals=False,
     rich_markup_mode=None,  # plain help: rich tables cut long names (env vars) in 80 columns
 )
 dev_app = typer.Typer(help="The local stack (broker, Redis, Milvus) on 127.0.0.1, for trying and testing.",
@@ -57,13 +60,13 @@ def settings_or_exit(overrides: Mapping[str, object] | None = None, **more: obje
         return settings
     except UnknownVariables as exc:
         for line in exc.lines:
-            err.print(f"[red]invalid setting[/] {line}", soft_wrap=True)
+            err.print(f"[red]invalid setting[/] {shown(line)}", soft_wrap=True)
         raise typer.Exit(2) from None
     except ValidationError as exc:
         for e in exc.errors():
             msg = e["msg"].removeprefix("Value error, ")
             name = " EMBEDSTREAM_" + "_".join(str(p) for p in e["loc"]).upper() if e["loc"] else ""
-            err.print(f"[red]invalid setting[/]{name}: {msg}", soft_wrap=True)
+            err.print(f"[red]invalid setting[/]{name}: {shown(msg)}", soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -106,15 +109,16 @@ def consumer_died(exc: Exception) -> typer.Exit | None:
 
 
 def say(message: str, level: int = logging.INFO, styled: str | None = None) -> None:
-    """One line on stderr: ``styled`` (rich markup; default ``message``) for a person, or a log line
-    when the logs are JSON (``EMBEDSTREAM_LOG_FORMAT=json``), so that every line a worker writes is one
-    JSON object, its last included."""
+    """One line on stderr: ``styled`` (rich markup whose outside text went through
+    ``worker.commands.shown.shown``; default ``message``, shown as the characters it holds) for a
+    person, or a log line when the logs are JSON (``EMBEDSTREAM_LOG_FORMAT=json``), so that every line a
+    worker writes is one JSON object, its last included."""
     if logs_are_json():
         logging.getLogger("embedstream").log(level, message)
-    else:
-        err.print(mask(styled or message), soft_wrap=True)  # one line, whatever the terminal's width
+    else:  # one line, whatever the terminal's width
+        err.print(styled if styled is not None else shown(message), soft_wrap=True)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    say(message, logging.ERROR, f"[red]error:[/] {message}")
+    say(message, logging.ERROR, f"[red]error:[/] {shown(message)}")
     return typer.Exit(code)

@@ -34,7 +34,7 @@ BackfillGroup = Annotated[str | None, typer.Option(
 
 @app.command()
 @opt.with_settings("kafka_bootstrap_servers", "input_topic", "output_topic", "group_id", "precision", "device",
-                   "redis_url", "milvus_uri", "milvus_collection", "milvus_alias")
+                   "milvus_uri", "milvus_collection", "milvus_alias")
 def migrate(model: NewModel, dry_run: DryRun = False, min_overlap: MinOverlap = None, drop_old: DropOld = False,
             sample: Sample = 50, lane: Lane = False, backfill_group: BackfillGroup = None,
             overrides: dict[str, object] | None = None) -> None:

@@ -21,6 +21,7 @@ from worker.commands.cli.app import (
     say,
     settings_or_exit,
 )
+from worker.commands.shown import shown
 from worker.process.startup import StartClock
 from worker.settings import Settings
 
@@ -114,12 +115,12 @@ def _check(s: Settings) -> int:
     table = Table("part", "", "detail", title="embedstream run --check", title_justify="left")
     for c in checks:
         mark = "[green]ok[/]" if c.ok else "[red]fail[/]" if c.ok is False else "[yellow]warn[/]"
-        table.add_row(c.part, mark, c.detail)
+        table.add_row(shown(c.part), mark, shown(c.detail))
     console.print(table)
     failed = [c.part for c in checks if c.ok is False]
     if failed:
         say(f"{', '.join(failed)}: fix what the table says, then run again", logging.ERROR,
-            f"[red]error:[/] {', '.join(failed)}: fix what the table says, then run again")
+            f"[red]error:[/] {shown(', '.join(failed))}: fix what the table says, then run again")
         return 2
     return 0
 

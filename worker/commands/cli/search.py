@@ -16,6 +16,7 @@ from worker.commands.cli.app import (
     fail,
     settings_or_exit,
 )
+from worker.commands.shown import shown
 
 
 @app.command()
@@ -65,7 +66,7 @@ def parse_weights(value: str | None) -> tuple[float, float] | None:
 
 def hits_table(query: str, hits: list[dict]) -> Table:
     """The documents found, best first: score, id, which chunk matched (its span) and an excerpt."""
-    table = Table("#", "score", "id", "matched", "excerpt", "metadata", title=f"[bold]{query}[/]",
+    table = Table("#", "score", "id", "matched", "excerpt", "metadata", title=f"[bold]{shown(query)}[/]",
                   title_justify="left")
     for rank, h in enumerate(hits, 1):
         meta = ", ".join(f"{k}={v}" for k, v in (h.get("metadata") or {}).items())
@@ -74,6 +75,6 @@ def hits_table(query: str, hits: list[dict]) -> Table:
         excerpt = " ".join((h.get("excerpt") or "").split())
         also = h.get("also") or []
         ids = h["id"] + (f" (same text: {', '.join(also[:3])}{', …' if len(also) > 3 else ''})" if also else "")
-        table.add_row(str(rank), f"{h['score']:.3f}", ids, where, excerpt[:70] + ("…" if len(excerpt) > 70 else ""),
-                      meta[:60])
+        table.add_row(str(rank), f"{h['score']:.3f}", shown(ids), where,
+                      shown(excerpt[:70] + ("…" if len(excerpt) > 70 else "")), shown(meta[:60]))
     return table
