@@ -4,6 +4,7 @@ classes share (:meth:`MilvusConnection.sharing`) or open for themselves."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,11 +36,31 @@ _INPUT_ERROR_CODES = frozenset({5, 7, 11, 12})
 _LITE_INPUT = 6
 
 
+class CollectionGone(TransientError):
+    """The collection (or its database) is not there: dropped under a running worker, say. An outage of
+    the collection, not a refusal of the records: the worker prepares it again and retries."""
+
+
+#: Milvus' codes for a collection, and a database, that do not exist.
+_GONE_CODES = frozenset({100, 800})
+_GONE = re.compile(r"(collection|database)\b.*\b(not found|does not exist|not exist|doesn't exist)", re.IGNORECASE)
+
+
+def gone(exc: Exception) -> bool:
+    """Whether Milvus answered that the collection or the database of the call does not exist (newer
+    servers mark that as the caller's error: it is not the records')."""
+    code = getattr(exc, "code", None)
+    return code in _GONE_CODES or bool(_GONE.search(str(getattr(exc, "message", None) or exc)))
+
+
 def refused(exc: Exception) -> bool:
     """Whether Milvus answered that it will never take the request as it is (its data), as opposed to
-    an outage (no answer, a timeout, the server not ready, a limit on rate or memory, anything else)."""
+    an outage (no answer, a timeout, the server not ready, a limit on rate or memory, a collection or
+    database that is not there, anything else)."""
     from pymilvus.exceptions import MilvusException, ParamError
 
+    if gone(exc):
+        return False
     if isinstance(exc, ParamError):  # pymilvus' own check of the data, before anything is sent
         return True
     if not isinstance(exc, MilvusException):
@@ -52,7 +73,10 @@ def refused(exc: Exception) -> bool:
 
 def failure(exc: Exception) -> TransientError | Refused:
     """What a failed call on the data path means: :class:`Refused` (with Milvus' message) when Milvus
-    will never take it, else an outage the caller retries."""
+    will never take it, :class:`CollectionGone` when the collection or its database is not there, else
+    an outage the caller retries."""
+    if gone(exc):
+        return CollectionGone("milvus", f"{type(exc).__name__}: {exc}")
     if refused(exc):
         message = getattr(exc, "message", None) or str(exc)
         return Refused("milvus", message if len(message) <= 500 else message[:499] + "…")

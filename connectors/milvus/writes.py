@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from prometheus_client import Counter
 
-from connectors.milvus.connection import MilvusConnection, failure
+from connectors.milvus.connection import CollectionGone, MilvusConnection, failure
 from connectors.milvus.expressions import field_in
 from connectors.milvus.schema import VERSION_FIELDS, ChunkRows, chunk_id, row_dicts, upsert_request
 
@@ -38,6 +39,23 @@ class MilvusStore(MilvusConnection):
 
     #: Set once pymilvus' private columnar call has failed as a moved API fails (:meth:`_lose_columnar`).
     _columnar_lost = False
+    #: Makes the collection ready again (created, indexed, behind its alias, its canary kept) when a call
+    #: finds it gone; set by whoever prepared it at start-up (None: nothing is done but the retry).
+    recover: Callable[[], None] | None = None
+
+    def _failure(self, exc: Exception) -> Exception:
+        """:func:`failure` of ``exc``; where the collection is gone, it is prepared again first (once a
+        call: the caller retries, with backoff, until the retry finds it)."""
+        failed = failure(exc)
+        if isinstance(failed, CollectionGone) and self.recover is not None:
+            log.warning("Milvus: collection %r is not there (%s): preparing it again, then retrying",
+                        self.collection, exc)
+            try:
+                self.recover()
+            except Exception as again:  # Milvus out too, or a database gone: the retry tries again
+                log.warning("Milvus: preparing collection %r again failed (%s: %s); retrying", self.collection,
+                            type(again).__name__, again)
+        return failed
 
     def upsert_chunks(self, rows: ChunkRows, model: str, updated_at: int) -> None:
         """Upsert chunk rows (their ids unique), built as one columnar protobuf request: pymilvus
@@ -59,12 +77,12 @@ class MilvusStore(MilvusConnection):
             except (AttributeError, TypeError) as exc:  # pymilvus moved or changed its private call
                 self._lose_columnar(exc)
             except Exception as exc:
-                raise failure(exc) from None
+                raise self._failure(exc) from None
         COLUMNAR_FALLBACKS.inc()
         try:
             self._client.upsert(self.collection, row_dicts(rows, model, updated_at), timeout=self.timeout)
         except Exception as exc:
-            raise failure(exc) from None
+            raise self._failure(exc) from None
 
     def _lose_columnar(self, exc: Exception) -> None:
         """The private columnar call failed as a moved API fails: every later upsert of this store
@@ -89,7 +107,7 @@ class MilvusStore(MilvusConnection):
                                          output_fields=["id", *VERSION_FIELDS], timeout=self.timeout,
                                          consistency_level="Strong")
         except Exception as exc:
-            raise failure(exc) from None
+            raise self._failure(exc) from None
         versions: dict[str, Version] = {r["id"]: (r.get("source"), r.get("source_offset")) for r in deleted}
         counts: dict[str, int] = {}
         for r in rows:
@@ -108,7 +126,7 @@ class MilvusStore(MilvusConnection):
                 {"id": i, "source": src, "source_offset": off, "updated_at": updated_at, "marker": [1.0, 0.0]}
                 for i, src, off in zip(doc_ids, *versions)], timeout=self.timeout)
         except Exception as exc:
-            raise failure(exc) from None
+            raise self._failure(exc) from None
 
     def delete(self, ids: list[str]) -> None:
         """Delete rows by primary key (chunk ids)."""
@@ -117,4 +135,4 @@ class MilvusStore(MilvusConnection):
         try:
             self._client.delete(self.collection, filter=field_in("id", ids), timeout=self.timeout)
         except Exception as exc:
-            raise failure(exc) from None
+            raise self._failure(exc) from None

@@ -19,7 +19,7 @@ from tests.faults.harness import (
     short_docs,
     wait_until,
 )
-from tests.helpers import document_schema_with, read_topic, registry_serializer
+from tests.helpers import document_schema_with, documents_in_milvus, read_topic, registry_serializer
 from worker.commands.produce import produce_records
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -138,3 +138,32 @@ def test_registry_frozen_holds_framed_records_and_dead_letters_none(fs, model, p
     report = check_nothing_lost(s, model, expected, PARTITIONS)
     assert report.dead_lettered == 0
     record_row("3-4 registry frozen", "SIGSTOP registry while 500 framed v2 docs arrive", report, recovery)
+
+
+def test_a_collection_dropped_under_the_worker_is_made_again_and_nothing_dead_lettered(fs, model, tmp_path):
+    """Milvus answering "collection not found" is an outage of the collection, not a refusal of the
+    records (newer servers mark it as the caller's error): the worker prepares the collection again
+    (created, behind its alias, its canary kept) and writes on; it never splits a group or
+    dead-letters a document for it."""
+    from pymilvus import MilvusClient
+
+    before = Expected()
+    produce_docs(fs, short_docs(200, "drop-a"), before)
+    w = WorkerProcess(fs, tmp_path, "w")
+    wait_until(lambda: committed_total(fs, PARTITIONS) >= before.records, 180, what="the first documents committed")
+    client = MilvusClient(uri=fs.milvus_uri, timeout=30)
+    target = client.describe_alias(fs.milvus_collection)["collection_name"]
+    client.drop_alias(fs.milvus_collection)
+    client.drop_collection(target)
+    assert not client.has_collection(target)
+    after = Expected()
+    produce_docs(fs, short_docs(200, "drop-b"), after)
+    wait_until(lambda: committed_total(fs, PARTITIONS) >= before.records + after.records, 180,
+               what="the documents after the drop committed")
+    w.terminate()
+    assert w.wait(60) == 0, w.log()[-3000:]
+    assert "preparing it again" in w.log()
+    assert client.has_collection(target) and client.describe_alias(fs.milvus_collection)["collection_name"] == target
+    client.close()
+    assert read_topic(fs, fs.dlq_topic, idle=1.0) == []
+    assert {f"drop-b-{i}" for i in range(200)} <= set(documents_in_milvus(fs))

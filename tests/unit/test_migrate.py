@@ -5,6 +5,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 from types import SimpleNamespace
 
+import pytest
+
 from worker.assembly.naming import versioned_name
 from worker.commands.migrate import Plan, drop_old, retention_warnings
 from worker.settings import Settings
@@ -65,3 +67,23 @@ def test_a_lane_is_caught_up_at_a_zero_lag_and_its_bar_counts_from_the_first_rea
     watch = LaneWatch()
     assert [watch.done(lag) for lag in (100, 60, 80, 0)] == [0, 40, 20, 100]
     assert watch.ends() == {} and watch.alive and watch.error is None
+
+
+def test_a_lane_whose_group_lost_every_member_is_taken_for_ended_and_never_waited_for():
+    """Before its first member the lane may still be rolling out: waited for. Once it had members, a
+    group empty for the grace (a worker's lane ended: a refusal, a crash; or the lane was unset) makes
+    ``wait_caught_up`` raise LaneEnded, with the lag still above 0; a restart inside the grace does not."""
+    from worker.commands.migrate import BackfillLag, LaneEnded, LaneWatch, wait_caught_up
+
+    now = [0.0]
+    members = iter([None, 0, 0, 2, 0, 1, 0, 0, 0, 0, 0])
+    watch = LaneWatch(lambda: next(members), gone_s=10, clock=lambda: now[0])
+    seen = []
+    with pytest.raises(LaneEnded, match="no member for 10 s"):
+        def lag() -> BackfillLag:
+            now[0] += 3
+            seen.append(now[0])
+            return BackfillLag(500, True, True)
+        wait_caught_up(lag, watch, lambda _: None, interval=0)
+    # None, 0, 0 (never a member yet), 2, 0 (empty from t=12), 1 (back), then empty from t=18 to t=30
+    assert seen[-1] == 30 and len(seen) == 10

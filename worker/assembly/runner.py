@@ -247,8 +247,13 @@ def open_stores(s: Settings, models: ModelSet, store_factory: Callable[[Settings
         if store_factory is None:
             stores[name] = open_milvus(s, MilvusStore, collection)
             admin = MilvusAdmin.sharing(stores[name])
-            admin.prepare(alias_of(s, name), model.model_id, model.dim, model.sparse.kind)
-            check_canary(admin, model)  # before a row is written: the model makes what the collection holds
+
+            def prepare(admin: MilvusAdmin = admin, alias: str = alias_of(s, name), model: Embedder = model) -> None:
+                admin.prepare(alias, model.model_id, model.dim, model.sparse.kind)
+                check_canary(admin, model)  # before a row is written: the model makes what the collection holds
+
+            prepare()
+            stores[name].recover = prepare  # a collection dropped under the worker is made again
         else:
             stores[name] = store_factory(s, collection)
         caches[name] = open_cache(s, model)

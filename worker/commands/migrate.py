@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import ConfigResource, OffsetSpec
@@ -240,16 +240,41 @@ class Backfill:
         self._thread.join(timeout)
 
 
+#: Seconds the backfill group may have no member, once it had one, before ``migrate --lane`` takes the
+#: lane for ended (a rolling restart of the workers leaves it empty for a session timeout or so).
+LANE_GONE_S = 120.0
+
+
 class LaneWatch:
     """The backfill lane of the live workers (``EMBEDSTREAM_BACKFILL_MODEL``, ``worker.assembly.lanes``),
-    watched from outside as :class:`Backfill` is from inside: by its group's lag alone. Nothing to start
-    or stop; it cannot tell it died (its lag then stands still)."""
+    watched from outside: by its group's lag, and by its members (``members()``: how many the group has
+    now; None: not known). Nothing to start or stop. Once the group had a member, :attr:`alive` turns
+    False when it has had none for ``gone_s`` (the lane ended, or no worker runs it any more); before
+    the first member it waits (the workers may be rolling out the lane)."""
 
     error: BaseException | None = None
-    alive = True
 
-    def __init__(self) -> None:
+    def __init__(self, members: Callable[[], int | None] = lambda: None, gone_s: float = LANE_GONE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._first: int | None = None
+        self._members, self._gone_s, self._clock = members, gone_s, clock
+        self._seen = False
+        self._empty_since: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        n = self._members()
+        if n is None:
+            return True
+        if n > 0:
+            self._seen, self._empty_since = True, None
+            return True
+        if not self._seen:
+            return True
+        now = self._clock()
+        if self._empty_since is None:
+            self._empty_since = now
+        return now - self._empty_since < self._gone_s
 
     def ends(self) -> dict[int, int]:
         return {}
@@ -260,6 +285,20 @@ class LaneWatch:
         return self._first - lag
 
     def stop(self) -> None:
+        return None
+
+
+class LaneEnded(RuntimeError):
+    """``migrate --lane`` found the lane it waited for gone."""
+
+
+def group_members(admin: Any, group: str, timeout: float = 10.0) -> int | None:
+    """How many members consumer group ``group`` has now (None: the broker did not say)."""
+    try:
+        [future] = admin.describe_consumer_groups([group], request_timeout=timeout).values()
+        return len(future.result(timeout=timeout).members)
+    except Exception as exc:  # an outage, or a broker without the call: not a reason to give up
+        log.debug("describing group %s failed: %s", group, exc)
         return None
 
 
@@ -280,6 +319,10 @@ def wait_caught_up(lag: Callable[[], BackfillLag], backfill: Backfill | LaneWatc
         if backfill.error is not None:
             raise backfill.error
         if not backfill.alive:
+            if isinstance(backfill, LaneWatch):
+                raise LaneEnded(f"the backfill lane's group has had no member for {backfill._gone_s:.0f} s: the "
+                                "live workers' lane ended (their logs say why) or no worker runs with "
+                                "EMBEDSTREAM_BACKFILL_MODEL any more; nothing was switched")
             raise RuntimeError("the backfill worker stopped")
         now = lag()
         on_lag(now.records)
@@ -403,7 +446,8 @@ def run(m: Migration, *, sample: int = 50, min_overlap: float | None = None, dro
         adopt_legacy(m)
         backfill: Backfill | LaneWatch
         if lane:
-            backfill = LaneWatch()
+            members_admin = make_admin(m.settings.kafka_common())
+            backfill = LaneWatch(lambda: group_members(members_admin, p.group))
             say(f"waiting for the live workers' backfill lane (EMBEDSTREAM_BACKFILL_MODEL set to this model) to "
                 f"catch up in group {p.group!r}: without one, its lag stands still")
         else:

@@ -16,6 +16,7 @@ from worker.commands.cli.app import (
     fail,
     settings_or_exit,
 )
+from worker.commands.shown import shown
 
 NewModel = Annotated[str, typer.Option("--model", help="The new model (path or name) to re-embed every document "
                                                         "with")]
@@ -61,7 +62,7 @@ def migrate(model: NewModel, dry_run: DryRun = False, min_overlap: MinOverlap = 
         raise fail(str(exc), 2) from None
     console.print(plan_table(m.plan, dry_run))
     for warning in m.plan.warnings:
-        err.print(f"[yellow]warning:[/] {warning}")
+        err.print(f"[yellow]warning:[/] {shown(warning)}")
     if dry_run:
         return
     with BackfillProgress(err) as progress:
@@ -69,7 +70,7 @@ def migrate(model: NewModel, dry_run: DryRun = False, min_overlap: MinOverlap = 
             switched = mig.run(m, sample=sample, min_overlap=min_overlap, drop=drop_old, lane=lane,
                                on_lag=progress.update,
                                on_report=lambda r: console.print(shadow_table(r, sample)), say=console.print)
-        except (ConfigError, TransientError) as exc:
+        except (ConfigError, TransientError, mig.LaneEnded) as exc:
             raise fail(str(exc)) from None
         except KeyboardInterrupt:
             raise fail("interrupted: the alias stays where it was; the backfill's progress is committed and a "
