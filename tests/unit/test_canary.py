@@ -16,6 +16,7 @@ from worker.embedding.canary import CANARY_TEXTS, MIN_COSINE, Canary, bound, lib
 class _Admin:
     """A collection's canary property, as ``MilvusAdmin`` keeps it."""
 
+    CANARY_PROPERTY = "embedstream.canary"
     collection = "docs_fake_model"
     where = "http://milvus:19530"
 
@@ -108,13 +109,38 @@ def test_a_precision_s_own_noise_passes_and_is_logged_with_its_cosine(caplog):
         check_canary(admin, _Drifted(push=0.05))  # type: ignore[arg-type]  # the same drift at fp32 does not
 
 
-def test_an_unreadable_or_other_texts_canary_is_replaced_and_milvus_down_is_a_start_up_error(caplog):
-    admin = _Admin(kept="garbage")
-    assert check_canary(admin, FakeEmbedder(dim=16)) is None and admin.writes == 1  # type: ignore[arg-type]
-    assert "cannot read" in caplog.text
+@pytest.mark.parametrize("kept", ["garbage", '{"vectors": ' + "[" * 5000 + "]" * 5000 + "}", "x" * 2_000_000,
+                                  '{"model_id": "m", "shape": [3, 4], "vectors": "AAAA"}'])
+def test_an_unreadable_canary_stops_the_start_with_one_line_and_is_never_replaced(kept):
+    admin = _Admin(kept=kept)
+    with pytest.raises(ConfigError, match="cannot read .*'embedstream.canary'"):
+        check_canary(admin, FakeEmbedder(dim=16), sleep=lambda s: None)  # type: ignore[arg-type]
+    assert admin.writes == 0
+
+
+def test_a_canary_replaced_by_a_worker_storing_at_the_same_time_is_compared_with():
+    """No compare-and-set in Milvus: a worker reads its canary back after storing it, and where another
+    worker's replaced it meanwhile, compares with that one as if it had been there first."""
+    theirs = _Admin()
+    check_canary(theirs, _Drifted(0.0, precision="int8"), sleep=lambda s: None)  # type: ignore[arg-type]
+
+    class Raced(_Admin):
+        def keep_canary(self, record: str) -> None:
+            super().keep_canary(record)
+            self.kept = theirs.kept  # the other one's write landed after ours
+
+    raced = Raced()
+    worst = check_canary(raced, FakeEmbedder(dim=16), sleep=lambda s: None)  # type: ignore[arg-type]
+    assert worst is not None and worst > 0.9999 and raced.writes == 1
+
+
+def test_an_other_texts_canary_is_replaced_and_milvus_down_is_a_start_up_error():
+    admin = _Admin()
+    check_canary(admin, FakeEmbedder(dim=16), sleep=lambda s: None)  # type: ignore[arg-type]
     other = Canary.loads(admin.kept)  # type: ignore[arg-type]
     admin.kept = Canary(other.model_id, "fp32", "cpu", {}, "0123456789ab", other.vectors).dumps()
-    assert check_canary(admin, FakeEmbedder(dim=16)) is None and admin.writes == 2  # type: ignore[arg-type]
+    assert check_canary(admin, FakeEmbedder(dim=16), sleep=lambda s: None) is None  # type: ignore[arg-type]
+    assert admin.writes == 2
     now = iter(range(0, 100, 3))  # a clock 3 s a call: the race window runs out after a few tries
     slept: list[float] = []
     with pytest.raises(ConfigError, match="did not answer, or refused, while checking the canary"):

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 #: How long a start-up keeps trying while workers starting together store the canary at once (two
 #: processes of one pod, both finding none, raced on milvus-lite's schema file: the loser's write failed).
 RACE_WINDOW_S = 10.0
+#: Seconds between storing the canary and reading it back.
+READ_BACK_S = 0.5
 
 
 def check_canary(admin: MilvusAdmin, model: Embedder, clock: Callable[[], float] = time.monotonic,
@@ -28,13 +30,19 @@ def check_canary(admin: MilvusAdmin, model: Embedder, clock: Callable[[], float]
     does not make the vectors the collection holds. A Milvus failure is tried again for up to
     :data:`RACE_WINDOW_S`, reading first: a worker that lost the race compares with the winner's."""
     now = Canary.of(model)
+    mine = now.dumps()
     deadline = clock() + RACE_WINDOW_S
     while True:
         try:
             stored = _stored(admin)
             if stored is not None and now.comparable(stored):
                 break
-            admin.keep_canary(now.dumps())
+            admin.keep_canary(mine)
+            # Milvus has no compare-and-set: a worker storing at the same time may have replaced ours.
+            # Read it back after a moment; another's is compared with, as if it had been there first.
+            sleep(READ_BACK_S)
+            if admin.canary() != mine:
+                continue
             log.info("canary of %s at %s on %s kept with collection %s (%d texts)", model.model_id, model.precision,
                      model.device, admin.collection, len(now.vectors))
             return None
@@ -80,5 +88,8 @@ def _stored(admin: MilvusAdmin) -> Canary | None:
     try:
         return Canary.loads(kept)
     except ValueError as exc:
-        log.warning("collection %s keeps a canary this worker cannot read (%s): replacing it", admin.collection, exc)
-        return None
+        # Replacing it would drop the only record of what wrote the collection's vectors.
+        raise ConfigError(f"collection {admin.collection!r} keeps a canary this worker cannot read ({exc}): the "
+                          f"property {admin.CANARY_PROPERTY!r} was written by something else. Delete that property "
+                          "if the collection's vectors are this model's (the next worker stores its own), or "
+                          "re-embed into a new collection with `embedstream migrate`") from None

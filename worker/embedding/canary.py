@@ -80,6 +80,10 @@ def bound(a: str, b: str) -> float:
     return min(MIN_COSINE.get(a, LOOSEST), MIN_COSINE.get(b, LOOSEST))
 
 
+#: The longest canary record read (eleven texts' vectors of a 4,096-dimension model are about 120 KB).
+MAX_RECORD_CHARS = 1_000_000
+
+
 @dataclasses.dataclass(frozen=True)
 class Canary:
     """The canary texts' vectors as one worker made them, and what made them."""
@@ -126,11 +130,14 @@ class Canary:
 
     @classmethod
     def loads(cls, text: str) -> Canary:
-        """What :meth:`dumps` wrote; ``ValueError`` when it is not that."""
+        """What :meth:`dumps` wrote; ``ValueError`` when it is not that (whatever the text: deep JSON,
+        a wrong shape, megabytes)."""
+        if not isinstance(text, str) or len(text) > MAX_RECORD_CHARS:
+            raise ValueError(f"not a canary record (a {type(text).__name__} of {len(text):,} characters)")
         try:
             d = json.loads(text)
             vectors = np.frombuffer(base64.b64decode(d["vectors"]), dtype="<f2").reshape(d["shape"])
             return cls(str(d["model_id"]), str(d["precision"]), str(d["device"]), dict(d["versions"]),
                        str(d["texts"]), vectors.astype(np.float32))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"not a canary record ({exc})") from None
+        except Exception as exc:  # KeyError, TypeError, RecursionError of deep JSON, a reshape's ValueError
+            raise ValueError(f"not a canary record ({type(exc).__name__}: {str(exc)[:200]})") from None
