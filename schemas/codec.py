@@ -25,7 +25,7 @@ import fastavro
 import numpy as np
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from schemas.document_reader import read_document
+from schemas.document_reader import MAX_METADATA_ENTRIES, MetadataTooLarge, read_document
 from schemas.errors import DecodeError
 
 SCHEMA_DIR = Path(__file__).resolve().parent
@@ -333,7 +333,12 @@ def _avro_document(rec: dict[str, Any]) -> Document:
 
 
 def _schemaless_document(value: bytes, framed: FramedReader | None) -> Document:
-    fields = read_document(value)  # the common case, by hand; any doubt goes to fastavro below
+    try:
+        fields = read_document(value)  # the common case, by hand; any doubt goes to fastavro below
+    except MetadataTooLarge as exc:
+        raise DecodeError("metadata_too_large", f"its metadata map holds over {MAX_METADATA_ENTRIES:,} entries "
+                                                f"({exc.args[0]:,} counted), more than Milvus' 64 KB of JSON a row "
+                                                "can hold") from None
     if fields is not None:
         return Document(*fields)
     try:

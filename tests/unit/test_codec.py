@@ -381,3 +381,30 @@ def test_json_nesting_is_bounded_the_same_on_every_stack():
     with pytest.raises(DecodeError) as key:
         decode_document(b'{"id": ' + b"[" * 200 + b"]" * 200 + b"}", b'{"text": "t"}', key_field="id")
     assert key.value.reason == "decode_error"
+
+
+def test_a_schemaless_record_of_a_million_empty_map_entries_is_refused_before_they_are_read():
+    """1 MB of empty metadata entries (2 bytes each: one key in the end) cost the polling thread 20
+    times the same JSON: past ``MAX_METADATA_ENTRIES`` the record is ``metadata_too_large`` at once."""
+    from schemas.document_reader import MAX_METADATA_ENTRIES
+
+    def record(entries: int, blocked: bool = False) -> bytes:
+        count = _zigzag(-entries if blocked else entries)
+        size = _zigzag(2 * entries) if blocked else b""
+        return b"\x02a\x02t\x00" + count + size + b"\x00\x00" * entries + b"\x00\x00"
+
+    for blocked in (False, True):  # before: read whole, one entry in the end, a valid document
+        with pytest.raises(DecodeError) as refused:
+            decode_document(b"a", record(500_000, blocked))
+        assert refused.value.reason == "metadata_too_large"
+    doc = decode_document(b"a", record(MAX_METADATA_ENTRIES))
+    assert doc.metadata == {"": ""}
+
+
+def _zigzag(n: int) -> bytes:
+    z, out = (n << 1) ^ (n >> 63), bytearray()
+    while z & ~0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
