@@ -92,7 +92,8 @@ def _map(b: bytes, i: int, into: dict[str, str]) -> int:
 
 def read_document(value: bytes) -> Fields | None:
     """The fields of the schemaless ``document.avsc`` record that is all of ``value``, or None when
-    it is not one (read it with fastavro for the reason)."""
+    it is not one (read it with fastavro for the reason). Raises :class:`MetadataTooLarge` where its
+    metadata map claims more entries than any valid row holds (fastavro would step through them)."""
     try:
         # The id and the text inline (a call a field was a third of this reader's time): a length
         # below 64 is one byte (zig-zag: even), a longer one a varint.

@@ -104,7 +104,8 @@ def _hostile(rng: random.Random, n: int) -> tuple[bytes | None, bytes]:
 #: here, not asked of the worker's validator (an oracle that shares its mistakes would hide them).
 #: Random bytes may spell anything short of a document: schemaless Avro that breaks off or names a
 #: model, a frame with an unknown schema id, JSON that does not parse.
-_RANDOM = {"decode_error", "invalid_utf8", "unknown_schema", "empty_text", "id_mismatch", "unknown_model"}
+_RANDOM = {"decode_error", "invalid_utf8", "unknown_schema", "empty_text", "id_mismatch", "unknown_model",
+           "metadata_too_large"}  # a random count past any valid row's metadata
 EXPECTED_REASONS: dict[str, set[str]] = {
     "random": _RANDOM,
     "frame": {"unknown_schema"},  # the registry knows no id of theirs

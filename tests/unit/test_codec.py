@@ -344,8 +344,13 @@ def test_hand_reader_accepts_no_damaged_record_that_fastavro_refuses(doc, data):
         value[data.draw(st.integers(0, len(value) - 1))] = data.draw(st.integers(0, 255))
     else:
         value += data.draw(st.binary(min_size=1, max_size=8))
-    mine, theirs = read_document(bytes(value)), _fastavro_fields(bytes(value))
-    assert mine is None or mine == theirs
+    from schemas.document_reader import MetadataTooLarge
+
+    try:
+        mine = read_document(bytes(value))
+    except MetadataTooLarge:  # a count past any valid row's: refused before its entries are read
+        return
+    assert mine is None or mine == _fastavro_fields(bytes(value))
 
 
 def test_hand_reader_reads_a_map_written_in_sized_blocks():
