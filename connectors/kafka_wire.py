@@ -8,10 +8,13 @@ tagged fields), and a connection that authenticates the way the worker's librdka
 - ``security.protocol``: ``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``;
 - ``sasl.mechanism``: ``PLAIN``, ``SCRAM-SHA-256`` or ``SCRAM-SHA-512`` with ``sasl.username`` /
   ``sasl.password`` (OAUTHBEARER is refused with what to do);
-- ``ssl.ca.location``, ``ssl.certificate.location``, ``ssl.key.location``, ``ssl.key.password``,
+- ``ssl.ca.location``, ``ssl.certificate.location``, ``ssl.key.location``, or the same inline
+  (``ssl.ca.pem``, ``ssl.certificate.pem``, ``ssl.key.pem``), ``ssl.key.password``,
   ``ssl.endpoint.identification.algorithm`` (``none`` turns host name checks off).
 
-Every failure is :class:`WireError` with a sentence that says what happened.
+A broker's answers are bounded as input: a length prefix past ``MAX_RESPONSE_BYTES`` and a SCRAM
+iteration count outside Kafka's own bounds are refused. Every failure is :class:`WireError` with a
+sentence that says what happened.
 """
 
 from __future__ import annotations
@@ -23,12 +26,20 @@ import os
 import socket
 import ssl
 import struct
+import tempfile
 from collections.abc import Mapping
 
 #: Mechanisms this client can authenticate with.
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 CLIENT_ID = "embedstream-backlog"
 
+
+#: The largest answer read from a broker: FindCoordinator and DescribeShareGroupOffsets answers are a
+#: few KB (a length prefix of 2 GB would otherwise be buffered whole).
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+#: The SCRAM iteration counts accepted: Kafka's own bounds for its SCRAM credentials (a broker asking
+#: for 2^31 would hold the reader's CPU for hours).
+SCRAM_ITERATIONS = (4096, 16384)
 
 class WireError(RuntimeError):
     """A request could not be sent or answered; the message says why. ``retriable``: the broker may
@@ -154,10 +165,21 @@ class Reader:
 
 
 def _ssl_context(props: Mapping[str, str]) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=props.get("ssl.ca.location") or None)
+    """The TLS context librdkafka's ``ssl.*`` properties describe: files (``*.location``) or inline PEM
+    (``*.pem``), as the worker's own clients take them."""
+    ctx = ssl.create_default_context(cafile=props.get("ssl.ca.location") or None,
+                                     cadata=props.get("ssl.ca.pem") or None)
+    password = props.get("ssl.key.password") or None
     if props.get("ssl.certificate.location"):
-        ctx.load_cert_chain(props["ssl.certificate.location"], props.get("ssl.key.location") or None,
-                            props.get("ssl.key.password") or None)
+        ctx.load_cert_chain(props["ssl.certificate.location"], props.get("ssl.key.location") or None, password)
+    elif props.get("ssl.certificate.pem"):
+        # the ssl module loads a chain from files only: a private directory for the moment it reads them
+        with tempfile.TemporaryDirectory() as tmp:
+            cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
+            for path, text in ((cert, props["ssl.certificate.pem"]), (key, props.get("ssl.key.pem") or "")):
+                with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+                    f.write(text)
+            ctx.load_cert_chain(cert, key if props.get("ssl.key.pem") else None, password)
     if str(props.get("ssl.endpoint.identification.algorithm", "https")).lower() == "none":
         ctx.check_hostname = False
     return ctx
@@ -213,6 +235,9 @@ class Connection:
         try:
             self.sock.sendall(struct.pack(">i", len(frame)) + frame)
             size = struct.unpack(">i", self._recv(4))[0]
+            if not 0 <= size <= MAX_RESPONSE_BYTES:
+                raise WireError(f"the broker's answer to request {api_key} v{version} claims {size:,} bytes, past "
+                                f"the {MAX_RESPONSE_BYTES:,} this client reads")
             reply = Reader(self._recv(size))
         except (OSError, struct.error) as exc:
             raise WireError(f"the broker closed the connection on request {api_key} v{version} ({exc or 'closed'}): "
@@ -270,10 +295,17 @@ class Scram:
         return f"n,,{self.first_bare}".encode()
 
     def client_final(self, server_first: bytes) -> bytes:
-        fields = dict(part.split("=", 1) for part in server_first.decode().split(","))
+        try:
+            fields = dict(part.split("=", 1) for part in server_first.decode().split(","))
+            salt, iterations = base64.b64decode(fields["s"], validate=True), int(fields["i"])
+        except (ValueError, KeyError, UnicodeDecodeError) as exc:
+            raise WireError(f"SCRAM: the broker's first message could not be read ({type(exc).__name__})") from None
         if not fields.get("r", "").startswith(self.nonce):
             raise WireError("SCRAM: the broker's nonce does not extend ours")
-        salted = hashlib.pbkdf2_hmac(self.hash, self.password, base64.b64decode(fields["s"]), int(fields["i"]))
+        if not SCRAM_ITERATIONS[0] <= iterations <= SCRAM_ITERATIONS[1]:
+            raise WireError(f"SCRAM: the broker asks for {iterations:,} iterations, outside the "
+                            f"{SCRAM_ITERATIONS[0]:,}–{SCRAM_ITERATIONS[1]:,} Kafka allows")
+        salted = hashlib.pbkdf2_hmac(self.hash, self.password, salt, iterations)
         client_key = hmac.digest(salted, b"Client Key", self.hash)
         stored_key = hashlib.new(self.hash, client_key).digest()
         without_proof = f"c=biws,r={fields['r']}"

@@ -13,6 +13,7 @@ as everything from where the worker starts a share group: the earliest offset
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -116,6 +117,9 @@ def read_share_offsets(props: Mapping[str, str], group: str, topic: str, partiti
                     return describe_share_offsets(conn, group, topic, partitions)
             except WireError as exc:
                 errors.append(exc)
+            except (struct.error, IndexError, ValueError, UnicodeDecodeError) as exc:  # an answer that does not parse
+                errors.append(WireError(f"{host}:{port} answered what this client cannot read "
+                                        f"({type(exc).__name__}: {exc})", retriable=True))
         if not all(e.retriable for e in errors) or time.monotonic() >= deadline:
             raise WireError("; ".join(map(str, errors)))
         time.sleep(0.2)

@@ -130,3 +130,73 @@ def test_the_exporter_answers_503_until_a_read_succeeds_then_the_backlog_and_its
     assert 'embedstream_share_topic_backlog{group="g",topic="docs"} 57.0' in metrics
     assert "embedstream_share_backlog_read_failures_total 1.0" in metrics
     assert exporter.answer("/healthz")[0] == 200 and exporter.answer("/nope")[0] == 404
+
+
+def test_a_brokers_answers_are_bounded_as_input():
+    """A length prefix of 2 GB is refused before anything is buffered; a SCRAM iteration count past
+    Kafka's bounds (2^31 would hold the CPU for hours) or a first message that does not parse is a
+    WireError; the parse error of one bootstrap broker's answer moves on to the next broker."""
+    import socket
+    import threading
+
+    from connectors.kafka_wire import MAX_RESPONSE_BYTES, Connection
+    from connectors.share_backlog import read_share_offsets
+
+    with pytest.raises(WireError, match="iterations"):
+        Scram("SCRAM-SHA-512", "u", "p", nonce="abc").client_final(b"r=abcd,s=AAAA,i=2147483647")
+    for bad in (b"r=abcd,s=!!,i=4096", b"garbage", b"r=abcd,s=AAAA,i=many", b"\xff"):
+        with pytest.raises(WireError, match="could not be read"):
+            Scram("SCRAM-SHA-512", "u", "p", nonce="abc").client_final(bad)
+
+    def broker(answer: bytes) -> int:
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+
+        def serve() -> None:
+            for _ in range(4):
+                conn, _ = server.accept()
+                conn.recv(4096)
+                conn.sendall(answer)
+                conn.close()
+        threading.Thread(target=serve, daemon=True).start()
+        return server.getsockname()[1]
+
+    huge = broker((2**31 - 1).to_bytes(4, "big"))
+    with Connection("127.0.0.1", huge, {}, timeout=5) as conn, pytest.raises(WireError, match="claims"):
+        conn.call(10, 4, b"")
+    assert MAX_RESPONSE_BYTES < 2**31 - 1
+    # an answer of the right size and correlation whose body is cut short: a parse error, then the next
+    garbled = broker((6).to_bytes(4, "big") + (1).to_bytes(4, "big") + b"\x00\x01")
+    with pytest.raises(WireError) as both:
+        read_share_offsets({"bootstrap.servers": f"127.0.0.1:{garbled},127.0.0.1:{huge}"}, "g", "t", [0], timeout=1)
+    assert "cannot read" in str(both.value) and "claims" in str(both.value)  # both brokers were asked
+
+
+def test_inline_pem_settings_make_the_tls_context_as_files_do():
+    """``ssl.ca.pem``, ``ssl.certificate.pem`` and ``ssl.key.pem`` (librdkafka's inline forms) are
+    taken, not ignored: the CA is trusted, the client certificate loaded; a broken PEM is an error."""
+    import datetime
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from connectors.kafka_wire import _ssl_context
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "embedstream-test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM).decode()
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+    ctx = _ssl_context({"ssl.ca.pem": cert_pem, "ssl.certificate.pem": cert_pem, "ssl.key.pem": key_pem})
+    assert any(c.get("subject") == ((("commonName", "embedstream-test"),),) for c in ctx.get_ca_certs())
+    with pytest.raises(ssl.SSLError):
+        _ssl_context({"ssl.certificate.pem": cert_pem, "ssl.key.pem": "-----BEGIN PRIVATE KEY-----\nAAAA\n"})
