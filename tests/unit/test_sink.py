@@ -121,6 +121,18 @@ def test_a_backfill_skips_dead_letters_and_still_commits_past_them():
     assert written_offsets([batch]) == {("docs", 0): 3}
 
 
+@pytest.mark.parametrize("reason", ["milvus_rejected", "too_many_chunks", "output_too_large", "output_rejected"])
+def test_a_backfill_dead_letters_what_only_its_own_collection_or_model_refused(reason):
+    """The live worker wrote the document; the backfill's new collection (or model, or output) refused
+    it: skipped, it would be missing after the switch without a word. It is dead-lettered."""
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), DeadLetter(Source("docs", 0, 1), b"k", b"v", None, reason, "refused")):
+        batch.add(e)
+    producer = RecordingProducer()
+    _sink(RecordingMilvusClient(), producer, dead_letters=False).process([batch])
+    assert [(t, k) for t, k, _, _ in producer.records] == [("embeddings", b"a"), ("documents.dlq", b"k")]
+
+
 def test_dead_letters_keep_original_bytes_and_get_contract_headers():
     batch = Batch()
     batch.add(DeadLetter(Source("docs", 2, 9), b"k", b"\x00bad", [("trace", b"1")], "decode_error", "boom"))

@@ -111,7 +111,8 @@ def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
     hands its batches to it), each given its own section of the settings. ``models``, ``caches`` and
     ``stores`` are by model name; ``delivery`` makes the sink's groups and their offsets durable
     (``worker.core.delivery``); ``limits``: the largest record the output and DLQ topics take;
-    ``dead_letters=False`` writes no dead letter (a migration's backfill: the live worker wrote them);
+    ``dead_letters=False`` writes none of the dead letters the live worker writes alike (a migration's
+    backfill), only those its own model, collection or output find (``sink.OWN_DEAD_LETTERS``);
     ``topic_ids`` names the input topic's partitions for the version guard, ``lookup_ids`` reads them
     again when a record looks superseded; ``max_deliveries``: a share group's bound on a record's
     deliveries (None: a consumer group's records carry no count); ``model_gate``: this lane's way through

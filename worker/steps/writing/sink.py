@@ -37,6 +37,11 @@ from worker.steps.writing.versions import VersionGuard
 log = logging.getLogger(__name__)
 
 
+#: Dead letters a backfill writes though it writes none of intake's (``dead_letters=False``): the reasons
+#: its own model, collection or output find, which the live worker never met for the record. Skipped,
+#: such a document would be missing from the new collection after the switch, silently.
+OWN_DEAD_LETTERS = frozenset({"too_many_chunks", "milvus_rejected", "output_rejected", "output_too_large"})
+
 class SinkStep:
     """``process(group)`` makes the batches durable; raises :class:`TransientError` to be retried.
 
@@ -175,7 +180,7 @@ class SinkStep:
                 delivery.produce(self.output_topic, e.id.encode(), None,
                                  [("embedstream.model", self._delete_header), *_source_headers(e.source),
                                   *(e.headers or ())], owner=e)
-            elif self.dead_letters:
+            elif self.dead_letters or e.reason in OWN_DEAD_LETTERS:
                 dlq_key, value, headers = dead_letter_record(e, self.limits.dlq)
                 delivery.produce(self.dlq_topic, dlq_key, value, headers, what=f"the dead letter ({e.reason}) of "
                                  f"{e.source.topic} partition {e.source.partition} offset {e.source.offset}")
