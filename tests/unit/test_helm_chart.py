@@ -864,3 +864,22 @@ def test_a_milvus_database_and_mutual_tls_reach_the_worker_and_the_migration_job
         assert {v["name"]: v for v in pod["volumes"]}["milvus-tls"]["secret"]["secretName"] == "milvus-mtls"
     env = env_of(render(BASE))
     assert not {"EMBEDSTREAM_MILVUS_DB_NAME", "EMBEDSTREAM_MILVUS_TLS_CA_FILE"} & set(env)
+
+
+def test_the_network_policy_lets_in_only_prometheus_the_kubelet_and_keda_on_the_http_ports():
+    assert "NetworkPolicy" not in render(BASE)
+    objs = render({**BASE, "networkPolicy": {"enabled": True, "nodeCIDRs": ["10.0.0.0/16"]},
+                   "gpu": {"enabled": True, "count": 1, "workersPerGpu": 2},
+                   "kafka": {**BASE["kafka"], "groupType": "share"}})
+    worker, backlog = objs["NetworkPolicy"], objs["NetworkPolicy/backlog"]
+    [rule] = worker["spec"]["ingress"]
+    assert worker["spec"]["policyTypes"] == ["Ingress"]
+    assert rule["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "prometheus"}}}, {"ipBlock": {"cidr": "10.0.0.0/16"}}]
+    assert [p["port"] for p in rule["ports"]] == [9400, 9401]  # one per process
+    assert worker["spec"]["podSelector"]["matchLabels"].items() <= \
+        objs["Deployment"]["spec"]["template"]["metadata"]["labels"].items()
+    [rule] = backlog["spec"]["ingress"]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}} in rule["from"]
+    assert backlog["spec"]["podSelector"]["matchLabels"].items() <= \
+        objs["Deployment/backlog"]["spec"]["template"]["metadata"]["labels"].items()
