@@ -313,6 +313,7 @@ def test_hostile_records_are_dead_lettered_with_memory_and_registry_requests_bou
         committed += flood(FLOODS[0], HOSTILE)
         large = settle(committed)
         took = time.monotonic() - start
+        trickle.stop()  # before the stop: a probe of a worker shutting down is refused, rightly
         worker.terminate()
         code = worker.wait(60)
     finally:
