@@ -270,8 +270,9 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
     Milvus (the bench's instant sink); ``dead_letters=False``: the records the live worker dead-letters
     alike are skipped (a migration's backfill), those only its own model or collection refuse are not;
     ``stats``: the run's counters (the bench's also read the CPU clock); ``startup``: the process's
-    start-up clock (``embedstream run``), read out at the first assignment; ``model_gate``: the lane's way through the model gate of a worker
-    with a backfill lane (``worker.assembly.lanes``). Raises ConfigError."""
+    start-up clock (``embedstream run``), read out at the first assignment; ``model_gate``: the lane's
+    way through the model gate of a worker with a backfill lane (``worker.assembly.lanes``). Raises
+    ConfigError."""
     s, clock = settings, startup or StartClock()  # a caller's clock is read out at the first assignment
     clock.mark("python, imports and settings")
     require_connections(s)
