@@ -45,12 +45,13 @@ docs: setup
 	$(BIN)/python -m tools.config_docs
 	$(BIN)/python -m tools.metrics_docs
 
-# The whole suite, in the order that shows a break soonest: lint and types, the fast tier (no stack), the
-# guarantees tier, then every other test (connectors on the real stack, integration, the fault suite).
+# The whole suite, in the order that shows a break soonest: lint and types, the fast tier (no stack), then
+# one session on the real stack: the guarantees tier first (tests/conftest.py orders it), then every
+# other test (connectors on the real stack, integration, the fault suite). One session: one stack, one
+# int8 export and one warm pool for both.
 test: lint
 	$(BIN)/python -m pytest -q -m fast -n auto tests/unit tests/connectors
-	$(BIN)/python -m pytest -q -m "guarantee and not fast" --durations=10
-	$(BIN)/python -m pytest -q -m "not fast and not guarantee" --durations=25
+	$(BIN)/python -m pytest -q -m "not fast" --durations=30
 
 # No model and no stack: the unit tests and the connector contracts on their fakes (under a minute),
 # spread over the machine's cores (pytest-xdist; the stack's tiers run one test at a time: their

@@ -87,14 +87,18 @@ def run_cli(args: list[str], env: dict[str, str], timeout: float = 300, **kw) ->
 
 def read_topic(s: Settings, topic: str, expect: int | None = None, idle: float = 3.0,
                deadline: float = 60.0, isolation: str = "read_committed") -> list:
-    """Every message of ``topic`` from the beginning: stops once ``expect`` messages were read (then
-    waits ``idle`` more seconds for extras), or after ``idle`` seconds with nothing new.
+    """Every message of ``topic`` from the beginning to its partitions' end offsets (the high-water
+    mark; the last stable offset under read_committed), as the broker says them when the reader gets
+    there: exact, with no wait past them. With ``expect``, reads on until that many are in (records
+    still being written) and then to the end offsets, so extras already there are counted. ``idle``:
+    where a partition never reports its end, how long nothing new may arrive before the read stops.
     ``isolation="read_uncommitted"`` shows the records of open and aborted transactions too."""
     c = Consumer({**s.kafka_common(), "group.id": f"reader-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False,
-                  "enable.partition.eof": False, "isolation.level": isolation})
+                  "enable.partition.eof": True, "isolation.level": isolation})
     meta = c.list_topics(topic, timeout=10).topics[topic]
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
     out = []
+    at_end: set[int] = set()
     end = time.monotonic() + deadline
     last = time.monotonic()
     try:
@@ -104,13 +108,15 @@ def read_topic(s: Settings, topic: str, expect: int | None = None, idle: float =
                 if m.error():
                     if m.error().code() != KafkaError._PARTITION_EOF:
                         raise RuntimeError(m.error())
+                    at_end.add(m.partition())
                     continue
+                at_end.discard(m.partition())
                 out.append(m)
-            if msgs:
                 last = time.monotonic()
-            if time.monotonic() - last > idle and (expect is None or len(out) >= expect):
+            enough = expect is None or len(out) >= expect
+            if enough and len(at_end) == len(meta.partitions):
                 break
-            if expect is not None and len(out) >= expect and time.monotonic() - last > min(idle, 1.0):
+            if enough and time.monotonic() - last > idle:
                 break
     finally:
         c.close()

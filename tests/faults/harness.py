@@ -415,6 +415,8 @@ class Report:
     output_records: int
     duplicates: int
     dead_lettered: int
+    #: Dead letters written more than once (a replay at least once writes them again).
+    dlq_duplicates: int = 0
 
 
 def check_nothing_lost(s: Settings, model, expected: Expected, partitions: int, lag: bool = True) -> Report:
@@ -441,12 +443,16 @@ def check_nothing_lost(s: Settings, model, expected: Expected, partitions: int, 
     missing = set(expected.good) - {key for key, _ in seen}
     assert not missing, f"{len(missing)} good ids never reached the output topic, e.g. {sorted(missing)[:3]}"
     duplicates = sum(seen.values()) - len(seen)
+    if lag:  # a consumer group: what never goes backwards (a share group's versions may arrive out of order)
+        behind = newer_before_older(out)
+        assert not behind, f"{len(behind)} ids end on the output topic with an older version, e.g. {behind[:3]}"
 
-    # DLQ: exactly the bad records, with reason and original bytes.
+    # DLQ: exactly the bad records, with reason and original bytes; those written again are counted.
     dlq = read_topic(s, s.dlq_topic, expect=len(expected.bad), idle=2.0)
     dlq_by_key = {}
     for m in dlq:
         dlq_by_key.setdefault(m.key().decode(), m)
+    dlq_duplicates = len(dlq) - len(dlq_by_key)
     assert set(dlq_by_key) == set(expected.bad), (sorted(dlq_by_key), sorted(expected.bad))
     for key, m in dlq_by_key.items():
         value, reason = expected.bad[key]
@@ -458,7 +464,7 @@ def check_nothing_lost(s: Settings, model, expected: Expected, partitions: int, 
             assert int(headers["embedstream.error.original_size"]) == len(value)
 
     if not lag:
-        return Report(len(expected.good), len(values), duplicates, len(dlq_by_key))
+        return Report(len(expected.good), len(values), duplicates, len(dlq_by_key), dlq_duplicates)
     # Lag 0: committed offsets at the end of every partition.
     ends = Counter()
     for m in read_topic(s, s.input_topic, expect=expected.records, idle=2.0):
@@ -468,7 +474,29 @@ def check_nothing_lost(s: Settings, model, expected: Expected, partitions: int, 
     c.close()
     lag = {tp.partition: ends[tp.partition] - max(tp.offset, 0) for tp in committed}
     assert all(v == 0 for v in lag.values()), f"lag left: {lag}"
-    return Report(len(expected.good), len(values), duplicates, len(dlq_by_key))
+    return Report(len(expected.good), len(values), duplicates, len(dlq_by_key), dlq_duplicates)
+
+
+def newer_before_older(out: list) -> list[str]:
+    """The ids whose last record on the output topic (a key's records keep their order: one partition)
+    is of an older input record than one written before it, from the same input partition."""
+    versions: dict[str, list[tuple[int, int]]] = {}
+    for m in out:
+        if m.value() is not None:
+            r = decode_embedding(m.value())
+            at = (r["source_partition"], r["source_offset"])
+        else:
+            h = dict(m.headers() or [])
+            if "embedstream.source.offset" not in h:
+                continue
+            at = (int(h["embedstream.source.partition"]), int(h["embedstream.source.offset"]))
+        versions.setdefault(m.key().decode(), []).append(at)
+    behind = []
+    for key, seq in versions.items():
+        last = seq[-1]
+        if any(p == last[0] and o > last[1] for p, o in seq):
+            behind.append(key)
+    return sorted(behind)
 
 
 def record_row(scenario: str, injected: str, report: Report, recovery_s: float | None) -> None:
@@ -477,7 +505,8 @@ def record_row(scenario: str, injected: str, report: Report, recovery_s: float |
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as fh:
         rec = "" if recovery_s is None else f"{recovery_s:.1f}"
-        fh.write(f"{scenario}\t{injected}\t{report.documents}\t{report.dead_lettered}\t{report.duplicates}\t{rec}\n")
+        dup = f"{report.duplicates}" + (f" (+{report.dlq_duplicates} in the DLQ)" if report.dlq_duplicates else "")
+        fh.write(f"{scenario}\t{injected}\t{report.documents}\t{report.dead_lettered}\t{dup}\t{rec}\n")
 
 
 @contextmanager

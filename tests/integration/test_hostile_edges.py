@@ -58,7 +58,7 @@ def test_no_record_a_producer_writes_can_wipe_stall_or_stop_the_worker(stack):
         send(d.id, encode_document(d))
     assert producer.flush(30) == 0
     t0 = time.monotonic()
-    clean = run_worker(s, "--stop-when-idle", "3", timeout=600)
+    clean = run_worker(s, "--stop-when-idle", "0.5", timeout=600)
     clean_s = time.monotonic() - t0
     assert clean.returncode == 0, clean.stderr[-3000:]
 
@@ -92,7 +92,7 @@ def test_no_record_a_producer_writes_can_wipe_stall_or_stop_the_worker(stack):
         send(d.id, encode_document(d))
     assert producer.flush(30) == 0
     t0 = time.monotonic()
-    hostile = run_worker(s, "--stop-when-idle", "3", timeout=600)
+    hostile = run_worker(s, "--stop-when-idle", "0.5", timeout=600)
     hostile_s = time.monotonic() - t0
     assert hostile.returncode == 0, hostile.stderr[-3000:]
     assert "Traceback" not in hostile.stderr and "stalled" not in hostile.stderr, hostile.stderr[-3000:]

@@ -227,7 +227,7 @@ def test_a_backfill_lane_fills_the_new_collection_beside_the_live_one_and_migrat
     checked = run_cli(["run", "--check"], env, timeout=180)  # the lane's model loads, and where it would write
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "backfill lane" in checked.stdout and group in " ".join(checked.stdout.split()), checked.stdout
-    ran = run_cli(["run", "--stop-when-idle", "3"], env, timeout=300)
+    ran = run_cli(["run", "--stop-when-idle", "0.5"], env, timeout=300)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert f"done: {len(texts)} embedded" in ran.stdout + ran.stderr, ran.stdout + ran.stderr
     lane_line = re.search(rf"backfill lane into {new_collection}: (\d+) embedded .*?(\d+) skipped; (\d+) batches",

@@ -49,7 +49,7 @@ def test_a_database_other_than_default_holds_the_collection_and_a_missing_one_is
     in_db = connect(plain.milvus_uri, None, 30, {"db_name": db})
     try:
         s = plain.model_copy(update={"milvus_db_name": db})
-        res = run_worker(s, "--stop-when-idle", "3", timeout=300)
+        res = run_worker(s, "--stop-when-idle", "0.5", timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
         assert set(documents_in_milvus(s)) == {f"d{i}" for i in range(8)}
         # the collection (named from the alias and the model) and its companion, in that database only
@@ -58,7 +58,7 @@ def test_a_database_other_than_default_holds_the_collection_and_a_missing_one_is
         assert not [n for n in admin.list_collections() if n.startswith(s.milvus_collection)]
 
         missing = plain.model_copy(update={"milvus_db_name": f"absent_{uuid.uuid4().hex[:6]}"})
-        res = run_worker(missing, "--stop-when-idle", "3", timeout=120)
+        res = run_worker(missing, "--stop-when-idle", "0.5", timeout=120)
         assert res.returncode == 2, res.stderr[-3000:]
         assert "EMBEDSTREAM_MILVUS_DB_NAME" in _last_line(res.stderr), _last_line(res.stderr)
     finally:
@@ -77,25 +77,25 @@ def test_tls_with_a_private_ca_server_only_and_mutual(stack, tmp_path):
     with TlsTerminator(backend, pki) as tls:  # the server's certificate, from a private CA
         s = _with_documents(stack)
         run = s.model_copy(update={"milvus_uri": f"https://127.0.0.1:{tls.port}", "milvus_tls_ca_file": str(pki.ca)})
-        res = run_worker(run, "--stop-when-idle", "3", timeout=300)
+        res = run_worker(run, "--stop-when-idle", "0.5", timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
         assert set(documents_in_milvus(s)) == {f"d{i}" for i in range(8)} and tls.connections > 0
 
         untrusting = run.model_copy(update={"milvus_tls_ca_file": None})  # the system's CAs only
-        res = run_worker(untrusting, "--stop-when-idle", "3", timeout=120)
+        res = run_worker(untrusting, "--stop-when-idle", "0.5", timeout=120)
         assert res.returncode == 2, res.stderr[-3000:]
         assert "EMBEDSTREAM_MILVUS_TLS_CA_FILE" in _last_line(res.stderr), _last_line(res.stderr)
 
     with TlsTerminator(backend, pki, mutual=True) as tls:  # and the client's, signed by the same CA
         s = _with_documents(stack)
         base = {"milvus_uri": f"https://127.0.0.1:{tls.port}", "milvus_tls_ca_file": str(pki.ca)}
-        res = run_worker(s.model_copy(update=base), "--stop-when-idle", "3", timeout=120)
+        res = run_worker(s.model_copy(update=base), "--stop-when-idle", "0.5", timeout=120)
         assert res.returncode == 2, res.stderr[-3000:]  # no client certificate: the handshake is refused
         assert "EMBEDSTREAM_MILVUS_TLS_CERT_FILE" in _last_line(res.stderr), _last_line(res.stderr)
         assert tls.connections == 0
 
         mutual = s.model_copy(update={**base, "milvus_tls_cert_file": str(pki.client_cert),
                                       "milvus_tls_key_file": str(pki.client_key)})
-        res = run_worker(mutual, "--stop-when-idle", "3", timeout=300)
+        res = run_worker(mutual, "--stop-when-idle", "0.5", timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
         assert set(documents_in_milvus(s)) == {f"d{i}" for i in range(8)} and tls.connections > 0

@@ -95,7 +95,7 @@ def test_the_worker_embeds_with_the_document_prompt_and_search_with_the_query_pr
     for doc_id, text in texts.items():
         producer.produce(s.input_topic, key=doc_id, value=encode_document(Document(doc_id, text)))
     assert producer.flush(30) == 0
-    res = run_worker(s, "--stop-when-idle", "3", timeout=300)
+    res = run_worker(s, "--stop-when-idle", "0.5", timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "0 from cache" in res.stderr  # the same texts embedded bare by other tests are not this model's
 

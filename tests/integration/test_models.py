@@ -48,7 +48,7 @@ def test_two_models_interleaved_under_a_memory_cap_lose_nothing_and_never_share_
         producer.produce(s.input_topic, key=doc.id, value=encode_document(doc))
     producer.produce(s.input_topic, key="nobody", value=encode_document(Document("nobody", "x", "no-such-model")))
     assert producer.flush(30) == 0
-    res = run_worker(s, "--stop-when-idle", "3", timeout=600)
+    res = run_worker(s, "--stop-when-idle", "0.5", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "unloaded" in res.stderr, "the memory cap never forced an eviction"
     assert "up to 16 batches in flight (8 a model served)" in res.stderr  # each model's calls as one model's
@@ -89,7 +89,7 @@ def test_two_models_interleaved_under_a_memory_cap_lose_nothing_and_never_share_
         for doc_id, text in docs.items():
             producer.produce(swap.input_topic, key=doc_id, value=encode_document(Document(doc_id, text, other)))
     assert producer.flush(30) == 0
-    res = run_worker(swap, "--stop-when-idle", "3", timeout=600)
+    res = run_worker(swap, "--stop-when-idle", "0.5", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     for name in ("minilm", "proj"):
         coll = swap.model_copy(update={"milvus_collection": collection_name(swap.milvus_collection, name, True)})

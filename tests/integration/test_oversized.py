@@ -46,7 +46,7 @@ def test_records_over_the_sink_topics_limits_are_dead_lettered_cut_to_fit(stack)
         producer.produce(s.input_topic, key=key, value=value, headers=[("trace", b"t-" + key[:8])])
     assert producer.flush(30) == 0
 
-    res = run_worker(s, "--stop-when-idle", "3", timeout=300)
+    res = run_worker(s, "--stop-when-idle", "0.5", timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"largest records: {OUTPUT_MAX} bytes to {s.output_topic}, 1000000 to {s.dlq_topic}" in res.stderr
 

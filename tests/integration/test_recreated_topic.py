@@ -99,6 +99,27 @@ def test_a_replay_never_goes_back_and_a_recreated_topic_writes_its_updates(stack
     assert (out["content_hash"], out["source_offset"]) == (_hash(v3), 0)
 
 
+def test_an_older_upsert_replayed_after_its_tombstone_never_brings_the_row_back(stack, model):
+    """Deletes have versions too, end to end: x written, then deleted; a group reset to earliest reads
+    x's upsert again after the delete was written. The companion collection's delete version is newer:
+    the replayed upsert is superseded, the row stays deleted, and the output topic's last record of x
+    stays the tombstone. (With delete versions off, the replay wrote x back.)"""
+    s = fresh_settings(stack, partitions=1)
+    producer = make_producer(s.kafka_common())
+    producer.produce(s.input_topic, key="x", value=encode_document(Document("x", "x, written then deleted")))
+    producer.produce(s.input_topic, key="y", value=encode_document(Document("y", "y stays")))
+    producer.produce(s.input_topic, key="x", value=None)
+    assert producer.flush(30) == 0
+    build_worker(s, embedder=model).run(stop_when_idle=0.5)
+    assert set(documents_in_milvus(s)) == {"y"}
+    replay = build_worker(s.model_copy(update={"group_id": f"replay-{uuid.uuid4().hex[:6]}"}), embedder=model)
+    stats = replay.run(stop_when_idle=0.5)
+    assert set(documents_in_milvus(s)) == {"y"}, "a replayed upsert older than its delete wrote the row back"
+    assert stats.superseded >= 1
+    last = [m for m in read_topic(s, s.output_topic) if m.key() == b"x"][-1]
+    assert last.value() is None, "the output topic ends x with its older upsert, after the tombstone"
+
+
 def test_a_topic_recreated_while_the_worker_runs_is_a_new_source(stack, model):
     """The worker reads the topic's id again when the group hands it the re-created topic's partition."""
     s = fresh_settings(stack, partitions=1)

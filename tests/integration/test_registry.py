@@ -111,7 +111,7 @@ def run(stack, tmp_path_factory):
         producer.produce(s.input_topic, key=key, value=value)
     assert producer.flush(30) == 0
 
-    res = run_worker(s, "--stop-when-idle", "3", timeout=600)
+    res = run_worker(s, "--stop-when-idle", "0.5", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     texts.update({k: v for k, v in cdc_final.items() if v is not None})
     good = {k for k in texts if k not in cdc_final} | {k for k, v in cdc_final.items() if v is not None}

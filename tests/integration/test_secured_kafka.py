@@ -173,7 +173,7 @@ def test_a_principal_missing_one_acl_gets_a_line_naming_what_was_refused(acl_kaf
         fut.result(30)
     _grant(acl_kafka, user, acls, _names(s))
     env = {**settings_env(s), **MODE_ENV["exactly-once"], **_client_env(acl_kafka.client(user))}
-    res = run_cli(["run", "--stop-when-idle", "3"], env, timeout=300)
+    res = run_cli(["run", "--stop-when-idle", "0.5"], env, timeout=300)
     assert res.returncode == 2, res.stderr[-3000:]
     last = [line for line in res.stderr.splitlines() if line.strip()][-1]
     assert "refused this principal" in last and "AUTHORIZATION_FAILED" in last and "docs/operations.md" in last, last
@@ -193,7 +193,7 @@ def test_a_principal_with_exactly_the_migrate_acls_migrates(acl_kafka, stack, tm
 
     s = _topics_with_documents(acl_kafka, stack)
     _grant(acl_kafka, "alo", ACLS["at-least-once"], _names(s))
-    live = run_cli(["run", "--stop-when-idle", "3"], {**settings_env(s), **_client_env(acl_kafka.client("alo"))},
+    live = run_cli(["run", "--stop-when-idle", "0.5"], {**settings_env(s), **_client_env(acl_kafka.client("alo"))},
                    timeout=300)
     assert live.returncode == 0, live.stderr[-3000:]
     _grant(acl_kafka, "migrator", ACLS["migrate"], _names(s))
@@ -256,7 +256,7 @@ def test_a_dlq_topic_that_refuses_writes_mid_run_commits_nothing_past_it(acl_kaf
     assert c_end <= offsets["bad2"], (c_end, offsets["bad2"])
 
     _grant(acl_kafka, user, ACLS["at-least-once"], _names(s))
-    res = run_cli(["run", "--stop-when-idle", "3"], env, timeout=300)
+    res = run_cli(["run", "--stop-when-idle", "0.5"], env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert sorted(m.key().decode() for m in _read_as_admin(acl_kafka, s.dlq_topic)) == ["bad", "bad2"]
     out = {m.key().decode() for m in _read_as_admin(acl_kafka, s.output_topic)}

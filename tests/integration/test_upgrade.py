@@ -62,7 +62,7 @@ def test_an_upgrade_keeps_writing_the_collection_readers_query(stack, old_releas
 
     updates = {f"d{i}": f"the second version of document {i}, rewritten" for i in range(10)}
     _produce(s, updates)
-    new = run_cli(["run", "--stop-when-idle", "3"], settings_env(s), timeout=600)
+    new = run_cli(["run", "--stop-when-idle", "0.5"], settings_env(s), timeout=600)
     assert new.returncode == 0, new.stderr[-3000:]
     assert "an earlier release wrote for this model" in new.stderr, new.stderr[-3000:]
     assert admin.alias_target(s.milvus_collection) == written_by_old
@@ -91,7 +91,7 @@ def test_an_upgrade_whose_model_files_changed_stops_saying_to_migrate(stack, old
     assert old.returncode == 0, old.stderr[-3000:]
     shutil.rmtree(model_dir)
     projected_model(model_dir, dim=384, seed=3)  # other vectors, the same dimension, at the same path
-    res = run_cli(["run", "--stop-when-idle", "3"], settings_env(s), timeout=600)
+    res = run_cli(["run", "--stop-when-idle", "0.5"], settings_env(s), timeout=600)
     assert res.returncode == 2, res.stderr[-3000:]
     last = [line for line in res.stderr.splitlines() if line.strip()][-1]
     assert "does not reproduce" in last and "embedstream migrate" in last, last

@@ -60,7 +60,7 @@ def test_end_to_end(stack, model):
         producer.produce(s.input_topic, key=key, value=value)
     assert producer.flush(30) == 0
 
-    res = run_worker(s, "--stop-when-idle", "3", timeout=600)
+    res = run_worker(s, "--stop-when-idle", "0.5", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     print(res.stderr[-2000:])
 
