@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 import warnings
 from pathlib import Path
@@ -83,6 +87,16 @@ def settings_env(s: Settings) -> dict[str, str]:
 
 def run_cli(args: list[str], env: dict[str, str], timeout: float = 300, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def avro_long(n: int) -> bytes:
+    """``n`` as Avro writes a long (zig-zag varint): for records built byte by byte."""
+    z, out = (n << 1) ^ (n >> 63), bytearray()
+    while z & ~0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
 
 
 def read_topic(s: Settings, topic: str, expect: int | None = None, idle: float = 3.0,
@@ -253,3 +267,52 @@ def registry_serializer(client, schema: str, topic: str, key: bool = False):
     ser = AvroSerializer(client, schema, conf={"subject.name.strategy": topic_subject_name_strategy})
     ctx = SerializationContext(topic, MessageField.KEY if key else MessageField.VALUE)
     return lambda obj: ser(obj, ctx)
+
+
+class Trickle:
+    """``clients`` connections to ``port`` that each send a byte every ``every`` seconds (slow loris,
+    reconnecting when closed), and a probe of ``/healthz`` every ``probe_every`` seconds; ``probes``
+    holds each probe's status (or the error's name). :meth:`stop` ends both."""
+
+    def __init__(self, port: int, clients: int = 40, every: float = 5.0, probe_every: float = 0.5) -> None:
+        self.port, self.clients, self.every, self.probe_every = port, clients, every, probe_every
+        self.probes: list[int | str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._attack, daemon=True),
+                         threading.Thread(target=self._probe, daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _attack(self) -> None:
+        socks: list[socket.socket] = []
+        while not self._stop.is_set():
+            while len(socks) < self.clients:
+                try:
+                    socks.append(socket.create_connection(("127.0.0.1", self.port), timeout=2))
+                except OSError:
+                    break
+            for s in list(socks):
+                try:
+                    s.send(b"G")
+                except OSError:
+                    socks.remove(s)
+                    s.close()
+            self._stop.wait(self.every)
+        for s in socks:
+            s.close()
+
+    def _probe(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
+                    self.probes.append(r.status)
+            except urllib.error.HTTPError as exc:
+                self.probes.append(exc.code)
+            except Exception as exc:
+                self.probes.append(type(exc).__name__)
+            self._stop.wait(self.probe_every)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -19,11 +20,12 @@ from tests.faults.harness import (
     produce_docs,
     produce_tombstones,
     record_row,
+    run_worker,
     short_docs,
     two_join_then_leave,
     wait_until,
 )
-from tests.helpers import fresh_settings
+from tests.helpers import fresh_settings, read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
@@ -152,6 +154,53 @@ def test_a_producers_run_of_bad_records_never_trips_the_breaker(fault_stack, mod
     report = check_nothing_lost(s, model, expected, 1)
     assert report.dead_lettered == 100
     record_row("8 DLQ breaker", "100 unknown_model in a row (limit 20): dead-lettered, nothing halted", report, None)
+
+
+@pytest.mark.guarantee
+def test_a_collection_that_refuses_every_document_trips_the_breaker(fault_stack, model, tmp_path):
+    """The breaker's own case, end to end: the worker's collection is wrong (made elsewhere with its
+    excerpt field two characters long), so Milvus refuses every document. They are found by halves and
+    dead-lettered ``milvus_rejected``; once they weigh past the ratio the worker stops (exit 3) with the
+    halting line naming the reason, committing nothing past the first unprocessed record."""
+    from pymilvus import MilvusClient
+
+    from connectors.milvus.schema import add_indexes, collection_schema
+
+    _, env = fault_stack
+    s = fresh_settings(env, partitions=1, max_batch_size=8, commit_interval_ms=0, dlq_ratio_window=20,
+                       dlq_max_ratio=0.5)
+    expected = Expected()
+    produce_docs(s, short_docs(1, "brk-first"), expected)
+    first = run_worker(s, "--stop-when-idle", "0.5")  # the worker makes its collection behind the alias
+    assert first.returncode == 0, first.stderr[-3000:]
+    client = MilvusClient(uri=s.milvus_uri, timeout=30)
+    target = client.describe_alias(s.milvus_collection)["collection_name"]
+    client.drop_alias(s.milvus_collection)
+    client.drop_collection(target)
+    schema = collection_schema(model.dim)
+    next(f for f in schema.fields if f.name == "excerpt").params["max_length"] = 2
+    client.create_collection(target, schema=schema)
+    client.create_index(target, add_indexes(client.prepare_index_params()))
+    client.load_collection(target)
+    client.create_alias(target, s.milvus_collection)
+    client.close()
+    produce_docs(s, short_docs(200, "brk-refused"), expected)
+    w = WorkerProcess(s, tmp_path, "w", ("--stop-when-idle", "1"))
+    code = w.wait(300)
+    log = w.log()
+    assert code == 3, log[-3000:]
+    assert "halting" in log and "milvus_rejected" in log and "embedstream migrate" in log
+    c = Consumer({**s.kafka_common(), "group.id": s.group_id})
+    [tp] = c.committed([TopicPartition(s.input_topic, 0)], timeout=10)
+    c.close()
+    dlq = read_topic(s, s.dlq_topic)
+    reasons = Counter(dict(m.headers())["embedstream.error.reason"].decode() for m in dlq)
+    assert set(reasons) == {"milvus_rejected"} and reasons["milvus_rejected"] >= 10, reasons
+    # stopped well before the end, and nothing committed past what was dead-lettered
+    assert tp.offset < 1 + 200 and tp.offset <= 1 + len(dlq), (tp.offset, len(dlq))
+    record_row("8 DLQ breaker", f"a collection refusing every document: stopped at {tp.offset - 1} of 200",
+               type("R", (), {"documents": 0, "dead_lettered": len(dlq), "duplicates": 0, "dlq_duplicates": 0})(),
+               None)
 
 
 def test_memory_stays_bounded_under_floods(fs, model, tmp_path):

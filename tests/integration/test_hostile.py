@@ -32,7 +32,6 @@ from __future__ import annotations
 import io
 import json
 import random
-import socket
 import threading
 import time
 import urllib.error
@@ -48,7 +47,7 @@ from connectors.kafka import make_producer
 from connectors.registry import MISSING_LOOKUPS, client_conf, frame
 from schemas.codec import DOCUMENT_SCHEMA_TEXT
 from tests.faults.harness import WorkerProcess, wait_until
-from tests.helpers import documents_in_milvus, fresh_settings, read_topic, registry_serializer
+from tests.helpers import Trickle, documents_in_milvus, fresh_settings, read_topic, registry_serializer
 from tests.unit.test_fuzz_schemas import DECOY, DECOY_BODY, _deep_arrays
 from tools.registry import make_server
 from worker.steps.polling.dlq_limit import HINTS
@@ -156,55 +155,6 @@ def _hostile_schemas(url: str) -> list[bytes]:
     return [decoy, deep, nameless]
 
 
-class _Trickle:
-    """``clients`` connections to ``port`` that each send a byte every ``every`` seconds (reconnecting
-    when closed), and a probe of ``/healthz`` every half second; ``probes`` holds each probe's status
-    (or the error's name)."""
-
-    def __init__(self, port: int, clients: int = 40, every: float = 5.0) -> None:
-        self.port, self.clients, self.every = port, clients, every
-        self.probes: list[int | str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._attack, daemon=True),
-                         threading.Thread(target=self._probe, daemon=True)]
-        for t in self._threads:
-            t.start()
-
-    def _attack(self) -> None:
-        socks: list[socket.socket] = []
-        while not self._stop.is_set():
-            while len(socks) < self.clients:
-                try:
-                    socks.append(socket.create_connection(("127.0.0.1", self.port), timeout=2))
-                except OSError:
-                    break
-            for s in list(socks):
-                try:
-                    s.send(b"G")
-                except OSError:
-                    socks.remove(s)
-                    s.close()
-            self._stop.wait(self.every)
-        for s in socks:
-            s.close()
-
-    def _probe(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
-                    self.probes.append(r.status)
-            except urllib.error.HTTPError as exc:
-                self.probes.append(exc.code)
-            except Exception as exc:
-                self.probes.append(type(exc).__name__)
-            self._stop.wait(0.5)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(10)
-
-
 def test_hostile_records_are_dead_lettered_with_memory_and_registry_requests_bounded(stack, capsys, tmp_path):
     registry = make_server(0, None, lax=True)  # stores any schema, as a registry that checks nothing
     threading.Thread(target=registry.serve_forever, daemon=True).start()
@@ -287,7 +237,7 @@ def test_hostile_records_are_dead_lettered_with_memory_and_registry_requests_bou
         good.add(doc_id)
     assert producer.flush(60) == 0
     worker = WorkerProcess(s, tmp_path, "worker", instant=True, EMBEDSTREAM_METRICS_PORT="auto")  # RSS every 0.2 s
-    trickle = _Trickle(worker.metrics_port())
+    trickle = Trickle(worker.metrics_port(), clients=40, every=5.0)
     watcher = Consumer({**s.kafka_common(), "group.id": s.group_id, "enable.auto.commit": False})
     parts = [TopicPartition(s.input_topic, p) for p in range(3)]
     committed = 0

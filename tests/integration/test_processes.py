@@ -33,6 +33,9 @@ def test_two_processes_share_the_partitions_and_write_each_document_once(stack):
     assigned = [set(map(int, re.findall(r"\d+", m))) for m in re.findall(r"assigned \[([\d, ]*)\]", res.stderr)]
     assert len([a for a in assigned if a]) >= 2, res.stderr[-3000:]  # both took partitions
     assert res.stderr.count("done: ") == 2
+    embedded = [int(n) for n in re.findall(r"done: (\d+) embedded", res.stderr)]
+    assert len(embedded) == 2 and all(n > 0 for n in embedded), f"one process did all the work: {embedded}"
+    assert sum(embedded) >= 400
 
     milvus = documents_in_milvus(s)
     assert set(milvus) == {d.id for d in docs}

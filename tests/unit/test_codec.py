@@ -19,6 +19,7 @@ from schemas.codec import (
     encode_document,
     encode_embedding,
 )
+from tests.helpers import avro_long
 
 texts = st.text(max_size=300)
 maps = st.dictionaries(st.text(max_size=20), st.text(max_size=40), max_size=5)
@@ -394,8 +395,8 @@ def test_a_schemaless_record_of_a_million_empty_map_entries_is_refused_before_th
     from schemas.document_reader import MAX_METADATA_ENTRIES
 
     def record(entries: int, blocked: bool = False) -> bytes:
-        count = _zigzag(-entries if blocked else entries)
-        size = _zigzag(2 * entries) if blocked else b""
+        count = avro_long(-entries if blocked else entries)
+        size = avro_long(2 * entries) if blocked else b""
         return b"\x02a\x02t\x00" + count + size + b"\x00\x00" * entries + b"\x00\x00"
 
     for blocked in (False, True):  # before: read whole, one entry in the end, a valid document
@@ -406,10 +407,3 @@ def test_a_schemaless_record_of_a_million_empty_map_entries_is_refused_before_th
     assert doc.metadata == {"": ""}
 
 
-def _zigzag(n: int) -> bytes:
-    z, out = (n << 1) ^ (n >> 63), bytearray()
-    while z & ~0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)

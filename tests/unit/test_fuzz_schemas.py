@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from connectors.registry import SchemaRegistry, client_conf, frame
 from schemas.codec import DOCUMENT_SCHEMA_TEXT
+from tests.helpers import avro_long
 from tools.memory_source import MemoryMessage
 from tools.registry import make_server
 from worker.core.records import DeadLetter, Delete, Item
@@ -42,16 +43,9 @@ HUGE_COUNT = bytes([0xFE, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F])
 
 def _avro_string(s: str) -> bytes:
     raw = s.encode()
-    return _long(len(raw)) + raw
+    return avro_long(len(raw)) + raw
 
 
-def _long(n: int) -> bytes:
-    z, out = (n << 1) ^ (n >> 63), bytearray()
-    while z & ~0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
 
 
 #: The decoy: ``inner``'s array of ``"E"`` resolves (enclosing namespace first) to the empty ``a.E``,

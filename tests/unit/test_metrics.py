@@ -94,41 +94,21 @@ def test_trickling_clients_never_lock_out_a_probe():
     """Clients that hold connections open by sending a byte now and then (slow loris) never keep a probe
     from its answer: at the bound on connections the oldest unfinished request is closed, and each
     connection has a deadline for its whole exchange, not per read."""
-    import socket
-    import threading
     import time
 
+    from tests.helpers import Trickle
     from worker.process.answer_server import serve_answers
 
     server = serve_answers(0, lambda path: (200, "text/plain", b"ok\n"), "127.0.0.1", deadline=1.0, limit=8)
-    port = server.server_address[1]
-    stop = threading.Event()
-
-    def trickle() -> None:  # 3x the bound, each sending a byte every 50 ms, reconnecting when closed
-        socks: list[socket.socket] = []
-        while not stop.is_set():
-            while len(socks) < 24:
-                socks.append(socket.create_connection(("127.0.0.1", port)))
-            for s in list(socks):
-                try:
-                    s.send(b"G")
-                except OSError:
-                    socks.remove(s)
-                    s.close()
-            time.sleep(0.05)
-        for s in socks:
-            s.close()
-
-    attacker = threading.Thread(target=trickle, daemon=True)
-    attacker.start()
+    trickle = Trickle(server.server_address[1], clients=24, every=0.05, probe_every=0.02)  # 3x the bound
     try:
-        time.sleep(0.3)
-        answers = [_get(port, timeout=2.0) for _ in range(30)]
+        deadline = time.monotonic() + 30
+        while len(trickle.probes) < 30 and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
-        stop.set()
-        attacker.join(5)
-    assert answers == [(200, b"ok\n")] * 30
-    server.shutdown()
+        trickle.stop()
+        server.shutdown()
+    assert len(trickle.probes) >= 30 and set(trickle.probes) == {200}, trickle.probes
 
 
 def test_a_connection_is_closed_at_its_deadline_whatever_it_sends():
