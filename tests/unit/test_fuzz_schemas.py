@@ -10,6 +10,7 @@ that clash across namespaces, aliases, unions, logical types, references, other 
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import threading
@@ -35,8 +36,9 @@ REASONS = set(HINTS)
 #: A schema the guard misses holds the validator for ever: a hang is a failure here, soon.
 pytestmark = pytest.mark.timeout(120)
 #: CPU seconds the polling thread may spend validating one record under 100 bytes (a schema already
-#: fetched and parsed): stepping through a million zero-byte items takes about a quarter second.
-MAX_CPU_S = 0.010
+#: fetched and parsed; the least of three tries): stepping through a million zero-byte items takes about
+#: a quarter second, a normal record tens of microseconds.
+MAX_CPU_S = 0.020
 #: A count of 2^62 - 1 items, as Avro writes a long (zig-zag varint).
 HUGE_COUNT = bytes([0xFE, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x7F])
 
@@ -140,9 +142,15 @@ def _check(validator: Validator, value: bytes) -> DeadLetter | Item | Delete:
     msg = MemoryMessage(b"k", value)
     validator.resolve_schemas([msg])
     validator.validate(MemoryMessage(b"k", value))  # the first read of a schema parses it: not timed
-    t0 = time.thread_time()
-    entry = validator.validate(msg)
-    spent = time.thread_time() - t0
+    spent = float("inf")
+    gc.disable()  # a collection of hypothesis' garbage is not the validator's time
+    try:
+        for _ in range(3):  # the least of three: a busy host's noise is not the validator's either
+            t0 = time.thread_time()
+            entry = validator.validate(msg)
+            spent = min(spent, time.thread_time() - t0)
+    finally:
+        gc.enable()
     assert isinstance(entry, (Item, Delete, DeadLetter))
     if isinstance(entry, DeadLetter):
         assert entry.reason in REASONS and entry.message
