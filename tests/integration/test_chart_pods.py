@@ -30,15 +30,15 @@ import pytest
 from connectors.kafka import make_producer
 from connectors.milvus import MilvusAdmin
 from schemas.codec import Document, encode_document
-from tests.helpers import REPO, documents_in_milvus, fresh_settings, read_topic
+from tests.helpers import REPO, documents_in_milvus, fresh_settings, missing_tool, read_topic
 from tests.unit.helm_engine import Engine, available, container_env, objects
 from tools.dev import free_port
 
 pytestmark = pytest.mark.integration
 
 if not available():
-    pytest.skip("the chart's pods need Helm's engine, helm_python (the dev extra's helm-python-sdk): `make setup` "
-                "installs it", allow_module_level=True)
+    missing_tool("the chart's pods need Helm's engine, helm_python (the dev extra's helm-python-sdk): `make setup` "
+                 "installs it", module=True)
 
 CHART = REPO / "helm" / "embedstream"
 

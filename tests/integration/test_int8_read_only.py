@@ -14,6 +14,8 @@ import textwrap
 
 import pytest
 
+from tests.helpers import missing_tool
+
 pytestmark = pytest.mark.integration
 
 _LOAD = textwrap.dedent("""
@@ -31,9 +33,9 @@ _LOAD = textwrap.dedent("""
 
 def _in_read_only_cache(tmp_path, precision: str) -> subprocess.CompletedProcess:
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
-        pytest.skip("this host lets no unprivileged process mount a filesystem (`unshare -rm` fails), and a "
-                    "real read-only filesystem is what this test writes to; it runs wherever that is allowed, "
-                    "as on the project's CI host")
+        missing_tool("this host lets no unprivileged process mount a filesystem (`unshare -rm` fails), and a "
+                     "real read-only filesystem is what this test writes to; it runs wherever that is allowed, "
+                     "as on the project's CI host (util-linux's unshare)")
     cache = tmp_path / "cache"
     cache.mkdir()
     env = {**os.environ, "XDG_CACHE_HOME": str(cache), "HF_HUB_OFFLINE": "1"}

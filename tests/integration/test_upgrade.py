@@ -16,7 +16,7 @@ import pytest
 from connectors.kafka import make_producer
 from connectors.milvus import MilvusAdmin, MilvusReader
 from schemas.codec import Document, encode_document
-from tests.helpers import REPO, fresh_settings, run_cli, settings_env
+from tests.helpers import REPO, fresh_settings, missing_tool, run_cli, settings_env
 from worker.core.records import content_hash, normalise_text
 
 pytestmark = pytest.mark.integration
@@ -31,8 +31,8 @@ def old_release(tmp_path_factory):
     where = tmp_path_factory.mktemp("release-0.1.0")
     archive = subprocess.run(["git", "-C", str(REPO), "archive", RELEASE_0_1_0], capture_output=True, timeout=120)
     if archive.returncode != 0:
-        pytest.skip(f"this clone has no commit {RELEASE_0_1_0[:10]} (release 0.1.0): a shallow clone? "
-                    f"{archive.stderr.decode()[-200:]}")
+        missing_tool(f"this clone has no commit {RELEASE_0_1_0[:10]} (release 0.1.0): a shallow clone? `git fetch "
+                     f"--unshallow` brings the history. {archive.stderr.decode()[-200:]}")
     subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True, timeout=120)
     return where
 

@@ -11,13 +11,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.helpers import missing_tool
 from tests.unit.helm_engine import Engine, HelmError, available, container_env, objects
 
 if not available():
-    pytest.skip("the chart tests need Helm's engine, helm_python (the dev extra's helm-python-sdk): "
-                "`make setup` installs it", allow_module_level=True)
+    missing_tool("the chart tests need Helm's engine, helm_python (the dev extra's helm-python-sdk): "
+                 "`make setup` installs it", module=True)
 
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
+try:
+    import kubernetes_validate
+except ImportError:
+    missing_tool("the chart tests need kubernetes-validate (the dev extra): `make setup` installs it", module=True)
 
 CHART = Path(__file__).resolve().parents[2] / "helm" / "embedstream"
 #: Rendered as `helm template` renders, without a cluster: Helm's engine here knows no CRDs, so the
@@ -585,8 +589,8 @@ def test_each_alert_fires_on_a_series_that_must_fire_it_and_not_on_one_that_must
 
     promtool = _promtool()
     if promtool is None:
-        pytest.skip("Prometheus' rule-test runner (promtool) is not installed: `make setup` builds it when Go is on "
-                    "the PATH; the rules' series and labels are still checked by the test before this one")
+        missing_tool("Prometheus' rule-test runner (promtool) is not installed: `make setup` builds it when Go is on "
+                     "the PATH; the rules' series and labels are still checked by the test before this one")
     _, alerts = rendered_rules(mode)
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "embedstream", "rules": list(
         alerts.values())}]}))
