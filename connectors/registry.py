@@ -18,6 +18,7 @@ out (``worker.core.loop``), and decoding itself never waits on the network.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import time
@@ -26,13 +27,14 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
+import fastavro
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.common._httpx_compat import httpx  # whichever the client uses
 from confluent_kafka.schema_registry.common.avro import parse_schema_with_repo
 from fastavro.read import SchemaResolutionError
 
-from schemas.avro_shapes import json_depth, zero_byte_collection
+from schemas.avro_shapes import json_depth, recursive_type, zero_byte_collection
 from schemas.codec import is_framed
 from schemas.errors import ConfigError, DecodeError, TransientError
 from schemas.redact import without_userinfo
@@ -80,8 +82,12 @@ MAX_REFERENCES = 64
 
 def _refusal(parsed: Any) -> str | None:
     """Why no record written with ``parsed`` (fastavro's parse of the writer schema) is read (None:
-    they are): an array or map of items that take no bytes, whose count alone could hold the polling
-    thread for ever."""
+    they are): a type that holds itself (the reader's recursion in C has no bound), or an array or map
+    of items that take no bytes, whose count alone could hold the polling thread for ever."""
+    looped = recursive_type(parsed)
+    if looped is not None:
+        return (f"its type {looped} holds itself: a record may nest it as deep as its bytes claim, and the "
+                "reader recurses once a level, in C, until the process dies; recursive types are refused")
     where = zero_byte_collection(parsed)
     if where is None:
         return None
@@ -151,6 +157,9 @@ class SchemaRegistry:
         self._renamed: dict[int, AvroDeserializer] = {}
         self._generic = AvroDeserializer(self.client)
         self._known: set[int] = set()
+        #: Writer schemas as parsed, by id: each record is read whole with its own first
+        #: (:meth:`_read_whole`).
+        self._writers: dict[int, Any] = {}
         #: Writer schemas no record is read with, by id, and why (``schemas.avro_shapes``).
         self._refused: dict[int, str] = {}
         #: Missing schema id → (when the registry said so or it was taken as missing, whether the
@@ -234,6 +243,7 @@ class SchemaRegistry:
         refusal = _refusal(parsed)
         if refusal is not None:
             return refusal
+        self._writers[sid] = parsed
         reader = with_writer_aliases(self._reader, json.loads(text))
         if reader is not None:
             self._renamed[sid] = AvroDeserializer(self.client, json.dumps(reader))
@@ -294,6 +304,7 @@ class SchemaRegistry:
         if refused is not None:
             raise DecodeError("incompatible_schema", f"{what} was written with schema id {sid}: {refused}")
         try:
+            self._read_whole(sid, data)
             return deserializer(data, None)
         except SchemaResolutionError as exc:
             raise DecodeError("incompatible_schema", f"{what} was written with schema id {sid}, which does not "
@@ -302,6 +313,16 @@ class SchemaRegistry:
             raise DecodeError("invalid_utf8", f"Avro string in the {what} is not valid UTF-8: {exc}") from None
         except Exception as exc:  # fastavro raises many types on a body that does not match its schema
             raise DecodeError("decode_error", f"{what} does not decode with its schema id {sid}: {exc!r}") from None
+
+    def _read_whole(self, sid: int, data: bytes) -> None:
+        """Read ``data`` with its writer schema alone, every field and item, before the resolved read.
+        Resolving against our schema *skips* the writer's other fields, and fastavro skips an item of
+        fixed size (a float, a double, a ``fixed``) by seeking, without looking for the end: a few
+        bytes claiming 2^62 floats in a field we do not read held the polling thread for ever. Read,
+        every item takes its bytes, so an array's count is bounded by the record's size."""
+        writer = self._writers.get(sid)
+        if writer is not None:
+            fastavro.schemaless_reader(io.BytesIO(data[5:]), writer)
 
     def read_document(self, value: bytes) -> dict[str, Any]:
         """The value as a dict of ``document.avsc`` fields (the writer's schema resolved against ours)."""

@@ -144,3 +144,52 @@ def _label(node: Any) -> str:
     if isinstance(node, dict):
         return f"{node.get('type')} {node.get('name', '')}".strip()
     return str(node) if not isinstance(node, list) else "a union"
+
+
+def recursive_type(parsed: Any) -> str | None:
+    """The full name of a named type in ``parsed`` (as :func:`zero_byte_collection` takes it) that
+    refers to itself, directly or through others; None when there is none. Found without recursion:
+    each named type's references to others, then a depth-first search for a cycle among them."""
+    names: dict[str, Any] = {}
+    _collect(parsed, names)
+    refers: dict[str, set[str]] = {}
+    for name, node in names.items():
+        found: set[str] = set()
+        stack: list[Any] = [f.get("type") for f in node.get("fields") or () if isinstance(f, dict)] \
+            if node.get("type") in ("record", "error") else []
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                if item in names:
+                    found.add(item)
+            elif isinstance(item, list):
+                stack.extend(item)
+            elif isinstance(item, dict):
+                if item.get("type") in ("record", "error", "enum", "fixed") and isinstance(item.get("name"), str):
+                    found.add(item["name"])  # defined inline: its own fields are its own entry's
+                elif item.get("type") == "array":
+                    stack.append(item.get("items"))
+                elif item.get("type") == "map":
+                    stack.append(item.get("values"))
+                else:
+                    stack.append(item.get("type"))
+        refers[name] = found
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in refers:
+        if state.get(start):
+            continue
+        path: list[tuple[str, list[str]]] = [(start, sorted(refers[start]))]
+        state[start] = 1
+        while path:
+            name, todo = path[-1]
+            if not todo:
+                state[name] = 2
+                path.pop()
+                continue
+            nxt = todo.pop()
+            if state.get(nxt) == 1:
+                return nxt
+            if not state.get(nxt):
+                state[nxt] = 1
+                path.append((nxt, sorted(refers.get(nxt, ()))))
+    return None

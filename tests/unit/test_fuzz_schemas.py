@@ -200,6 +200,15 @@ def test_the_decoy_namespace_is_resolved_as_avro_resolves_it(lax):
     ("[" * 5000 + "]" * 5000, None, "nests deeper than"),
     ('{"type": "record", "name": "X", "fields": [' + '{"name": "f", "type": "string"},' * 40_000 + "]}",
      None, "characters, over the"),
+    # found by the fuzzing above: a record that must hold itself, read by recursing in C without a byte
+    # read, until the stack overflowed and the process died (a segfault, no exception to catch)
+    ({"type": "error", "name": "Inner", "fields": [{"name": "text", "type": {
+        "name": "E", "type": "record", "fields": [{"name": "text", "type": "E"}]}}]}, "AVRO", "holds itself"),
+    # a linked list: each level a byte, so a record of 1 MB nests a million levels deep in C
+    ({"type": "record", "name": "Document", "fields": [{"name": "id", "type": "string"},
+                                                       {"name": "text", "type": "string"},
+                                                       {"name": "next", "type": ["null", "Document"]}]},
+     None, "holds itself"),
 ])
 def test_a_schema_no_reader_should_walk_is_refused_once_for_its_id(lax, schema, schema_type, fragment):
     url, register = lax
@@ -229,3 +238,18 @@ def test_references_are_followed_as_the_deserializer_follows_them_and_cycles_end
     gone = register(writer, references=[{"name": "r.Empty", "subject": "nowhere", "version": 3}])
     dead = _check(_validator(url), frame(gone) + b"\x02a\x02b\x00")
     assert isinstance(dead, DeadLetter) and "does not know" in dead.message
+
+
+@pytest.mark.parametrize("items", ["float", "double", {"type": "fixed", "name": "F", "size": 16},
+                                   {"type": "array", "items": "float"}])
+def test_a_huge_count_of_fixed_size_items_in_a_field_we_do_not_read_is_a_dead_letter_at_once(lax, items):
+    """Resolving against our schema skips the writer's other fields, and fastavro skips a float (a
+    double, a ``fixed``) by seeking, never looking for the end: 2^62 of them claimed in ten bytes held
+    the polling thread for ever (found by this module's fuzzing). The record is read whole with its
+    writer schema first, where every item takes its bytes."""
+    url, register = lax
+    writer = {"type": "record", "name": "Document", "fields": [
+        {"name": "id", "type": "string"}, {"name": "text", "type": "string"},
+        {"name": "extra", "type": {"type": "array", "items": items}}]}
+    dead = _check(_validator(url), frame(register(writer)) + b"\x02a\x02b" + HUGE_COUNT + b"\x00")
+    assert isinstance(dead, DeadLetter) and dead.reason == "decode_error"
