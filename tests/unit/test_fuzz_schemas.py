@@ -160,7 +160,7 @@ def _check(validator: Validator, value: bytes) -> DeadLetter | Item | Delete:
     return entry
 
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                         HealthCheck.function_scoped_fixture])
 
 
