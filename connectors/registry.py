@@ -157,8 +157,8 @@ class SchemaRegistry:
         self._renamed: dict[int, AvroDeserializer] = {}
         self._generic = AvroDeserializer(self.client)
         self._known: set[int] = set()
-        #: Writer schemas as parsed, by id: each record is read whole with its own first
-        #: (:meth:`_read_whole`).
+        #: Writer schemas as parsed, by id, of those whose records are read whole with it first
+        #: (:meth:`_read_whole`): the ones whose resolved read would skip a field.
         self._writers: dict[int, Any] = {}
         #: Writer schemas no record is read with, by id, and why (``schemas.avro_shapes``).
         self._refused: dict[int, str] = {}
@@ -199,28 +199,32 @@ class SchemaRegistry:
         if self._budget_spent():
             self._remember_missing(sid, asked=False)
             return
-        reason: str | None = None
         try:
             schema = self._ask(f"looking up schema id {sid}", lambda: self.client.get_schema(sid))
         except TransientError:
             raise
         except Exception as exc:  # the client could not make sense of the registry's answer for this id
-            schema, reason = False, f"the registry's answer could not be read ({type(exc).__name__}: {_short(exc)})"
+            self._refuse(sid, f"the registry's answer could not be read ({type(exc).__name__}: {_short(exc)})")
+            return
         if schema is None:
             self._remember_missing(sid, asked=True)
             return
-        if schema is not False:
-            try:
-                reason = self._judge(sid, schema)
-            except TransientError:
-                raise
-            except _Refused as refused:
-                reason = str(refused)
-            except Exception as exc:  # whatever a hostile schema makes a walk raise: RecursionError, KeyError...
-                reason = f"it could not be read as an Avro schema ({type(exc).__name__}: {_short(exc)})"
+        try:
+            reason = self._judge(sid, schema)
+        except TransientError:
+            raise
+        except _Refused as refused:
+            reason = str(refused)
+        except Exception as exc:  # whatever a hostile schema makes a walk raise: RecursionError, KeyError...
+            reason = f"it could not be read as an Avro schema ({type(exc).__name__}: {_short(exc)})"
         if reason is not None:
-            log.warning("schema id %d: %s; its records are dead-lettered (incompatible_schema)", sid, reason)
-            self._refused[sid] = reason
+            self._refuse(sid, reason)
+        self._known.add(sid)
+
+    def _refuse(self, sid: int, reason: str) -> None:
+        """No record written with schema ``sid`` is read, for ``reason`` (decided once)."""
+        log.warning("schema id %d: %s; its records are dead-lettered (incompatible_schema)", sid, reason)
+        self._refused[sid] = reason
         self._known.add(sid)
 
     def _judge(self, sid: int, schema: Schema) -> str | None:
@@ -243,8 +247,9 @@ class SchemaRegistry:
         refusal = _refusal(parsed)
         if refusal is not None:
             return refusal
-        self._writers[sid] = parsed
         reader = with_writer_aliases(self._reader, json.loads(text))
+        if not self._same_fields(parsed, reader or self._reader):  # the resolved read would skip some
+            self._writers[sid] = parsed
         if reader is not None:
             self._renamed[sid] = AvroDeserializer(self.client, json.dumps(reader))
         return None
@@ -313,6 +318,18 @@ class SchemaRegistry:
             raise DecodeError("invalid_utf8", f"Avro string in the {what} is not valid UTF-8: {exc}") from None
         except Exception as exc:  # fastavro raises many types on a body that does not match its schema
             raise DecodeError("decode_error", f"{what} does not decode with its schema id {sid}: {exc!r}") from None
+
+    @staticmethod
+    def _same_fields(writer: Any, reader: dict[str, Any]) -> bool:
+        """Whether every field of ``writer`` (parsed) is a field of ``reader`` (by name or alias) of the
+        very same type: then resolving reads every byte and skips nothing (a producer writing
+        ``document.avsc`` itself, the common case), and no whole read first is needed."""
+        if not isinstance(writer, dict) or writer.get("type") != "record":
+            return False
+        ours: dict[str, Any] = fastavro.parse_schema(reader, _write_hint=False)  # type: ignore[assignment]
+        by_name = {name: f["type"] for f in ours["fields"] for name in (f["name"], *f.get("aliases", ()))}
+        return all(f["name"] in by_name and json.dumps(f["type"], sort_keys=True) ==
+                   json.dumps(by_name[f["name"]], sort_keys=True) for f in writer["fields"])
 
     def _read_whole(self, sid: int, data: bytes) -> None:
         """Read ``data`` with its writer schema alone, every field and item, before the resolved read.

@@ -56,8 +56,8 @@ def userinfo(url: str) -> list[str]:
         if info:
             user, colon, password = info.partition(":")
             out.append(password if colon else user)
-        out += [unquote(m.group(2)) for m in _QUERY_SECRET.finditer(rest)]
-        out += [m.group(2) for m in _QUERY_SECRET.finditer(rest)]
+        for m in _QUERY_SECRET.finditer(rest):  # as written, and decoded (a message may quote either)
+            out += {m.group(2), unquote(m.group(2))}
     return [s for s in out if s]
 
 

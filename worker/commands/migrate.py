@@ -257,7 +257,7 @@ class LaneWatch:
     def __init__(self, members: Callable[[], int | None] = lambda: None, gone_s: float = LANE_GONE_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._first: int | None = None
-        self._members, self._gone_s, self._clock = members, gone_s, clock
+        self._members, self.gone_s, self._clock = members, gone_s, clock
         self._seen = False
         self._empty_since: float | None = None
 
@@ -274,7 +274,7 @@ class LaneWatch:
         now = self._clock()
         if self._empty_since is None:
             self._empty_since = now
-        return now - self._empty_since < self._gone_s
+        return now - self._empty_since < self.gone_s
 
     def ends(self) -> dict[int, int]:
         return {}
@@ -320,7 +320,7 @@ def wait_caught_up(lag: Callable[[], BackfillLag], backfill: Backfill | LaneWatc
             raise backfill.error
         if not backfill.alive:
             if isinstance(backfill, LaneWatch):
-                raise LaneEnded(f"the backfill lane's group has had no member for {backfill._gone_s:.0f} s: the "
+                raise LaneEnded(f"the backfill lane's group has had no member for {backfill.gone_s:.0f} s: the "
                                 "live workers' lane ended (their logs say why) or no worker runs with "
                                 "EMBEDSTREAM_BACKFILL_MODEL any more; nothing was switched")
             raise RuntimeError("the backfill worker stopped")

@@ -15,11 +15,6 @@ from schemas.redact import mask
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def plain(text: object) -> str:
-    """``text`` masked, without control characters (for a line that is not Rich markup)."""
-    return _CONTROLS.sub("", mask(str(text)))
-
-
 def shown(text: object) -> str:
     """``text`` masked, without control characters, with Rich markup escaped: safe inside a markup string."""
-    return escape(plain(text))
+    return escape(_CONTROLS.sub("", mask(str(text))))

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,6 @@ MAX_CONNECTIONS = 64
 MAX_REQUEST_BYTES = 8192
 
 Answer = Callable[[str], tuple[int, str, bytes]]
-
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
-
 
 @dataclass
 class _Conn:
@@ -179,7 +176,7 @@ class AnswerServer:
         self._reply(fd, conn, code, ctype, b"" if method == b"HEAD" else body, length=len(body))
 
     def _reply(self, fd: int, conn: _Conn, code: int, ctype: str, body: bytes, length: int | None = None) -> None:
-        head = (f"HTTP/1.1 {code} {_REASONS.get(code, 'Unknown')}\r\nContent-Type: {ctype}\r\n"
+        head = (f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\nContent-Type: {ctype}\r\n"
                 f"Content-Length: {len(body) if length is None else length}\r\nConnection: close\r\n\r\n")
         conn.outbox = memoryview(head.encode("latin-1") + body)
         self._selector.modify(conn.sock, selectors.EVENT_WRITE)
