@@ -92,16 +92,16 @@ def run_cli(args: list[str], env: dict[str, str], timeout: float = 300, **kw) ->
 
 #: Set by .ci/run: a test that cannot run for a missing tool fails instead of skipping, so a CI run that
 #: quietly lost Helm's engine, promtool, ``unshare`` or the release history cannot pass.
-STRICT_TOOLS = os.environ.get("EMBEDSTREAM_STRICT_TOOLS") == "1"
+STRICT_TOOLS = os.environ.get("SUITE_STRICT_TOOLS") == "1"
 
 
 def missing_tool(reason: str, *, module: bool = False) -> NoReturn:
     """Skip for a tool this host lacks (``reason`` says which setup step installs it); under
-    ``EMBEDSTREAM_STRICT_TOOLS=1`` (CI) fail instead. ``module``: called at a module's top level."""
+    ``SUITE_STRICT_TOOLS=1`` (CI) fail instead. ``module``: called at a module's top level."""
     import pytest
 
     if STRICT_TOOLS:
-        pytest.fail(f"a tool the suite needs is missing (EMBEDSTREAM_STRICT_TOOLS=1): {reason}", pytrace=False)
+        pytest.fail(f"a tool the suite needs is missing (SUITE_STRICT_TOOLS=1): {reason}", pytrace=False)
     pytest.skip(reason, allow_module_level=module)
 
 
