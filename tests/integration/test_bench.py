@@ -21,12 +21,15 @@ BROKER = ["--broker", TEST_BROKER]
 KAFKA_JARS = {"EMBEDSTREAM_KAFKA_CACHE": str(cache_dir().parent)}
 
 
-def test_bench_quick_writes_json_and_chart(tmp_path, tmp_path_factory):
+def test_bench_quick_writes_json_and_chart(local_stack, tmp_path, tmp_path_factory):
+    """On the session's stack (the bench finds it running in its state dir, uses it and leaves it up)."""
+    local, _ = local_stack
     env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **KAFKA_JARS,
            "XDG_CACHE_HOME": str(tmp_path_factory.getbasetemp() / "xdg-cache")}  # the int8 export, shared
     res = run_cli(["bench", "--quick", "--docs", "40", "--latency-seconds", "1", "--output", str(tmp_path),
-                   "--state-dir", str(tmp_path / "stack"), *BROKER], env, timeout=600)
+                   "--state-dir", str(local.state_dir), *BROKER], env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert f"already running in {local.state_dir} (left up)" in " ".join(res.stderr.split()) and local.is_up()
     out = json.loads((tmp_path / "bench.json").read_text())
     assert {"model", "precision", "device", "workloads", "denominators", "latency", "ratios",
             "latency_bound_s", "quality"} <= set(out)
@@ -121,13 +124,15 @@ def test_bench_quick_writes_json_and_chart(tmp_path, tmp_path_factory):
     assert "registry" in res.stdout and "Rmix" in res.stdout
 
 
-def test_bench_cpu_prints_each_run_and_its_threads(tmp_path):
+def test_bench_cpu_prints_each_run_and_its_threads(local_stack, tmp_path):
     """`bench --cpu`: the four CPU/doc runs (S1 and S2, with the cache and without), each with its
-    threads' shares, no model loaded."""
+    threads' shares, no model loaded; on the session's stack, left up."""
+    local, _ = local_stack
     res = run_cli(["bench", "--cpu", "--docs", "300", "--output", str(tmp_path), "--state-dir",
-                   str(tmp_path / "stack"), *BROKER], {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **KAFKA_JARS},
+                   str(local.state_dir), *BROKER], {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **KAFKA_JARS},
                   timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert local.is_up()
     out = json.loads((tmp_path / "cpu.json").read_text())
     assert out["docs"] == 300 and out["warm_up_docs"] == 30  # a warm-up run first, not counted
     assert "warm-up" in res.stdout

@@ -45,13 +45,18 @@ def _stack_settings(env: dict[str, str], broker: str, **extra) -> Settings:
 @contextmanager
 def stack_and_model(state_dir: Path, broker: str, device: str, precision: str, model: str | None,
                     say: Callable[[str], None]) -> Iterator[tuple[dict[str, str], Settings, Any]]:
-    """A local stack of its own (``broker``), the bench's settings on it (logging set up) and the model
-    loaded and warmed up: ``(env, base, embedder)``; the stack goes down on the way out."""
+    """The local stack in ``state_dir`` (``broker``), the bench's settings on it (logging set up) and
+    the model loaded and warmed up: ``(env, base, embedder)``. A stack the bench started goes down on
+    the way out; one already running there (`embedstream dev up --state-dir`) is used and left up:
+    every workload makes its own topics, group and collection."""
     from worker.embedding.sentence import SentenceTransformerEmbedder
     from worker.process.logs import setup_logging
 
     stack = LocalStack(state_dir, broker=broker)
-    env, _ = stack.up(partitions=6)
+    env, started = stack.up(partitions=6)
+    if not started:
+        broker = stack.broker_kind()
+        say(f"using the {broker} stack already running in {state_dir} (left up)")
     try:
         base = _stack_settings(env, broker, device=device, precision=precision, model=model)
         setup_logging(base)
@@ -60,7 +65,8 @@ def stack_and_model(state_dir: Path, broker: str, device: str, precision: str, m
         emb.warmup()
         yield env, base, emb
     finally:
-        stack.down()
+        if started:
+            stack.down()
 
 
 def _machine(broker: str, device: str) -> dict:
@@ -77,10 +83,10 @@ def _machine(broker: str, device: str) -> dict:
 def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | None, docs: int | None,
               latency_seconds: float | None, state_dir: Path, say: Callable[[str], None],
               model: str | None = None, broker: str = "tansu") -> dict:
-    """All measurements of docs/benchmarks.md on a local stack of its own (``broker``: tansu, or mock
-    where Tansu cannot run); returns the bench.json dict. ``model``: EMBEDSTREAM_MODEL (None: the
-    packaged MiniLM). On CUDA the raw encode tries larger batches, and the worker also runs with an
-    instant sink (its own ceiling in front of the device)."""
+    """All measurements of docs/benchmarks.md on the local stack in ``state_dir`` (``stack_and_model``;
+    ``broker``: tansu, or mock where Tansu cannot run); returns the bench.json dict. ``model``:
+    EMBEDSTREAM_MODEL (None: the packaged MiniLM). On CUDA the raw encode tries larger batches, and
+    the worker also runs with an instant sink (its own ceiling in front of the device)."""
     sizes = dict(workloads.QUICK if quick else workloads.FULL)
     if docs:  # the recall sets scale too, with enough documents that a top 10 is a choice
         sizes.update(S1=docs, S2=docs, S4=docs, io=docs, recall_docs=max(docs, 100),
@@ -91,7 +97,7 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
         if emb.device == "cuda":
             sizes["raw_batch_sizes"] = (128, 256, 512)
         texts = {"S1": workloads.short_texts(sizes["S1"]), "S2": workloads.mixed_texts(sizes["S2"])}
-        machine = _machine(broker, emb.device)
+        machine = _machine(LocalStack(state_dir).broker_kind(), emb.device)  # (the stack found there)
         out: dict = {"machine": machine,
                      "model": emb.model_id, "precision": emb.precision, "device": emb.device, "quick": quick,
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "workloads": {}, "denominators": {}}
@@ -239,11 +245,12 @@ def _io_path(out: dict, base: Settings, dim: int, sizes: dict, say: Callable[[st
 def run_cpu(*, docs: int, state_dir: Path, say: Callable[[str], None], broker: str = "tansu",
             dim: int = 384) -> dict:
     """Only the CPU/doc rows, with each thread's share: an instant model (no model is loaded) on
-    ``docs`` distinct S1 and S2 texts, with the cache and without, on a local stack of its own."""
+    ``docs`` distinct S1 and S2 texts, with the cache and without, on the local stack in ``state_dir``
+    (started and stopped, or found running and left up)."""
     from worker.process.logs import setup_logging
 
     stack = LocalStack(state_dir, broker=broker)
-    env, _ = stack.up(partitions=6)
+    env, started = stack.up(partitions=6)
     try:
         base = _stack_settings(env, broker)
         setup_logging(base)
@@ -253,7 +260,8 @@ def run_cpu(*, docs: int, state_dir: Path, say: Callable[[str], None], broker: s
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "docs": docs, "warm_up_docs": warm_up_docs(docs),
                 "cpu_per_doc": cpu, "cpu_threads": by_thread, "cpu_gauge_ns": gauge}
     finally:
-        stack.down()
+        if started:
+            stack.down()
 
 
 def _registry(out: dict, base: Settings, emb, texts: list[str], sizes: dict, url: str,
@@ -529,7 +537,7 @@ def run_processes(*, counts: list[int], docs: int, device: str, precision: str, 
     from worker.process.logs import setup_logging
 
     stack = LocalStack(state_dir, broker=broker)
-    env, _ = stack.up(partitions=6)
+    env, started = stack.up(partitions=6)
     logs = state_dir / "processes-logs"
     logs.mkdir(parents=True, exist_ok=True)
     try:
@@ -560,7 +568,8 @@ def run_processes(*, counts: list[int], docs: int, device: str, precision: str, 
             r["tflops"] = r["tokens_per_s"] * out["flops_per_token"] / 1e12
         return out
     finally:
-        stack.down()
+        if started:
+            stack.down()
 
 
 def _processes_run(base: Settings, name: str, texts: list[str], k: int, raw: float, tokens: int, logs: Path,

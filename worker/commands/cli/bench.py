@@ -49,7 +49,11 @@ def bench(quick: Quick = False, peer_python: PeerPython = None, docs: Docs = Non
           state_dir: opt.StateDir = Path(".embedstream/bench"), broker: opt.Broker = "tansu", cpu: Cpu = False,
           processes: Processes = None, brokers: Brokers = None, lanes: Lanes = False,
           overrides: dict[str, object] | None = None) -> None:
-    """Measure the workloads of docs/benchmarks.md on a local stack of its own and print the ratio table.
+    """Measure the workloads of docs/benchmarks.md on a local stack and print the ratio table.
+
+    The stack lives in --state-dir: started there and stopped at the end, or, where `embedstream dev up
+    --state-dir` already runs one, used as it is and left up (every workload makes its own topics,
+    group and collection).
 
     Every figure is a ratio to a denominator measured in the same run: raw SentenceTransformer.encode,
     an instant model (what Kafka + Redis + Milvus cost), Milvus bulk upserts, and optionally the
