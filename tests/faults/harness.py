@@ -114,13 +114,14 @@ def worker_env(s: Settings, **extra: str) -> dict[str, str]:
 
 class _WarmPool:
     """One worker process kept ready (``tests.faults.warm_worker``: its imports done, waiting for
-    its command line), for the next ``WorkerProcess`` whose environment matches but for its
-    ``EMBEDSTREAM_*`` settings (``_base``); another is started as each is taken. A start that finds none ready,
-    or one made for another environment, is a cold ``embedstream run``."""
+    its command line), for the next ``WorkerProcess`` (or ``run_cli``) whose environment is the
+    suite's own but for its ``EMBEDSTREAM_*`` settings (``_base``); another is started as each is
+    taken. A start that finds none ready, or whose environment is another, is a cold start."""
 
     def __init__(self) -> None:
         self._ready: tuple[subprocess.Popen, dict[str, str]] | None = None
         self.starts = self.handed = 0  # how many starts asked, and how many took a ready process
+        self._lock = threading.Lock()  # a test may start commands from several threads
 
     @staticmethod
     def _base(env: dict[str, str]) -> dict[str, str]:
@@ -128,17 +129,26 @@ class _WarmPool:
         test under way (set anew for each test: it made every test's first start a cold one)."""
         return {k: v for k, v in env.items() if not k.startswith("EMBEDSTREAM_") and k != "PYTEST_CURRENT_TEST"}
 
-    def start(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen | None:
-        """The ready process, handed ``argv`` (a ``CLI`` command line), ``env`` and ``log_path``; None
-        when there is none for this environment. Either way one is made ready for the next start."""
-        ready, self._ready = self._ready, None
+    def start(self, argv: list[str], env: dict[str, str], log_path: Path,
+              err_path: Path | None = None) -> subprocess.Popen | None:
+        """The ready process, handed ``argv`` (a ``CLI`` command line), ``env`` and ``log_path`` (its
+        stdout and stderr; ``err_path``: stderr's own file); None when there is none for this
+        environment. Either way one is made ready for the next start."""
+        with self._lock:
+            return self._start(argv, env, log_path, err_path)
+
+    def _start(self, argv: list[str], env: dict[str, str], log_path: Path,
+               err_path: Path | None) -> subprocess.Popen | None:
         proc, base = None, self._base(env)
         self.starts += 1
+        if base != self._base(dict(os.environ)):
+            return None  # an environment of its own (not the suite's): cold, the ready one kept for the rest
+        ready, self._ready = self._ready, None
         if ready is not None:
             candidate, made_for = ready
             if made_for == base and candidate.poll() is None:
                 request = {"argv": ["embedstream", *argv[len(CLI):]], "env": env, "cwd": str(REPO),
-                           "log": str(log_path)}
+                           "log": str(log_path), **({"stderr": str(err_path)} if err_path else {})}
                 try:
                     assert candidate.stdin is not None
                     candidate.stdin.write((json.dumps(request) + "\n").encode())
@@ -243,6 +253,31 @@ class WorkerProcess:
 
         wait_until(logged, timeout, what=f"{self.log_path.stem} to serve its metrics")
         return found[0]
+
+
+def warm_cli(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess | None:
+    """``embedstream *args`` in ``env`` to its end in a process of the warm pool, stdout and stderr
+    apart, as ``subprocess.run`` gives them (and ``TimeoutExpired`` past ``timeout``, the process
+    killed); None when the pool has none ready for ``env`` (the caller starts it cold)."""
+    folder = Path(tempfile.mkdtemp(prefix="embedstream-cli-"))
+    out, err = folder / "stdout", folder / "stderr"
+    out.touch()
+    err.touch()
+    argv = [*CLI, *args]
+    try:
+        proc = _POOL.start(argv, env, out, err)
+        if proc is None:
+            return None
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+            raise subprocess.TimeoutExpired(argv, timeout, out.read_text(errors="replace"),
+                                            err.read_text(errors="replace")) from None
+        return subprocess.CompletedProcess(argv, code, out.read_text(errors="replace"), err.read_text(errors="replace"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_worker(s: Settings, *args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
@@ -388,12 +423,14 @@ def transaction_markers(s: Settings, topic: str, deadline: float = 60.0) -> int:
 
 
 def two_join_then_leave(s: Settings, tmp_path: Path, **env: str) -> None:
-    """Scenario 5's middle: workers b and c join the group (1 → 3) and are each given partitions, stay
-    4 s past that, then leave by SIGTERM (3 → 1) and exit 0."""
-    b = WorkerProcess(s, tmp_path, "b", **env)
-    c = WorkerProcess(s, tmp_path, "c", **env)
+    """Scenario 5's middle: workers b and c join the group (1 → 3), are each given partitions and each
+    embed documents of them (the stream goes on meanwhile), then leave by SIGTERM (3 → 1) and exit 0."""
+    b = WorkerProcess(s, tmp_path, "b", EMBEDSTREAM_METRICS_PORT="auto", **env)
+    c = WorkerProcess(s, tmp_path, "c", EMBEDSTREAM_METRICS_PORT="auto", **env)
+    ports = (b.metrics_port(), c.metrics_port())
     wait_until(lambda: owns_partitions(b.log()) and owns_partitions(c.log()), 120, what="b and c given partitions")
-    time.sleep(4)
+    wait_until(lambda: all(scrape(p, "embedstream_messages_total", outcome="embedded") > 0 for p in ports), 120,
+               what="b and c each to embed documents of their partitions")
     b.terminate()
     c.terminate()
     assert b.wait(60) == 0 and c.wait(60) == 0
@@ -436,12 +473,14 @@ def check_nothing_lost(s: Settings, model, expected: Expected, partitions: int, 
     if s.sparse == "bm25":  # the sparse side holds the same chunks: each row's text is its chunk's
         check_bm25_texts(s, docs, expected.good)
 
-    # Output topic: every good id at least once; a duplicate is a chunk of a document seen again.
+    # Output topic: every good id at least once; a duplicate is a chunk of one input record written
+    # again (a newer version of an id is not one: it is another input record).
     out = read_topic(s, s.output_topic, expect=len(expected.good) + len(expected.deleted), idle=2.0)
     values = [m for m in out if m.value() is not None]
-    seen = Counter((m.key().decode(), decode_embedding(m.value())["chunk_index"]) for m in values)
-    missing = set(expected.good) - {key for key, _ in seen}
+    records = [decode_embedding(m.value()) for m in values]
+    missing = set(expected.good) - {m.key().decode() for m in values}
     assert not missing, f"{len(missing)} good ids never reached the output topic, e.g. {sorted(missing)[:3]}"
+    seen = Counter((r["source_partition"], r["source_offset"], r["chunk_index"]) for r in records)
     duplicates = sum(seen.values()) - len(seen)
     if lag:  # a consumer group: what never goes backwards (a share group's versions may arrive out of order)
         behind = newer_before_older(out)

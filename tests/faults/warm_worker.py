@@ -3,7 +3,8 @@
 ``python -m tests.faults.warm_worker`` imports what a worker's start spends most of its time on
 (torch, transformers and sentence-transformers: about 5 s of the 8 s from ``embedstream run`` to a
 loaded model on this project's 2-core host), and waits on stdin for one line of JSON: ``argv``,
-``env``, ``cwd`` and ``log``. Once both are done it points its stdout and stderr at the log, takes
+``env``, ``cwd`` and ``log`` (or ``stdout`` and ``stderr``, two files). Once both are done it points
+its stdout and stderr at the log (or at those two), takes
 the environment as it is given, and runs ``embedstream`` (``worker.commands.cli.main``) with that
 command line: from there on it is the worker a cold start would be, in the process the test started
 (its pid, its exit status, its signals). The model, the settings and the connections are all made
@@ -61,10 +62,10 @@ def main() -> None:
     request = json.loads(requests[0])
     sys.stdout.flush()
     sys.stderr.flush()
-    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    for fd, path in ((1, request.get("stdout", request["log"])), (2, request.get("stderr", request["log"]))):
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
