@@ -37,6 +37,7 @@ from tests.faults.harness import (
     record_row,
     records_in_open_transactions,
     run_worker,
+    scrape,
     short_docs,
     wait_until,
 )
@@ -98,7 +99,9 @@ def _check_aborted_and_exact(fs, model, expected: Expected, held: int) -> tuple:
 @pytest.mark.guarantee
 def test_a_worker_killed_inside_its_transaction_leaves_nothing_a_read_committed_reader_sees(fs, model, tmp_path):
     """kill -9 between producing a group's records and committing its transaction: the restarted
-    worker (the same transactional.id) aborts it and redoes the group."""
+    worker (the same transactional.id) aborts it and redoes the group. With ``EMBEDSTREAM_SPARSE=bm25``:
+    the rows' texts end as the dense rows do."""
+    fs = fs.model_copy(update={"sparse": "bm25"})
     expected = Expected()
     # 16 KB of metadata a document: a transaction's records take long enough to write (the output
     # topic, then Milvus) that a freeze lands inside one (with short records, 60 freezes missed)
@@ -113,7 +116,7 @@ def test_a_worker_killed_inside_its_transaction_leaves_nothing_a_read_committed_
     w.kill9()
     # the group's offsets move only with a committed transaction: none moved for the open one
     assert sum(at_kill.values()) < expected.records and all(at_kill[p] >= before[p] for p in at_kill)
-    w2 = WorkerProcess(fs, tmp_path, "w2", ("--stop-when-idle", "3"), EMBEDSTREAM_GROUP_INSTANCE_ID="kk-w",
+    w2 = WorkerProcess(fs, tmp_path, "w2", ("--stop-when-idle", "0.5"), EMBEDSTREAM_GROUP_INSTANCE_ID="kk-w",
                        **EXACTLY_ONCE)
     assert w2.wait(300) == 0, w2.log()[-3000:]
     report, repeated = _check_aborted_and_exact(fs, model, expected, held)
@@ -257,7 +260,7 @@ def test_size_limits_on_the_real_broker(fault_stack, tmp_path):
     producer.produce(s.input_topic, key="too-long", value=big)
     producer.produce(s.input_topic, key="fine", value=encode_document(Document("fine", "a short text")))
     assert producer.flush(30) == 0
-    first = run_worker(s, "--stop-when-idle", "3", timeout=300)
+    first = run_worker(s, "--stop-when-idle", "0.5", timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     dlq = read_topic(s, s.dlq_topic, expect=1)
     assert len(dlq) == 1 and len(dlq[0].value() or b"") < limit
@@ -293,7 +296,7 @@ def test_size_limits_on_the_real_broker(fault_stack, tmp_path):
     assert "refused" in last and s.dlq_topic in last and "max.message.bytes" in last, last
 
     _alter_topic(s, s.dlq_topic, limit)  # fixed: the worker resumes at that record
-    again = run_worker(s, "--stop-when-idle", "3", timeout=300)
+    again = run_worker(s, "--stop-when-idle", "0.5", timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     keys = Counter(m.key().decode() for m in read_topic(s, s.output_topic, expect=3))
     # "after" shared a produce request with the refused record: its group was written again (at least
@@ -356,15 +359,16 @@ def test_kip_848_kill_and_one_three_one(fs, model, tmp_path):
     a = WorkerProcess(fs, tmp_path, "a2", ("--stop-when-idle", "5"), **kip848)
     wait_until(lambda: committed_total(fs, PARTITIONS) > sum(at_kill.values()), 120, what="progress after restart")
 
-    def trickle():
-        for i in range(900, len(docs), 90):
-            produce_docs(fs, docs[i:i + 90], expected)
+    def trickle():  # ~15 s of arrivals: the joiners get documents of their own partitions
+        for i in range(900, len(docs), 30):
+            produce_docs(fs, docs[i:i + 30], expected)
             time.sleep(0.5)
 
     producer = threading.Thread(target=trickle)
     producer.start()
-    b = WorkerProcess(fs, tmp_path, "b", **kip848)
-    c = WorkerProcess(fs, tmp_path, "c", **kip848)
+    b = WorkerProcess(fs, tmp_path, "b", EMBEDSTREAM_METRICS_PORT="auto", **kip848)
+    c = WorkerProcess(fs, tmp_path, "c", EMBEDSTREAM_METRICS_PORT="auto", **kip848)
+    ports = (b.metrics_port(), c.metrics_port())
     wait_until(lambda: owns_partitions(b.log()) and owns_partitions(c.log()), 120,
                what="b and c given partitions")
     # the protocol that ran, as the broker tells it (not the worker's own word for what it asked)
@@ -373,7 +377,8 @@ def test_kip_848_kill_and_one_three_one(fs, model, tmp_path):
     admin = make_admin(fs.kafka_common())  # kept: a collected admin client never answers its futures
     group = admin.describe_consumer_groups([fs.group_id], request_timeout=10)[fs.group_id].result(timeout=30)
     assert group.type == ConsumerGroupType.CONSUMER and len(group.members) == 3, (group.type, group.members)
-    time.sleep(3)
+    wait_until(lambda: all(scrape(p, "embedstream_messages_total", outcome="embedded") > 0 for p in ports), 120,
+               what="b and c each to embed documents of their partitions")
     b.terminate()
     c.terminate()
     assert b.wait(60) == 0 and c.wait(60) == 0

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from schemas.codec import Document
 from tests.faults.conftest import PARTITIONS
 from tests.faults.harness import (
     Expected,
@@ -53,17 +54,20 @@ def test_a_second_signal_exits_at_once_and_commits_nothing_more(fs, model, parts
     assert took < 5, f"the second signal took {took:.1f}s to end the process"
     assert "second signal: exiting at once" in w.log()
     assert committed_total(fs, PARTITIONS) == at_second, "offsets were committed after the second signal"
-    w2 = WorkerProcess(fs, tmp_path, "w2", ("--stop-when-idle", "3"))
+    w2 = WorkerProcess(fs, tmp_path, "w2", ("--stop-when-idle", "0.5"))
     assert w2.wait(300) == 0, w2.log()[-3000:]
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
     record_row("second signal", f"Milvus frozen, second SIGTERM ended it in {took:.1f}s", report, took)
 
 
 def test_sigterm_to_run_processes_stops_each_process_cleanly(fs, model, tmp_path):
-    """`run --processes 2` under load: SIGTERM to the parent reaches both processes; each finishes its
-    batches in flight and commits; the parent exits 0; a restart repeats nothing."""
+    """`run --processes 2` under load: the two processes split the partitions and each embeds; SIGTERM
+    to the parent reaches both; each finishes its batches in flight and commits; the parent exits 0;
+    a restart repeats nothing, and every document ends at its newest version (a tenth were edited)."""
     expected = Expected()
-    produce_docs(fs, short_docs(1200, "processes-term", unseen=True), expected)
+    docs = short_docs(1200, "processes-term", unseen=True)
+    produce_docs(fs, docs, expected)
+    produce_docs(fs, [Document(d.id, d.text + " (edited)", None, d.metadata) for d in docs[::10]], expected)
     w = WorkerProcess(fs, tmp_path, "w", EMBEDSTREAM_PROCESSES="2")
     wait_until(lambda: len(GIVEN.findall(w.log())) >= 2 and committed_total(fs, PARTITIONS) >= 0.3 * expected.records,
                240, what="both processes given partitions, 30% committed", running=(w,))
@@ -74,10 +78,11 @@ def test_sigterm_to_run_processes_stops_each_process_cleanly(fs, model, tmp_path
     assert w.wait(fs.shutdown_grace_seconds + 30) == 0, w.log()[-4000:]
     stop_s = time.monotonic() - t0
     log = w.log()
+    assert "started 2 worker processes" in log, log[-4000:]
     assert log.count("stop fetching, finish in-flight batches") == 2, log[-4000:]
     embedded = [int(n) for n in DONE.findall(log)]
     assert len(embedded) == 2 and all(embedded), f"each process's done line, with work done: {embedded}"
-    w2 = WorkerProcess(fs, tmp_path, "w2", ("--stop-when-idle", "3"))
+    w2 = WorkerProcess(fs, tmp_path, "w2", ("--stop-when-idle", "0.5"))
     assert w2.wait(300) == 0, w2.log()[-3000:]
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
     assert report.duplicates == 0, (report, log[-4000:])

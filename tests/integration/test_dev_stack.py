@@ -97,17 +97,29 @@ def test_busy_port_is_refused_with_its_name(tmp_path):
     assert "redis" in res.stderr and str(busy) in res.stderr
 
 
-def test_up_with_apache_kafka_serves_transactions_and_topic_ids(tmp_path):
+def test_up_with_apache_kafka_serves_transactions_and_topic_ids(local_stack, tmp_path):
     """`dev up --broker kafka`: Apache Kafka (KRaft) from Maven's jars, with the three topics, the
-    input compacted, transactions and topic ids; `status` names it; `down` stops it."""
+    input compacted, transactions and topic ids; `status` names it; `down` stops it. The suite's own
+    stack is one (``tests/conftest.py`` starts it through the code of `dev up`): it is read through
+    `dev env` and `dev status` and left up; on a suite run on another broker, one is started here and
+    stopped."""
     from confluent_kafka import Producer
 
     from connectors.kafka import topic_ids
 
-    state = str(tmp_path / "kafka")
-    up = run_cli(["dev", "up", "--broker", "kafka", "--state-dir", state, "--partitions", "2"], _env(), timeout=300)
-    assert up.returncode == 0, up.stderr
-    env = _parse(up.stdout)
+    session, _ = local_stack
+    own = session.broker_kind() != "kafka"
+    state = str(tmp_path / "kafka") if own else str(session.state_dir)
+    if own:
+        up = run_cli(["dev", "up", "--broker", "kafka", "--state-dir", state, "--partitions", "2"], _env(),
+                     timeout=300)
+        assert up.returncode == 0, up.stderr
+        env = _parse(up.stdout)
+    else:
+        again = run_cli(["dev", "up", "--broker", "kafka", "--state-dir", state], _env(), timeout=60)
+        assert again.returncode == 0 and "already running" in again.stderr, again.stderr
+        env = _parse(run_cli(["dev", "env", "--state-dir", state], _env()).stdout)
+        assert env == _parse(again.stdout)
     bootstrap = env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"]
     try:
         status = run_cli(["dev", "status", "--state-dir", state], _env())
@@ -117,12 +129,14 @@ def test_up_with_apache_kafka_serves_transactions_and_topic_ids(tmp_path):
                                                                            "embeddings": "delete"}
         assert set(topic_ids({"bootstrap.servers": bootstrap}, ["documents", "embeddings", "documents.dlq"])) == {
             "documents", "embeddings", "documents.dlq"}
-        p = Producer({"bootstrap.servers": bootstrap, "transactional.id": "dev-stack-probe"})
+        p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"dev-stack-probe-{tmp_path.name}"})
         p.init_transactions(30)
         p.begin_transaction()
         p.produce("embeddings", b"x")
         p.commit_transaction(30)
     finally:
-        down = run_cli(["dev", "down", "--state-dir", state], _env(), timeout=60)
-    assert down.returncode == 0 and "broker" in down.stderr
-    assert _port_free(int(bootstrap.rsplit(":", 1)[1]))
+        if own:
+            down = run_cli(["dev", "down", "--state-dir", state], _env(), timeout=60)
+    if own:
+        assert down.returncode == 0 and "broker" in down.stderr
+        assert _port_free(int(bootstrap.rsplit(":", 1)[1]))
