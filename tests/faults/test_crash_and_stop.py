@@ -45,7 +45,7 @@ def test_kill_9_mid_stream_three_times(fs, model, tmp_path):
         w.kill9()
         kills += 1
         at_kill.append(committed_offsets(fs, PARTITIONS))
-        w = WorkerProcess(fs, tmp_path, f"w{kills}-restart", ("--stop-when-idle", "3"))
+        w = WorkerProcess(fs, tmp_path, f"w{kills}-restart", ("--stop-when-idle", "0.5"))
         recoveries.append(wait_until(lambda b=sum(at_kill[-1].values()): committed_total(fs, PARTITIONS) > b, 120,
                                      what="progress after restart"))
         if fraction != 0.65:
@@ -81,7 +81,7 @@ def test_sigterm_under_load_then_restart_has_no_duplicates(fs, model, tmp_path):
     assert w.wait(fs.shutdown_grace_seconds + 15) == 0, w.log()[-3000:]
     stop_s = time.monotonic() - t0
     assert stop_s < fs.shutdown_grace_seconds + 10
-    w2 = WorkerProcess(fs, tmp_path, "w2", ("--stop-when-idle", "3"))
+    w2 = WorkerProcess(fs, tmp_path, "w2", ("--stop-when-idle", "0.5"))
     assert w2.wait(300) == 0, w2.log()[-3000:]
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
     assert report.duplicates == 0, (report, w.log()[-4000:], w2.log()[-2000:])
@@ -92,7 +92,7 @@ def test_replay_from_earliest_leaves_milvus_unchanged(fs, model, tmp_path):
     expected = Expected()
     docs = short_docs(500, "replay")
     produce_docs(fs, docs, expected)
-    w = WorkerProcess(fs, tmp_path, "w", ("--stop-when-idle", "3"))
+    w = WorkerProcess(fs, tmp_path, "w", ("--stop-when-idle", "0.5"))
     assert w.wait(300) == 0, w.log()[-3000:]
     store = MilvusReader(fs.milvus_uri, fs.milvus_collection)
     before = {r["id"]: np.array(r["vector"]) for r in store.query_ids(fields=("id", "vector"))}
@@ -103,7 +103,7 @@ def test_replay_from_earliest_leaves_milvus_unchanged(fs, model, tmp_path):
     c.close()
     assert committed_total(fs, PARTITIONS) == 0
 
-    w = WorkerProcess(fs, tmp_path, "w-replay", ("--stop-when-idle", "3"))
+    w = WorkerProcess(fs, tmp_path, "w-replay", ("--stop-when-idle", "0.5"))
     assert w.wait(300) == 0, w.log()[-3000:]
     after = {r["id"]: np.array(r["vector"]) for r in store.query_ids(fields=("id", "vector"))}
     assert set(after) == set(before)

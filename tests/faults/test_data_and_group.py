@@ -122,7 +122,7 @@ def test_poison_pills_go_to_the_dlq_and_block_nothing(fs, model, tmp_path):
         produce_bad(fs, dict(list(bad.items())[i // 100:i // 100 + 1]), expected)
     # tombstones, one for an id that never existed
     produce_tombstones(fs, ["pp-3", "pp-7", "pp-unknown-id"], expected, existing={"pp-3", "pp-7"})
-    w = WorkerProcess(fs, tmp_path, "w", ("--stop-when-idle", "3"))
+    w = WorkerProcess(fs, tmp_path, "w", ("--stop-when-idle", "0.5"))
     assert w.wait(300) == 0, w.log()[-3000:]
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
     assert report.dead_lettered == len(bad)

@@ -54,7 +54,7 @@ def test_kill_9_while_long_documents_are_updated(fs, model, tmp_path):
         w = WorkerProcess(s, tmp_path, "w1")
         wait_until(lambda: committed() >= len(v1) + 0.4 * len(v2), 180, every=0.02, what="40% of version 2 committed")
         w.kill9()
-    w = WorkerProcess(s, tmp_path, "w2", ("--stop-when-idle", "3"))
+    w = WorkerProcess(s, tmp_path, "w2", ("--stop-when-idle", "0.5"))
     assert w.wait(300) == 0, w.log()[-3000:]
     report = check_nothing_lost(s, model, expected, PARTITIONS)
 

@@ -33,15 +33,18 @@ def test_broker_frozen(fs, model, parts, tmp_path):
     w = WorkerProcess(fs, tmp_path, "w", ("--stop-when-idle", "4"), EMBEDSTREAM_REDIS_URL="")
     wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.2 * expected.records, 180, what="20% committed")
     at_freeze = committed_total(fs, PARTITIONS)
+    # three group sessions: the member's session lapses on the broker, every connection of the worker
+    # sees the broker stop answering mid-stream
+    freeze_s = 3 * int(fs.kafka["session.timeout.ms"]) / 1000
     with frozen(parts["broker"]):
-        time.sleep(15)
+        time.sleep(freeze_s)
     assert at_freeze < 0.5 * expected.records, f"{at_freeze} committed before the freeze: it did not land mid-stream"
     t0 = time.monotonic()
     recovery = wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.5 * expected.records, 120,
                           what="progress after the broker came back")
     assert w.wait(300) == 0, w.log()[-3000:]
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
-    record_row("2 broker frozen", "SIGSTOP broker 15 s", report, recovery)
+    record_row("2 broker frozen", f"SIGSTOP broker {freeze_s:.0f} s", report, recovery)
     assert time.monotonic() - t0 < 300
 
 
@@ -55,13 +58,18 @@ def test_milvus_frozen_pauses_and_commits_nothing(fs, model, parts, tmp_path):
     port = w.metrics_port()
     wait_until(lambda: committed_total(fs, PARTITIONS) >= 0.2 * expected.records, 180, what="20% committed")
     retries_before = scrape(port, "embedstream_retries_total", system="milvus")
+    t0 = time.monotonic()
     with frozen(parts["milvus"]):
         time.sleep(3)  # a batch that was past Milvus when the freeze began may still commit
         during_start = committed_total(fs, PARTITIONS)
-        time.sleep(14)
+        # down until the worker has retried Milvus and, its pipeline full, paused the partitions
+        wait_until(lambda: scrape(port, "embedstream_retries_total", system="milvus") > retries_before
+                   and scrape(port, "embedstream_paused_partitions") > 0, 60,
+                   what="the worker to retry Milvus and pause its partitions")
         during_end = committed_total(fs, PARTITIONS)
         retries = scrape(port, "embedstream_retries_total", system="milvus") - retries_before
         paused = scrape(port, "embedstream_paused_partitions")
+    down_s = time.monotonic() - t0
     assert during_end == during_start, "offsets were committed while Milvus was down"
     assert retries >= 1, "the worker never retried Milvus during the outage"
     assert paused > 0, "the partitions were not paused while the pipeline could not drain"
@@ -73,7 +81,7 @@ def test_milvus_frozen_pauses_and_commits_nothing(fs, model, parts, tmp_path):
     assert log.count("assigned [") == 1, "the worker was rebalanced during the outage"
     report = check_nothing_lost(fs, model, expected, PARTITIONS)
     assert report.dead_lettered == 0
-    record_row("3 Milvus frozen", "SIGSTOP Milvus 17 s", report, recovery)
+    record_row("3 Milvus frozen", f"SIGSTOP Milvus {down_s:.0f} s", report, recovery)
 
 
 def test_redis_frozen_then_back(fs, model, parts, tmp_path):
