@@ -87,7 +87,7 @@ soak: setup
 # survivor judged again against its module's tests (tools/mutants.py: mutants/survivors.md), outside
 # make test: about an hour here.
 mutate: setup
-	@status=0; $(BIN)/python -m tools.switch_offs || status=$$?; \
+	@status=0; $(BIN)/python -m tools.switch_offs --write || status=$$?; \
 	$(BIN)/mutmut run --max-children 2 && $(BIN)/python -m tools.mutants --jobs 2 && exit $$status
 
 bench-gpu: setup

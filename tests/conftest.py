@@ -16,12 +16,19 @@ settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
 
 
+#: Set by a tool that runs the suite many times (``tools/switch_offs.py``): the state dir of a local
+#: stack already running (`dev up --state-dir`), used by every session and left up, and a cache
+#: directory every session shares (one int8 export for all).
+SHARED_STACK, SHARED_CACHE = "SUITE_STACK_DIR", "SUITE_CACHE_DIR"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _cache_home(tmp_path_factory):
     """What the worker derives from a model once (the int8 export that ``auto`` picks on CPUs without
-    bf16) goes to the session's own cache, shared by every test and subprocess, never the user's."""
+    bf16) goes to the session's own cache (or ``SUITE_CACHE_DIR``), shared by every test and
+    subprocess, never the user's."""
     old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.getbasetemp() / "xdg-cache")
+    os.environ["XDG_CACHE_HOME"] = os.environ.get(SHARED_CACHE) or str(tmp_path_factory.getbasetemp() / "xdg-cache")
     yield
     if old is None:
         os.environ.pop("XDG_CACHE_HOME", None)
@@ -42,9 +49,16 @@ def local_stack(tmp_path_factory):
     through the code of `dev up` and stopped at the end: ``(LocalStack, env)``. One for the whole
     session: a second idle broker beside it took CPU from every test on this 2-core host. Every test
     makes its own topics, group and collection (``fresh_settings``); the fault suite only ever freezes
-    a part for a while (SIGSTOP, then SIGCONT)."""
+    a part for a while (SIGSTOP, then SIGCONT). With ``SUITE_STACK_DIR``, the stack running there
+    instead, left up."""
     from tools.dev import LocalStack
 
+    shared = os.environ.get(SHARED_STACK)
+    if shared:
+        local = LocalStack(shared)
+        assert local.is_up(), f"{SHARED_STACK}={shared}: no local stack is running there"
+        yield local, local.env()
+        return
     local = LocalStack(tmp_path_factory.mktemp("stack"), broker=TEST_BROKER)
     env, started = local.up(partitions=6)
     assert started

@@ -13,8 +13,17 @@ an assertion. A stack that would not start, a timeout or an error in a fixture i
 caught. The end-to-end tests are judged first; when they do not catch it, its unit tests are, so the
 table says which tier did. The run ends with exit 1 when any switch-off is not caught end to end.
 
+Every run of the suite here uses one local stack (Apache Kafka, Redis, Milvus, the registry) that the
+tool starts once in its scratch root and stops at the end (``SUITE_STACK_DIR``), and one model cache
+(``SUITE_CACHE_DIR``: one int8 export): a scenario makes its own topics, group and collection.
+
+``--write`` puts the verdicts in ``docs/mutation.md``'s table (between its ``switch-offs`` markers),
+one row a switch-off, each with the edit as the tool made it and the day it was judged: a row cannot
+describe an edit the tool no longer makes. Rows of switch-offs not judged in this run are kept.
+
     python -m tools.switch_offs                  # every switch-off
     python -m tools.switch_offs "fence lease"    # one
+    python -m tools.switch_offs --write          # every one, the table rewritten
 """
 
 from __future__ import annotations
@@ -81,7 +90,7 @@ def apply(switch: SwitchOff, source: str) -> str:
 SWITCH_OFFS = (
     SwitchOff("exactly-once", "worker/assembly/groups.py", "join",
               "kind = KINDS[(s.group_type, s.delivery)]", 'kind = KINDS[(s.group_type, "at-least-once")]',
-              ("tests/faults/test_exactly_once.py", "-k", "kill_9")),
+              ("tests/faults/test_on_kafka.py", "-k", "killed_inside_its_transaction")),
     SwitchOff("fence lease", "worker/core/fence.py", "Fence.check",
               "if age > self.lease_s:", "if False:",
               ("tests/faults/test_zombie.py", "-k", "version_read"), ("tests/unit/test_fence.py",)),
@@ -107,7 +116,21 @@ SWITCH_OFFS = (
               "kind = AcknowledgeType.RELEASE if src.tp in written.fenced else AcknowledgeType.ACCEPT",
               "kind = AcknowledgeType.ACCEPT",
               ("tests/faults/test_share_group.py", "-k", "lock_margin"), ("tests/unit/test_share.py",)),
+    SwitchOff("exactly-once fence", "worker/steps/writing/sink.py", "SinkStep.owned_offsets",
+              "if gone:", "if False:",
+              ("tests/faults/test_zombie.py", "-k", "transaction_open"), ("tests/unit/test_transactions.py",)),
+    SwitchOff("delete versions", "connectors/milvus/writes.py", "MilvusStore.versions",
+              'versions: dict[str, Version] = {r["id"]: (r.get("source"), r.get("source_offset")) for r in deleted}',
+              "versions: dict[str, Version] = {}",
+              ("tests/integration/test_recreated_topic.py", "-k", "after_its_tombstone"),
+              ("tests/connectors/test_milvus_store.py",)),
 )
+
+#: The table's place in docs/mutation.md.
+DOC = REPO / "docs" / "mutation.md"
+BEGIN, END = "<!-- switch-offs: begin (written by python -m tools.switch_offs --write) -->", "<!-- switch-offs: end -->"
+HEADER = ("| switched off | the edit (in the named function) | verdict | the test that failed | seconds | judged |\n"
+          "|---|---|---|---|---|---|")
 
 
 def scratch_copy(dest: Path) -> None:
@@ -121,10 +144,14 @@ def scratch_copy(dest: Path) -> None:
             shutil.copy2(src, dest / name)
 
 
+#: Set by :func:`main`: what every run of the suite shares (``tests/conftest.py``'s SUITE_* names).
+SHARED: dict[str, str] = {}
+
+
 def _pytest(copy: Path, tests: tuple[str, ...]) -> tuple[subprocess.CompletedProcess, str]:
     """Run ``tests`` in ``copy``: the process and its JUnit XML report (read for the verdict: the summary
     line is cut to the terminal's width, the report is not)."""
-    env = {**os.environ, "PYTHONPATH": str(copy)}
+    env = {**os.environ, **SHARED, "PYTHONPATH": str(copy)}
     report = copy / ".switch-off-report.xml"
     report.unlink(missing_ok=True)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-rfE", "-p", "no:cacheprovider",
@@ -200,21 +227,68 @@ def judge(switch: SwitchOff, root: Path) -> tuple[str, float, str]:
     return found, time.monotonic() - t0, last
 
 
+def row(switch: SwitchOff, found: str, seconds: float, last: str, day: str) -> str:
+    """The table's row of ``switch``: the edit as :func:`apply` makes it, the verdict, the failing test
+    (from the deciding run's ``FAILED path::name - message`` line, else that line), the seconds."""
+    def code(text: str) -> str:
+        return "`" + text.replace("|", "\\|") + "`"
+
+    failed = last.removeprefix("FAILED ").split(" - ", 1)[0] if last.startswith("FAILED ") else last
+    edit = f"{code(switch.path)} `{switch.function}`: {code(switch.find)} → {code(switch.replace)}"
+    return f"| {switch.name} | {edit} | {found} | {code(failed) if failed else ''} | {seconds:.0f} | {day} |"
+
+
+def write_table(rows: dict[str, str], doc: Path = DOC) -> None:
+    """Put ``rows`` (by switch-off name) between the markers of ``doc``; the rows already there of
+    switch-offs not in ``rows`` are kept (those no longer in :data:`SWITCH_OFFS` are dropped), in the
+    order of :data:`SWITCH_OFFS`."""
+    text = doc.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{doc}: no switch-offs markers ({BEGIN} … {END}) to write the table between")
+    head, rest = text.split(BEGIN, 1)
+    old, tail = rest.split(END, 1)
+    kept = {line.split("|")[1].strip(): line for line in old.splitlines() if line.startswith("| ")
+            and not line.startswith("| switched off")}
+    merged = {**kept, **rows}
+    lines = [merged[s.name] for s in SWITCH_OFFS if s.name in merged]
+    doc.write_text(f"{head}{BEGIN}\n{HEADER}\n" + "\n".join(lines) + f"\n{END}{tail}")
+
+
+def shared_stack(root: Path):
+    """One local stack for every run (Apache Kafka, the suite's broker), started in ``root``."""
+    from tools.dev import LocalStack
+
+    stack = LocalStack(root / "stack", broker=os.environ.get("EMBEDSTREAM_TEST_BROKER", "kafka"))
+    stack.up(partitions=6)
+    return stack
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", help=f"switch-offs to judge (default: all of {[s.name for s in SWITCH_OFFS]})")
+    ap.add_argument("--write", action="store_true", help=f"write the verdicts into {DOC.relative_to(REPO)}'s table")
     args = ap.parse_args(argv)
     chosen = [s for s in SWITCH_OFFS if not args.names or s.name in args.names]
     if not chosen:
         raise SystemExit(f"no switch-off named {args.names}: choose from {[s.name for s in SWITCH_OFFS]}")
-    missed = []
+    missed, rows = [], {}
+    day = time.strftime("%Y-%m-%d")
     with tempfile.TemporaryDirectory(prefix="switch-offs-") as root:
-        print(f"{'switched off':<28} {'verdict':<30} {'seconds':>7}  the failing test, or the deciding run's line")
-        for switch in chosen:
-            found, seconds, last = judge(switch, Path(root))
-            print(f"{switch.name:<28} {found:<30} {seconds:>7.0f}  {last[:200]}", flush=True)
-            if found != "caught end to end":
-                missed.append(switch.name)
+        stack = shared_stack(Path(root))
+        SHARED.update(SUITE_STACK_DIR=str(stack.state_dir), SUITE_CACHE_DIR=str(Path(root) / "cache"))
+        try:
+            print(f"{'switched off':<28} {'verdict':<30} {'seconds':>7}  the failing test, or the deciding run's line")
+            for switch in chosen:
+                found, seconds, last = judge(switch, Path(root))
+                print(f"{switch.name:<28} {found:<30} {seconds:>7.0f}  {last[:200]}", flush=True)
+                rows[switch.name] = row(switch, found, seconds, last, day)
+                if found != "caught end to end":
+                    missed.append(switch.name)
+        finally:
+            stack.down()
+    if args.write:
+        write_table(rows)
+        print(f"{DOC.relative_to(REPO)}: {len(rows)} rows written")
     if missed:
         print(f"not caught end to end: {', '.join(missed)}")
         return 1

@@ -49,3 +49,31 @@ _FIXTURE = '<error message="failed on setup">E   RuntimeError: the stack did not
         "usage", "no-report"])
 def test_only_an_assertion_counts_as_caught(code, report, expected):
     assert verdict(code, report) == expected
+
+
+def test_a_row_shows_the_edit_as_made_and_the_test_that_failed():
+    from tools.switch_offs import row
+
+    sw = SwitchOff("x", "worker/a.py", "A.b", "if a | b:", "if False:", ())
+    line = row(sw, "caught end to end", 61.4, "FAILED tests/t.py::test_it[p] - AssertionError: no", "2026-12-02")
+    assert line == ("| x | `worker/a.py` `A.b`: `if a \\| b:` → `if False:` | caught end to end | "
+                    "`tests/t.py::test_it[p]` | 61 | 2026-12-02 |")
+    assert line.count(" | ") == 5  # the pipe inside the code is escaped: still six cells
+
+
+def test_the_table_is_written_between_its_markers_keeping_the_rows_not_judged(tmp_path):
+    from tools.switch_offs import BEGIN, END, write_table
+
+    first, second = SWITCH_OFFS[0].name, SWITCH_OFFS[1].name
+    doc = tmp_path / "m.md"
+    doc.write_text(f"intro\n{BEGIN}\n| switched off | … |\n|---|\n| {second} | old | caught | t | 1 | then |\n"
+                   f"| gone | a switch-off no longer made | caught | t | 1 | then |\n{END}\nafter\n")
+    write_table({first: f"| {first} | new |"}, doc)
+    text = doc.read_text()
+    assert text.startswith(f"intro\n{BEGIN}\n| switched off |") and text.endswith(f"{END}\nafter\n")
+    body = text.split(BEGIN)[1].split(END)[0]
+    assert f"| {first} | new |" in body and f"| {second} | old |" in body and "gone" not in body
+    assert body.index(first) < body.index(f"| {second} |")  # the tool's order
+    doc.write_text("no markers")
+    with pytest.raises(SystemExit, match="markers"):
+        write_table({}, doc)
