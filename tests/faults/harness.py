@@ -422,6 +422,18 @@ def transaction_markers(s: Settings, topic: str, deadline: float = 60.0) -> int:
     return sum(high - low - records[p] for p, (low, high) in marks.items())
 
 
+def wait_until_each_embedded(ports: tuple[int, ...], what: str, timeout: float = 120) -> None:
+    """Until each worker serving /metrics on ``ports`` has embedded documents (its
+    ``embedstream_messages_total{outcome="embedded"}``): members that joined own some of the work."""
+    wait_until(lambda: all(scrape(p, "embedstream_messages_total", outcome="embedded") > 0 for p in ports), timeout,
+               what=f"{what} each to embed documents of their partitions")
+
+
+def sessions_s(s: Settings, n: int = 3) -> float:
+    """``n`` group sessions of ``s`` in seconds: a freeze that long lapses a member's session."""
+    return n * int(s.kafka["session.timeout.ms"]) / 1000
+
+
 def two_join_then_leave(s: Settings, tmp_path: Path, **env: str) -> None:
     """Scenario 5's middle: workers b and c join the group (1 → 3), are each given partitions and each
     embed documents of them (the stream goes on meanwhile), then leave by SIGTERM (3 → 1) and exit 0."""
@@ -429,8 +441,7 @@ def two_join_then_leave(s: Settings, tmp_path: Path, **env: str) -> None:
     c = WorkerProcess(s, tmp_path, "c", EMBEDSTREAM_METRICS_PORT="auto", **env)
     ports = (b.metrics_port(), c.metrics_port())
     wait_until(lambda: owns_partitions(b.log()) and owns_partitions(c.log()), 120, what="b and c given partitions")
-    wait_until(lambda: all(scrape(p, "embedstream_messages_total", outcome="embedded") > 0 for p in ports), 120,
-               what="b and c each to embed documents of their partitions")
+    wait_until_each_embedded(ports, what="b and c")
     b.terminate()
     c.terminate()
     assert b.wait(60) == 0 and c.wait(60) == 0

@@ -35,6 +35,7 @@ from tests.faults.harness import (
     produce_docs,
     rebalance_events,
     record_row,
+    sessions_s,
     short_docs,
     transaction_markers,
     two_join_then_leave,
@@ -168,7 +169,7 @@ def test_exactly_once_through_broker_frozen_and_rebalance(fs, model, parts, tmp_
     at_freeze = committed_offsets(fs, PARTITIONS)
     before = len(a.log())
     with frozen(parts["broker"]):
-        time.sleep(3 * int(fs.kafka["session.timeout.ms"]) / 1000)  # three sessions
+        time.sleep(sessions_s(fs))
     # the member's session lapsed: the broker took its partitions, and it lost them, then joined again
     wait_until(lambda: any(what == "lost" for what, _ in rebalance_events(a.log()[before:])), 60,
                what="a to learn that its session lapsed in the freeze")

@@ -37,9 +37,9 @@ from tests.faults.harness import (
     record_row,
     records_in_open_transactions,
     run_worker,
-    scrape,
     short_docs,
     wait_until,
+    wait_until_each_embedded,
 )
 from tests.helpers import read_topic
 
@@ -377,8 +377,7 @@ def test_kip_848_kill_and_one_three_one(fs, model, tmp_path):
     admin = make_admin(fs.kafka_common())  # kept: a collected admin client never answers its futures
     group = admin.describe_consumer_groups([fs.group_id], request_timeout=10)[fs.group_id].result(timeout=30)
     assert group.type == ConsumerGroupType.CONSUMER and len(group.members) == 3, (group.type, group.members)
-    wait_until(lambda: all(scrape(p, "embedstream_messages_total", outcome="embedded") > 0 for p in ports), 120,
-               what="b and c each to embed documents of their partitions")
+    wait_until_each_embedded(ports, what="b and c")
     b.terminate()
     c.terminate()
     assert b.wait(60) == 0 and c.wait(60) == 0

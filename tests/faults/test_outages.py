@@ -16,6 +16,7 @@ from tests.faults.harness import (
     produce_docs,
     record_row,
     scrape,
+    sessions_s,
     short_docs,
     wait_until,
 )
@@ -35,7 +36,7 @@ def test_broker_frozen(fs, model, parts, tmp_path):
     at_freeze = committed_total(fs, PARTITIONS)
     # three group sessions: the member's session lapses on the broker, every connection of the worker
     # sees the broker stop answering mid-stream
-    freeze_s = 3 * int(fs.kafka["session.timeout.ms"]) / 1000
+    freeze_s = sessions_s(fs)
     with frozen(parts["broker"]):
         time.sleep(freeze_s)
     assert at_freeze < 0.5 * expected.records, f"{at_freeze} committed before the freeze: it did not land mid-stream"

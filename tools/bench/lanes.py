@@ -37,7 +37,7 @@ def run_lanes(*, docs: int, seconds: float, device: str, precision: str, state_d
     from tools.bench.run import _machine, stack_and_model
     from tools.derived_models import projected_model
 
-    with stack_and_model(state_dir, broker, device, precision, model, say) as (_, base, emb):
+    with stack_and_model(state_dir, broker, device, precision, model, say) as (_, base, emb, broker):
         texts = workloads.mixed_texts(docs)
         out: dict = {"machine": _machine(broker, emb.device), "model": emb.model_id, "precision": emb.precision,
                      "device": emb.device, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "load": LOAD,

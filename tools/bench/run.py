@@ -43,30 +43,39 @@ def _stack_settings(env: dict[str, str], broker: str, **extra) -> Settings:
 
 
 @contextmanager
-def stack_and_model(state_dir: Path, broker: str, device: str, precision: str, model: str | None,
-                    say: Callable[[str], None]) -> Iterator[tuple[dict[str, str], Settings, Any]]:
-    """The local stack in ``state_dir`` (``broker``), the bench's settings on it (logging set up) and
-    the model loaded and warmed up: ``(env, base, embedder)``. A stack the bench started goes down on
-    the way out; one already running there (`embedstream dev up --state-dir`) is used and left up:
-    every workload makes its own topics, group and collection."""
-    from worker.embedding.sentence import SentenceTransformerEmbedder
-    from worker.process.logs import setup_logging
-
+def local_stack(state_dir: Path, broker: str, say: Callable[[str], None] = lambda _m: None
+                ) -> Iterator[tuple[dict[str, str], str]]:
+    """The local stack in ``state_dir``: ``(env, the broker it runs)``. Started here (``broker``) and
+    stopped on the way out; or, where one already runs there (`embedstream dev up --state-dir`),
+    used as it is, whatever its broker, and left up: every workload makes its own topics, group and
+    collection."""
     stack = LocalStack(state_dir, broker=broker)
     env, started = stack.up(partitions=6)
     if not started:
         broker = stack.broker_kind()
         say(f"using the {broker} stack already running in {state_dir} (left up)")
     try:
+        yield env, broker
+    finally:
+        if started:
+            stack.down()
+
+
+@contextmanager
+def stack_and_model(state_dir: Path, broker: str, device: str, precision: str, model: str | None,
+                    say: Callable[[str], None]) -> Iterator[tuple[dict[str, str], Settings, Any, str]]:
+    """The local stack in ``state_dir`` (``local_stack``), the bench's settings on it (logging set up)
+    and the model loaded and warmed up: ``(env, base, embedder, the stack's broker)``."""
+    from worker.embedding.sentence import SentenceTransformerEmbedder
+    from worker.process.logs import setup_logging
+
+    with local_stack(state_dir, broker, say) as (env, broker):
         base = _stack_settings(env, broker, device=device, precision=precision, model=model)
         setup_logging(base)
         say("loading the model")
         emb = SentenceTransformerEmbedder(model, precision, device)
         emb.warmup()
-        yield env, base, emb
-    finally:
-        if started:
-            stack.down()
+        yield env, base, emb, broker
 
 
 def _machine(broker: str, device: str) -> dict:
@@ -93,11 +102,11 @@ def run_bench(*, quick: bool, device: str, precision: str, peer_python: str | No
                      recall_queries=min(sizes["recall_queries"], max(docs, 100) // 2))
     if latency_seconds:
         sizes["S5_seconds"] = latency_seconds
-    with stack_and_model(state_dir, broker, device, precision, model, say) as (env, base, emb):
+    with stack_and_model(state_dir, broker, device, precision, model, say) as (env, base, emb, broker):
         if emb.device == "cuda":
             sizes["raw_batch_sizes"] = (128, 256, 512)
         texts = {"S1": workloads.short_texts(sizes["S1"]), "S2": workloads.mixed_texts(sizes["S2"])}
-        machine = _machine(LocalStack(state_dir).broker_kind(), emb.device)  # (the stack found there)
+        machine = _machine(broker, emb.device)
         out: dict = {"machine": machine,
                      "model": emb.model_id, "precision": emb.precision, "device": emb.device, "quick": quick,
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "workloads": {}, "denominators": {}}
@@ -246,12 +255,10 @@ def run_cpu(*, docs: int, state_dir: Path, say: Callable[[str], None], broker: s
             dim: int = 384) -> dict:
     """Only the CPU/doc rows, with each thread's share: an instant model (no model is loaded) on
     ``docs`` distinct S1 and S2 texts, with the cache and without, on the local stack in ``state_dir``
-    (started and stopped, or found running and left up)."""
+    (``local_stack``)."""
     from worker.process.logs import setup_logging
 
-    stack = LocalStack(state_dir, broker=broker)
-    env, started = stack.up(partitions=6)
-    try:
+    with local_stack(state_dir, broker, say) as (env, broker):
         base = _stack_settings(env, broker)
         setup_logging(base)
         texts = {"S2": workloads.io_texts(docs), "S1": workloads.distinct(workloads.short_texts(4000), docs)}
@@ -259,9 +266,6 @@ def run_cpu(*, docs: int, state_dir: Path, say: Callable[[str], None], broker: s
         return {"machine": _machine(broker, "cpu"),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "docs": docs, "warm_up_docs": warm_up_docs(docs),
                 "cpu_per_doc": cpu, "cpu_threads": by_thread, "cpu_gauge_ns": gauge}
-    finally:
-        if started:
-            stack.down()
 
 
 def _registry(out: dict, base: Settings, emb, texts: list[str], sizes: dict, url: str,
@@ -536,11 +540,9 @@ def run_processes(*, counts: list[int], docs: int, device: str, precision: str, 
     from worker.embedding.sentence import SentenceTransformerEmbedder
     from worker.process.logs import setup_logging
 
-    stack = LocalStack(state_dir, broker=broker)
-    env, started = stack.up(partitions=6)
     logs = state_dir / "processes-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    try:
+    with local_stack(state_dir, broker, say) as (env, broker):
         base = _stack_settings(env, broker, device=device, precision=precision, model=model)
         setup_logging(base)
         say("loading the model (for the raw encode)")
@@ -567,9 +569,6 @@ def run_processes(*, counts: list[int], docs: int, device: str, precision: str, 
         for r in out["runs"]:  # achieved TFLOP/s: tokens/s × ~2 × parameters a token
             r["tflops"] = r["tokens_per_s"] * out["flops_per_token"] / 1e12
         return out
-    finally:
-        if started:
-            stack.down()
 
 
 def _processes_run(base: Settings, name: str, texts: list[str], k: int, raw: float, tokens: int, logs: Path,

@@ -30,9 +30,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from connectors.kafka import logged, make_producer
 from worker.settings import Settings
+from worker.steps.writing.fit import OWN_PREFIX as OWN
+from worker.steps.writing.fit import RENAMED_PREFIX as RENAMED
 
-#: The worker's own header names; a producer's are kept under :data:`RENAMED`.
-OWN, RENAMED = "embedstream.", "embedstream.original."
 #: The marker a replayed record carries: the dead letter it came from.
 REPLAYED = "embedstream.replayed"
 
