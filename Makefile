@@ -6,9 +6,12 @@ STAMP  := $(VENV)/.installed
 # torch pinned: PyPI's 2.13.0 (its CUDA build, ~2.6 GB with the nvidia-* wheels) runs on CPUs too.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup constraints check-install docs test test-fast test-guarantees test-gpu gpu-check soak mutate demo bench bench-quick bench-cpu bench-gpu bench-gpu-processes bench-peer-env dev-up dev-down lint clean
+.PHONY: setup setup-dev constraints check-install docs test test-fast test-guarantees test-gpu gpu-check soak mutate demo bench bench-quick bench-cpu bench-gpu bench-gpu-processes bench-peer-env dev-up dev-down lint clean
 
-setup: $(STAMP) $(BIN)/promtool
+# setup: what the worker, the demo and the tools need; setup-dev adds what only the tests use.
+setup: $(STAMP)
+
+setup-dev: setup $(BIN)/promtool
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,8 +25,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Prometheus' own rule-test runner, for the tests of the chart's alerts (tests/unit/test_helm_chart.py): built
-# with Go from the module proxy, minutes the first time and seconds from Go's caches after. Without Go the
-# setup goes on, and those tests say they were skipped and why.
+# with Go from the module proxy, minutes the first time and seconds from Go's caches after (`make setup-dev`,
+# which every test target runs; `make setup` and `make demo` never wait for it). Without Go the setup goes on,
+# and those tests say they were skipped and why.
 PROMTOOL_VERSION ?= v0.316.0
 $(BIN)/promtool: | $(STAMP)
 	@GOBIN="$(CURDIR)/$(BIN)" GOFLAGS=-mod=mod go install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION) \
@@ -46,23 +50,23 @@ docs: setup
 	$(BIN)/python -m tools.metrics_docs
 
 # The whole suite, in the order that shows a break soonest: lint and types, the fast tier (no stack), then
-# one session on the real stack: the guarantees tier first (tests/conftest.py orders it), then every
-# other test (connectors on the real stack, integration, the fault suite). One session: one stack, one
-# int8 export and one warm pool for both.
-test: lint
+# the real stack's tests on one stack and one int8 export (tools/suite.py): those marked alone one at a
+# time, the guarantees first (the fault suite: it freezes parts and times sessions), then the others
+# two at a time (each makes its own topics, group and collection).
+test: lint setup-dev
 	$(BIN)/python -m pytest -q -m fast -n auto tests/unit tests/connectors
-	$(BIN)/python -m pytest -q -m "not fast" --durations=30
+	$(BIN)/python -m tools.suite
 
 # No model and no stack: the unit tests and the connector contracts on their fakes (under a minute),
 # spread over the machine's cores (pytest-xdist; the stack's tiers run one test at a time: their
 # scenarios time locks, sessions and stalls).
-test-fast: setup
+test-fast: setup-dev
 	$(BIN)/python -m pytest -q -m fast -n auto tests/unit tests/connectors
 
 # The tests behind the core promises (docs/promises.md: nothing lost to kill -9 or SIGTERM, exactly-once,
 # the zombie fence, the version guard, the DLQ and its breaker, stale chunks, share groups, hostile
 # records), on the real stack: minutes, not the half hour of make test.
-test-guarantees: setup
+test-guarantees: setup-dev
 	$(BIN)/python -m pytest -q -m guarantee --durations=10
 
 # The GPU path: the model in fp16 on CUDA, alone and in the worker on a local stack (skipped without a
@@ -79,14 +83,14 @@ gpu-check: setup
 # Thirty minutes of steady load with a worker killed every 2 minutes and a rebalance every 3 (outside
 # `make test`): the picture and figures go to docs/soak/. EMBEDSTREAM_SOAK_MINUTES=N for another length.
 # BROKER=kafka runs it on Apache Kafka (the default stays Tansu: see the README's soak figures).
-soak: setup
+soak: setup-dev
 	EMBEDSTREAM_TEST_BROKER=$(BROKER) $(BIN)/python -m pytest -q -s -m soak tests/faults/test_soak.py
 
 # Is each guarantee checked? Switched off one at a time in a scratch copy, the suite must fail
 # (tools/switch_offs.py); then mutmut over the protocol modules (pyproject's [tool.mutmut]), and each
 # survivor judged again against its module's tests (tools/mutants.py: mutants/survivors.md), outside
 # make test: about an hour here.
-mutate: setup
+mutate: setup-dev
 	@status=0; $(BIN)/python -m tools.switch_offs --write || status=$$?; \
 	$(BIN)/mutmut run --max-children 2 && $(BIN)/python -m tools.mutants --jobs 2 && exit $$status
 

@@ -92,15 +92,19 @@ def model():
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """``fast`` marks the tests of ``make test-fast`` (tests/unit and tests/connectors without the stack)
+    and ``alone`` every test of the fault suite (``tools/suite.py`` runs those one at a time)
     before ``-m`` selects, so that ``make test`` runs them first and everything else after. The soak runs
     only when the -m expression names it (``make soak``): ``-m faults`` or ``-m integration`` would
     otherwise start its half hour. The tests behind the core promises (``guarantee``) run first, so
     that one session (one stack, one int8 export, one warm pool) shows a break in them soonest; the
     order within each part is kept (modules stay together)."""
     fast_dirs = (config.rootpath / "tests" / "unit", config.rootpath / "tests" / "connectors")
+    faults = config.rootpath / "tests" / "faults"
     for item in items:
         if any(item.path.is_relative_to(d) for d in fast_dirs) and item.get_closest_marker("integration") is None:
             item.add_marker(pytest.mark.fast)
+        if item.path.is_relative_to(faults):
+            item.add_marker(pytest.mark.alone)
     items.sort(key=lambda item: item.get_closest_marker("guarantee") is None)  # stable: guarantees first
     if "soak" in (config.option.markexpr or ""):
         return

@@ -6,6 +6,7 @@ noisy machine (docs/benchmarks.md)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -21,11 +22,11 @@ BROKER = ["--broker", TEST_BROKER]
 KAFKA_JARS = {"EMBEDSTREAM_KAFKA_CACHE": str(cache_dir().parent)}
 
 
-def test_bench_quick_writes_json_and_chart(local_stack, tmp_path, tmp_path_factory):
+def test_bench_quick_writes_json_and_chart(local_stack, tmp_path):
     """On the session's stack (the bench finds it running in its state dir, uses it and leaves it up)."""
     local, _ = local_stack
     env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **KAFKA_JARS,
-           "XDG_CACHE_HOME": str(tmp_path_factory.getbasetemp() / "xdg-cache")}  # the int8 export, shared
+           "XDG_CACHE_HOME": os.environ["XDG_CACHE_HOME"]}  # the session's int8 export (tests/conftest.py)
     res = run_cli(["bench", "--quick", "--docs", "40", "--latency-seconds", "1", "--output", str(tmp_path),
                    "--state-dir", str(local.state_dir), *BROKER], env, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]

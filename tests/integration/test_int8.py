@@ -3,6 +3,9 @@ and run by the worker on the real stack."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -14,12 +17,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def cache_home(tmp_path_factory):
-    home = tmp_path_factory.getbasetemp() / "xdg-cache"  # shared with the bench's test: one export
-    mp = pytest.MonkeyPatch()
-    mp.setenv("XDG_CACHE_HOME", str(home))
-    yield home
-    mp.undo()
+def cache_home():
+    """The session's model cache (tests/conftest.py: shared by every test and session, one export)."""
+    return Path(os.environ["XDG_CACHE_HOME"])
 
 
 @pytest.fixture(scope="module")

@@ -89,6 +89,9 @@ VALUE_SETS = {
         "extraEnvFrom": [{"secretRef": {"name": "more-env"}}],
         "extraVolumes": [{"name": "model", "persistentVolumeClaim": {"claimName": "e5-large"}}],
         "extraVolumeMounts": [{"name": "model", "mountPath": "/models", "readOnly": True}],
+        "extraInitContainers": [{"name": "fetch-model", "image": "curlimages/curl:8.10.1",
+                                 "args": ["-fsSLo", "/models/README.md", "https://models.example/e5/README.md"],
+                                 "volumeMounts": [{"name": "model", "mountPath": "/models"}]}],
         "cache": {"enabled": True, "existingClaim": "embedstream-cache"}, "prometheusRule": {"enabled": True}},
 }
 
@@ -164,6 +167,35 @@ def test_gpu_request_and_keda_off_hpa():
     assert env_of(render(BASE))["EMBEDSTREAM_MAX_BATCH_SIZE"]["value"] == "256"
     hpa = render(merge(BASE, VALUE_SETS["KEDA off → HPA"]))
     assert "ScaledObject" not in hpa and hpa["HorizontalPodAutoscaler"]["spec"]["maxReplicas"] == 6
+
+
+def test_a_gpu_releases_migration_job_runs_on_a_gpu_where_the_workers_run():
+    placement = {"gpu": {"enabled": True, "count": 2}, "runtimeClassName": "nvidia", "priorityClassName": "gpu-high",
+                 "nodeSelector": {"pool": "gpu"}, "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                     {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}},
+                 "migration": {"model": "/models/e5-small"}, "keda": {"maxReplicaCount": 1, "partitions": 8}}
+    objs = render(merge(BASE, placement))
+    worker, job = (objs[k]["spec"]["template"]["spec"] for k in ("Deployment", "Job"))
+    for key in ("runtimeClassName", "priorityClassName", "nodeSelector", "tolerations", "affinity"):
+        assert job[key] == worker[key] == (placement[key] if key != "runtimeClassName" else "nvidia"), key
+    limits = job["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "1" and limits["memory"] == "6Gi"  # one GPU: one process migrates
+    env = {e["name"]: e.get("value") for e in job["containers"][0]["env"]}
+    assert env["EMBEDSTREAM_DEVICE"] == "cuda"
+    own = render(merge(BASE, merge(placement, {"migration": {"resources": {"limits": {"memory": "12Gi"}}}})))
+    job = own["Job"]["spec"]["template"]["spec"]["containers"][0]
+    assert job["resources"]["limits"] == {"memory": "12Gi", "nvidia.com/gpu": "1"}  # its own, still its GPU
+    cpu = render(merge(BASE, {"migration": {"model": "/models/e5-small"}}))["Job"]["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu" not in cpu["containers"][0]["resources"]["limits"] and "runtimeClassName" not in cpu
+
+
+def test_a_gpu_release_rolls_without_a_surge_pod_and_the_strategy_can_be_set():
+    gpu = render(merge(BASE, VALUE_SETS["GPU"]))["Deployment"]["spec"]
+    assert gpu["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert "strategy" not in render(BASE)["Deployment"]["spec"]  # Kubernetes' own default on CPUs
+    recreate = render(merge(merge(BASE, VALUE_SETS["GPU"]), {"strategy": {"type": "Recreate"}}))
+    assert recreate["Deployment"]["spec"]["strategy"] == {"type": "Recreate"}
 
 
 def test_a_gpu_pod_runs_workers_per_gpu_processes_each_with_its_metrics_port():
@@ -450,6 +482,9 @@ def test_extra_env_volumes_and_the_cache_volume_reach_the_worker_and_the_migrati
         assert mounts["model"]["mountPath"] == "/models" and mounts["cache"]["mountPath"] == "/opt/cache", kind
         volumes = {v["name"]: v for v in pod["volumes"]}
         assert volumes["model"]["persistentVolumeClaim"]["claimName"] == "e5-large", kind
+        # a model fetched at start: the init container runs before the worker, on the same volume
+        assert [i["name"] for i in pod["initContainers"]] == ["fetch-model"], kind
+        assert pod["initContainers"][0]["volumeMounts"] == [{"name": "model", "mountPath": "/models"}], kind
         assert volumes["cache"]["persistentVolumeClaim"]["claimName"] == "embedstream-cache", kind
     # off by default: the pod reads the export the image baked at its XDG_CACHE_HOME (a volume would hide it)
     dockerfile = (CHART.parents[1] / "Dockerfile").read_text()
@@ -582,14 +617,14 @@ def _gpu_case(mode: str) -> tuple:
 
 @pytest.mark.parametrize("mode", ["consumer", "share"])
 def test_each_alert_fires_on_a_series_that_must_fire_it_and_not_on_one_that_must_not(mode, tmp_path):
-    """The rendered rules, run by Prometheus' own rule-test runner (``promtool test rules``; `make setup`
+    """The rendered rules, run by Prometheus' own rule-test runner (``promtool test rules``; `make setup-dev`
     builds it): each alert of the mode on a synthetic series that must fire it, and on one that must not,
     with the labels and annotations the rule gives it."""
     import subprocess
 
     promtool = _promtool()
     if promtool is None:
-        missing_tool("Prometheus' rule-test runner (promtool) is not installed: `make setup` builds it when Go is on "
+        missing_tool("Prometheus' rule-test runner (promtool) is not installed: `make setup-dev` builds it when Go is on "
                      "the PATH; the rules' series and labels are still checked by the test before this one")
     _, alerts = rendered_rules(mode)
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "embedstream", "rules": list(
