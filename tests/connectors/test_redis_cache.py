@@ -131,6 +131,24 @@ def test_set_many_writes_every_entry_with_the_ttl_and_survives_a_script_flush(st
     assert cache.get_many(["again"])[0] is not None and cache.errors == 0
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("where", ["one server", "cluster"])
+def test_delete_many_removes_exactly_the_named_entries_and_held_says_which_remain(where, stack, redis_cluster):
+    """A deleted document's texts leave the cache (one DEL, or one per node on a cluster); the other
+    model's entry under the same hash and the other texts stay; ``held`` reads what is left."""
+    url = stack["EMBEDSTREAM_REDIS_URL"] if where == "one server" else redis_cluster.url
+    model = f"m-{uuid.uuid4().hex[:6]}"
+    cache, other = (RedisCache(url, m, 4, 60, timeout_ms=500) for m in (model, model + "-other"))
+    vecs = {f"h{i}": np.full(4, i, np.float32) for i in range(40)}
+    assert cache.set_many(vecs) and other.set_many({"h1": np.ones(4, np.float32)})
+    gone = [f"h{i}" for i in range(0, 40, 2)]
+    assert cache.held([*gone, "never"]) == gone
+    assert cache.delete_many([*gone, gone[0], "never"])
+    assert cache.held(list(vecs)) == [f"h{i}" for i in range(1, 40, 2)]
+    assert other.held(["h1"]) == ["h1"] and cache.errors == 0
+    assert cache.delete_many([])
+
+
 def test_set_many_writes_the_packed_vector_of_each_key_with_the_ttl_loading_the_script_once():
     """The one buffer set_many lays out holds, for each key, exactly ``pack_vector`` of its vector
     (parsed as RESP, as a server reads it); a server without the script is given it, then written."""
@@ -155,6 +173,7 @@ def test_packed_values_are_the_bulk_strings_of_each_packed_vector():
 
 
 @pytest.mark.integration
+@pytest.mark.alone  # it freezes a Redis and times its timeout
 def test_a_reply_that_came_too_late_never_answers_the_next_command(tmp_path):
     """A read that timed out (Redis frozen) closes its connection: once Redis answers again, the next
     read gets its own reply, never the late one (which would hand one text's vector to another)."""
@@ -257,6 +276,7 @@ def test_a_cluster_taken_for_one_server_switches_on_its_first_crossslot_answer(r
 
 
 @pytest.mark.integration
+@pytest.mark.alone  # it freezes a Redis and times its timeout
 def test_a_frozen_cluster_node_costs_only_its_own_keys(redis_cluster):
     """One master stopped (SIGSTOP): its keys are misses within the timeout, counted once a call;
     the other masters' keys are still hits; nothing raises. Woken, every key is a hit again."""

@@ -624,8 +624,8 @@ def test_each_alert_fires_on_a_series_that_must_fire_it_and_not_on_one_that_must
 
     promtool = _promtool()
     if promtool is None:
-        missing_tool("Prometheus' rule-test runner (promtool) is not installed: `make setup-dev` builds it when Go is on "
-                     "the PATH; the rules' series and labels are still checked by the test before this one")
+        missing_tool("Prometheus' rule-test runner (promtool) is not installed: `make setup-dev` builds it when Go is "
+                     "on the PATH; the rules' series and labels are still checked by the test before this one")
     _, alerts = rendered_rules(mode)
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "embedstream", "rules": list(
         alerts.values())}]}))
