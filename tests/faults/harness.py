@@ -271,8 +271,7 @@ def warm_cli(args: list[str], env: dict[str, str], timeout: float) -> subprocess
         try:
             code = proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
+            dump_stacks(proc)
             raise subprocess.TimeoutExpired(argv, timeout, out.read_text(errors="replace"),
                                             err.read_text(errors="replace")) from None
         return subprocess.CompletedProcess(argv, code, out.read_text(errors="replace"), err.read_text(errors="replace"))
@@ -290,10 +289,24 @@ def run_worker(s: Settings, *args: str, timeout: float = 600, **env: str) -> sub
         code = w.wait(timeout)
         return subprocess.CompletedProcess(w.proc.args, code, "", w.log())
     except subprocess.TimeoutExpired:
-        w.proc.kill()
-        raise
+        dump_stacks(w.proc)
+        raise AssertionError(f"embedstream run {' '.join(args)} did not end in {timeout:.0f} s; its log (and its "
+                             f"threads' stacks, where it was a warm start) ends:\n{w.log()[-6000:]}") from None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def dump_stacks(proc: subprocess.Popen) -> None:
+    """End a worker that overran its time with SIGABRT: a warm start (``tests.faults.warm_worker``
+    enables ``faulthandler``) writes every thread's stack to its log first, so a hang says where it
+    hung; then it is killed for sure."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
 
 
 def metric_samples(port: int, timeout: float = 5):

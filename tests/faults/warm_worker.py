@@ -17,6 +17,7 @@ priority at once, even in the middle of the imports. A closed stdin (the session
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -66,6 +67,8 @@ def main() -> None:
         out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(out, fd)
         os.close(out)
+    # a test that gives up on it sends SIGABRT (tests.faults.harness.dump_stacks): every thread's stack to its log
+    faulthandler.enable(all_threads=True)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])

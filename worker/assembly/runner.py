@@ -303,6 +303,24 @@ def assemble(s: Settings, clock: StartClock, side: groups.Side, embedder: Embedd
     clock.mark("models")
     stores, caches = open_stores(s, models, store_factory)
     clock.mark("Milvus and Redis")
+    try:
+        return _assemble_on(s, side, models, stores, caches, dead_letters, health=health, startup=startup,
+                            on_progress=on_progress, stats=stats, model_gate=model_gate)
+    except BaseException:  # a refused start (the registry's credentials, a topic's limit): nothing was written
+        for store in stores.values():
+            store.close()
+        for cache in caches.values():
+            if cache is not None:
+                cache.close()
+        raise
+
+
+def _assemble_on(s: Settings, side: groups.Side, models: ModelSet, stores: dict[str, MilvusStore],
+                 caches: dict[str, RedisCache | None], dead_letters: bool, *, health: metrics.Health,
+                 startup: StartClock | None, on_progress: Callable[[RunStats], None] | None, stats: RunStats | None,
+                 model_gate: Callable[[Step], Step] | None) -> Member:
+    """``assemble`` once the models and stores are open: the metrics server, the fence, the delivery
+    (closed again when what follows fails) and the chain."""
     heap.settle()  # the models' objects out of the collector's walks (worker.process.heap)
     heap.keep_pages()  # a group's megabyte buffers reuse the heap's pages (worker.process.heap)
     health.model_loaded = True
@@ -317,10 +335,14 @@ def assemble(s: Settings, clock: StartClock, side: groups.Side, embedder: Embedd
     max_inflight = inflight_limit(s, models)
     log.info("up to %d batches in flight (%d a model served)", max_inflight, s.max_inflight_batches)
     delivery = side.durability(s, max_inflight, delivery_timeout_s)
-    chain = build_chain(s, delivery, models, caches, stores, fence, input_topic_ids(s), open_registry(s),
-                        topic_limits(s), dead_letters=dead_letters,
-                        lookup_ids=lambda: topic_ids(s.kafka_common(), [s.input_topic]),
-                        max_deliveries=side.max_deliveries, model_gate=model_gate)
+    try:
+        chain = build_chain(s, delivery, models, caches, stores, fence, input_topic_ids(s), open_registry(s),
+                            topic_limits(s), dead_letters=dead_letters,
+                            lookup_ids=lambda: topic_ids(s.kafka_common(), [s.input_topic]),
+                            max_deliveries=side.max_deliveries, model_gate=model_gate)
+    except BaseException:
+        delivery.close()
+        raise
     worker = side.member(s, chain, groups.MemberParts(health, max_inflight, session_s, startup, on_progress, stats))
     worker.metrics_port = metrics_port
     return worker

@@ -299,10 +299,12 @@ def export(transformer, tokenizer, dest: Path, engine_name: str = "onnxruntime",
         **({"calibration_texts": CALIBRATION_TEXTS} if engine_name == "openvino" else
            {"weight_bits": 7 if reduce_range() else 8}),
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
-    if dest.exists():  # another worker on the same disk finished first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
+    try:
         tmp.rename(dest)
+    except OSError:  # another worker on the same disk finished first (its folder is there): keep theirs
+        if not dest.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return dest / FILES[engine_name]
 
 
