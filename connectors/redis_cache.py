@@ -264,6 +264,43 @@ class RedisCache:
             self._failed("write", exc)
             return False
 
+    def delete_many(self, hashes: Iterable[str]) -> bool:
+        """Remove the entries of ``hashes`` (a deleted document's texts: ``worker.steps.writing.targets``).
+        Returns False on failure (the entries then expire with their TTL); never raises."""
+        keys = [(self._prefix + h).encode() for h in dict.fromkeys(hashes)]
+        if not keys:
+            return True
+        try:
+            self._ready()
+            if self.cluster is not None:
+                failed = next((r for r in self.cluster.run(keys, [b"*2\r\n$3\r\nDEL\r\n" + bulk_strings((k,))
+                                                                  for k in keys])
+                               if isinstance(r, BaseException)), None)
+                if failed is not None:
+                    raise failed
+            else:
+                self._call(b"*%d\r\n$3\r\nDEL\r\n" % (len(keys) + 1), bulk_strings(keys))
+            return True
+        except Exception as exc:
+            self._crossed(exc)
+            self._failed("delete", exc)
+            return False
+
+    def held(self, hashes: Iterable[str]) -> list[str]:
+        """Which of ``hashes`` have an entry now (``EXISTS``, one key a call: a cluster's keys are in
+        many slots); raises on failure (an erasure's receipt must not take an outage for "gone")."""
+        self._ready()
+        out = []
+        for h in dict.fromkeys(hashes):
+            key = (self._prefix + h).encode()
+            command = b"*2\r\n$6\r\nEXISTS\r\n" + bulk_strings((key,))
+            reply = self.cluster.run([key], [command])[0] if self.cluster is not None else self._call(command)
+            if isinstance(reply, BaseException):
+                raise reply
+            if int(reply):
+                out.append(h)
+        return out
+
     def _crossed(self, exc: Exception) -> None:
         """A server that refuses keys of several slots is a cluster after all (INFO was not answered,
         or the server became one): commands go per node from the next group on."""

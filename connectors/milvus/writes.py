@@ -116,6 +116,18 @@ class MilvusStore(MilvusConnection):
             counts[doc] = int(r["chunk_count"])
         return versions, counts
 
+    def content_hashes(self, ids: list[str]) -> set[str]:
+        """The ``content_hash`` of each row among the chunk ids ``ids`` (at Strong consistency): what a
+        deleted document's texts are cached under."""
+        if not ids:
+            return set()
+        try:
+            rows = self._client.query(self.collection, filter=field_in("id", ids), output_fields=["content_hash"],
+                                      timeout=self.timeout, consistency_level="Strong")
+        except Exception as exc:
+            raise self._failure(exc) from None
+        return {r["content_hash"] for r in rows if r.get("content_hash")}
+
     def record_deletes(self, doc_ids: list[str], versions: tuple[list[str], list[int]], updated_at: int) -> None:
         """Keep the version of each document's delete in the companion, where ``versions()`` finds it:
         an older upsert of a deleted id is then known to be older."""

@@ -120,6 +120,68 @@ def test_the_cache_is_filled_with_each_models_fresh_vectors_of_the_whole_group_o
     assert big_cache.filled == []  # nothing fresh for it: no call at all
 
 
+class _ErasingCache(_RecordingCache):
+    """Records what is deleted, and which rows Milvus still held at that moment."""
+
+    def __init__(self, client: RecordingMilvusClient, fails: bool = False) -> None:
+        super().__init__()
+        self.client, self.fails = client, fails
+        self.deleted: list[tuple[set[str], set[str]]] = []
+
+    def delete_many(self, hashes) -> bool:
+        self.deleted.append((set(hashes), set(self.client.rows)))
+        return not self.fails
+
+
+def _cached_sink(client: RecordingMilvusClient, cache) -> SinkStep:
+    return SinkStep({"": ModelTarget(_store(client), "m", 4, cache=cache)}, at_least_once(producer=RecordingProducer()),
+                    fence=_owned(0), guard=VersionGuard({"docs": "T1"}), output_topic="embeddings",
+                    dlq_topic="documents.dlq", delivery_timeout_s=5)
+
+
+def test_a_tombstone_removes_each_of_its_documents_cached_texts_before_its_rows():
+    client = RecordingMilvusClient()
+    _rows_of(client, "b", 3, 2)
+    for k, h in enumerate(("hb0", "hb1", "hb2")):
+        client.rows[f"b#{k}"]["content_hash"] = h
+    _rows_of(client, "keep", 1, 3)
+    client.rows["keep#0"]["content_hash"] = "hk"
+    cache = _ErasingCache(client)
+    batch = Batch()
+    batch.add(Delete(Source("docs", 0, 6), "b"))
+    _cached_sink(client, cache).process([batch])
+    # every chunk's text, and no other document's; the rows were still there, so a redo finds them again
+    assert cache.deleted == [({"hb0", "hb1", "hb2"}, {"b#0", "b#1", "b#2", "keep#0"})]
+    assert sorted(client.rows) == ["keep#0"]
+
+
+def test_a_document_written_and_deleted_in_one_group_leaves_nothing_in_the_cache():
+    client = RecordingMilvusClient()
+    cache = _ErasingCache(client)
+    batch = Batch()
+    item = _chunks("x", 0, 2)
+    batch.add(item)
+    batch.add(Delete(Source("docs", 0, 1), "x"))
+    other = _chunks("y", 2, 1)
+    other.chunks[0].hash = "hy"
+    batch.add(other)
+    fresh = {h: np.full(4, x, np.float32) for h, x in (("h0.0", 0.1), ("h0.1", 0.2), ("hy", 0.3))}
+    _cached_sink(client, cache).process([batch], [{"": fresh}])
+    assert [set(f) for f in cache.filled] == [{"hy"}]  # the deleted document's fresh texts are never cached
+    assert [hashes for hashes, _ in cache.deleted] == [{"h0.0", "h0.1"}]  # nor left from an earlier attempt
+    assert sorted(client.rows) == ["y#0"]
+
+
+def test_a_cache_that_fails_the_erasure_is_warned_of_and_the_delete_goes_on(caplog):
+    client = RecordingMilvusClient()
+    _rows_of(client, "b", 1, 2)
+    client.rows["b#0"]["content_hash"] = "hb0"
+    batch = Batch()
+    batch.add(Delete(Source("docs", 0, 6), "b"))
+    _cached_sink(client, _ErasingCache(client, fails=True)).process([batch])
+    assert client.rows == {} and "could not be removed" in caplog.text and "CACHE_TTL_SECONDS" in caplog.text
+
+
 def test_each_write_waits_for_the_records_as_long_as_the_delivery_timeout():
     class TimedProducer(RecordingProducer):
         waited: list = []

@@ -252,6 +252,9 @@ class InstantStore(MilvusStore):
     def record_deletes(self, doc_ids, versions, updated_at: int) -> None:
         pass
 
+    def content_hashes(self, ids: list[str]) -> set[str]:
+        return set()
+
     def delete(self, ids: list[str]) -> None:
         pass
 

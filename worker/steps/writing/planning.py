@@ -98,7 +98,9 @@ class Planner:
             if not ops:
                 continue
             upserts, deletes = final_operations(ops)
-            plan = plans[name] = Plan(target, upserts, deletes, {})
+            # an earlier version in this group of a document it deletes: its texts leave the cache too
+            erased = {ch.hash for e in ops if isinstance(e, Item) and e.id in deletes for ch in e.chunks}
+            plan = plans[name] = Plan(target, upserts, deletes, {}, erased=erased)
             refused = isolate(plan.documents, partial(self._read_versions, plan))
             if refused:  # Milvus will never read these: dead letters; the group is planned again without them
                 dead_letter(group, {id(plan.entry(d)): m for d, m in refused.items()}, MILVUS_REJECTED, "Milvus",

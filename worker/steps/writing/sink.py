@@ -187,15 +187,17 @@ class SinkStep:
             if alone:
                 delivery.settle()
         if fresh:
-            self._fill_caches(fresh)
+            self._fill_caches(fresh, {p.target.model_id: p.erased for p in planned.plans})
         return delivery
 
-    def _fill_caches(self, fresh: list[Fresh | None]) -> None:
-        """Each model's fresh vectors (the embed stage's, per batch) into its cache. A vector depends
-        only on the text and the model, so the cache may be filled before the batches are durable: it
-        is, while Milvus writes."""
+    def _fill_caches(self, fresh: list[Fresh | None], erased: dict[str, set[str]]) -> None:
+        """Each model's fresh vectors (the embed stage's, per batch) into its cache, but for the texts
+        of a document the group deletes (``erased``, by model id). A vector depends only on the text
+        and the model, so the cache may be filled before the batches are durable: it is, while Milvus
+        writes."""
         for name, target in self.targets.items():
-            made = {h: v for by_model in fresh if by_model for h, v in by_model.get(name, {}).items()}
+            skip = erased.get(target.model_id, set())
+            made = {h: v for by_model in fresh if by_model for h, v in by_model.get(name, {}).items() if h not in skip}
             if target.cache is not None and made:
                 target.cache.set_many(made)
 

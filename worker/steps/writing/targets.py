@@ -8,6 +8,7 @@ by ``worker.steps.writing.planning``) to its collection in an order a crash at a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +20,8 @@ from connectors.redis_cache import RedisCache
 from schemas import sparse as sparse_modes
 from schemas.sparse import SparseMode
 from worker.core.records import Chunk, Delete, Item, Source
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -43,6 +46,22 @@ class ModelTarget:
     @property
     def header(self) -> bytes:
         return self.model_id.encode()
+
+
+def erase_cached(plan: Plan) -> None:
+    """Remove from the model's cache the texts of the documents ``plan`` deletes: every chunk its rows
+    hold (read from Milvus) and the group's own earlier versions (``plan.erased``). A cache that
+    fails the call keeps them until their TTL (``EMBEDSTREAM_CACHE_TTL_SECONDS``), which a warning
+    says; ``embedstream erase`` reports what is left."""
+    cache = plan.target.cache
+    if cache is None:
+        return
+    held = plan.target.store.content_hashes([chunk_id(doc, k) for doc in plan.deletes
+                                              for k in range(plan.counts.get(doc, 1))])
+    hashes = held | plan.erased
+    if hashes and not cache.delete_many(hashes):
+        log.warning("cache: %d entries of %d deleted documents could not be removed; they expire within "
+                    "EMBEDSTREAM_CACHE_TTL_SECONDS", len(hashes), len(plan.deletes))
 
 
 def chunk_rows(items: list[Item], source: Callable[[Source], str], sparse: SparseMode = sparse_modes.OFF) -> ChunkRows:
@@ -79,6 +98,10 @@ class Plan:
     deletes: dict[str, Delete]
     counts: dict[str, int]
     stored: dict = field(default_factory=dict)
+    #: The content hashes of this group's earlier versions of the documents it deletes (dropped by
+    #: the last operation): removed from the cache with the stored rows' (``write_collection``), and
+    #: never filled (``SinkStep``).
+    erased: set[str] = field(default_factory=set)
 
     @property
     def documents(self) -> list[str]:
@@ -95,7 +118,8 @@ class Plan:
         keep = set(docs)
         return Plan(self.target, {d: e for d, e in self.upserts.items() if d in keep},
                     {d: e for d, e in self.deletes.items() if d in keep},
-                    {d: c for d, c in self.counts.items() if d in keep})
+                    {d: c for d, c in self.counts.items() if d in keep},
+                    erased=self.erased if keep & set(self.deletes) else set())
 
 
 def write_collection(plan: Plan, source: Callable[[Source], str], now: int) -> None:
@@ -106,11 +130,15 @@ def write_collection(plan: Plan, source: Callable[[Source], str], now: int) -> N
     rows to remove: a deleted document's, and the chunks past the end of one that shrank. The
     order keeps a crash at any point redoable by the replay: deletes are recorded first; a
     document's chunk 0, which carries the count that names its other rows, goes last (deleted
-    after its other chunks, rewritten after its stale chunks are gone)."""
+    after its other chunks, rewritten after its stale chunks are gone).
+
+    A deleted document's texts leave the model's cache before its rows go (:func:`erase_cached`),
+    so a redo after a crash still finds their hashes in the rows."""
     store, upserts, deletes, counts = plan.target.store, plan.upserts, plan.deletes, plan.counts
     if deletes:
         store.record_deletes(list(deletes), ([source(d.source) for d in deletes.values()],
                                              [d.source.offset for d in deletes.values()]), now)
+        erase_cached(plan)
     stale = [chunk_id(doc, k) for doc, it in upserts.items() for k in range(len(it.chunks), counts.get(doc, 0))]
     stale += [chunk_id(doc, k) for doc in deletes for k in range(1, counts.get(doc, 1))]
     store.delete(stale)
