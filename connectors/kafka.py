@@ -297,31 +297,42 @@ def group_session_ms(common: Conf, group_id: str, timeout: float = 10.0) -> int 
     return int(entry.value) if entry is not None and str(entry.value).isdigit() else None
 
 
-def topic_max_bytes(common: Conf, topics: Iterable[str], timeout: float = 10.0) -> dict[str, int]:
-    """``{topic: max.message.bytes}`` for those of ``topics`` whose configuration the broker tells
-    (DescribeConfigs); a broker that does not answer it leaves a topic out."""
+def topic_settings(common: Conf, topics: Iterable[str], names: Iterable[str], timeout: float = 10.0,
+                   denied: Callable[[str, KafkaError], None] | None = None) -> dict[str, dict[str, str]]:
+    """``{topic: {name: value}}``: the configuration entries ``names`` of those of ``topics`` that the
+    broker describes (DescribeConfigs); a broker that does not answer it, or a topic it does not
+    describe, is left out (``denied(topic, error)`` is told of a refusal for want of an ACL)."""
     from confluent_kafka.admin import ConfigResource, ResourceType
 
-    out: dict[str, int] = {}
+    wanted, out = set(names), dict[str, dict[str, str]]()
     admin = make_admin(common)  # held until the futures are done: a collected handle fails them
     try:
         futures = admin.describe_configs(
             [ConfigResource(ResourceType.TOPIC, t) for t in topics], request_timeout=timeout)
-    except Exception:  # an old broker, or one without the API: the producer's limit stands alone
+    except Exception:  # an old broker, or one without the API
         return out
     for resource, fut in futures.items():
         try:
-            entry = fut.result(timeout).get("max.message.bytes")
-        except Exception as exc:  # a topic the broker does not describe: left out
+            entries = fut.result(timeout)
+        except Exception as exc:
             err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-            if isinstance(err, KafkaError) and err.code() in ACCESS_CODES:
-                log.warning("could not read max.message.bytes of topic %r (%s): the producer's own limit stands "
-                            "alone; grant DescribeConfigs on it (docs/operations.md) so that records are fitted to "
-                            "the topic's", resource.name, err.name())
+            if denied is not None and isinstance(err, KafkaError) and err.code() in ACCESS_CODES:
+                denied(resource.name, err)
             continue
-        if entry is not None and str(entry.value).isdigit() and int(entry.value) > 0:
-            out[resource.name] = int(entry.value)
+        out[resource.name] = {n: str(e.value) for n, e in entries.items() if n in wanted and e.value is not None}
     return out
+
+
+def topic_max_bytes(common: Conf, topics: Iterable[str], timeout: float = 10.0) -> dict[str, int]:
+    """``{topic: max.message.bytes}`` for those of ``topics`` whose configuration the broker tells
+    (DescribeConfigs); a broker that does not answer it leaves a topic out."""
+    def denied(topic: str, err: KafkaError) -> None:
+        log.warning("could not read max.message.bytes of topic %r (%s): the producer's own limit stands "
+                    "alone; grant DescribeConfigs on it (docs/operations.md) so that records are fitted to "
+                    "the topic's", topic, err.name())
+
+    told = topic_settings(common, topics, ["max.message.bytes"], timeout, denied)
+    return {t: int(v) for t, c in told.items() if (v := c.get("max.message.bytes", "")).isdigit() and int(v) > 0}
 
 
 def create_topics(admin: AdminClient, topics: Iterable[str], partitions: int, timeout: float = 15.0,

@@ -46,10 +46,25 @@ def test_run_passes_exactly_its_flags_as_settings(monkeypatch):
     assert set(seen) == set(ENV_SETTINGS)
 
 
-@pytest.mark.parametrize("command", ["run", "produce", "tail", "search", "lag", "bench", "demo", "dev"])
+COMMANDS = ["run", "produce", "tail", "search", "lag", "bench", "demo", "dev", "dlq", "erase", "migrate", "config"]
+
+
+def test_the_list_below_is_every_command():
+    names = {c.name or c.callback.__name__ for c in app.registered_commands} | {g.name for g in app.registered_groups}
+    assert names == set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command):
     result = CliRunner().invoke(app, [command, "--help"])
     assert result.exit_code == 0 and re.search(r"Usage: .*" + command, result.output)
+
+
+def test_erase_and_the_rollback_say_what_they_do_in_their_help():
+    erase = " ".join(CliRunner().invoke(app, ["erase", "--help"], terminal_width=200).output.split())
+    assert "ID..." in erase and "receipt" in erase and "--timeout" in erase and "--json" in erase
+    migrate = " ".join(CliRunner().invoke(app, ["migrate", "--help"], terminal_width=200).output.split())
+    assert "--rollback" in migrate and "catches up" in migrate
 
 
 def test_a_bad_setting_exits_2_naming_the_variable(monkeypatch):

@@ -9,7 +9,7 @@ import sys
 from schemas.errors import ConfigError
 
 # each module registers its command with the app
-from worker.commands.cli import bench, config, demo, dev, dlq, lag, migrate, produce, run, search, tail  # noqa: F401
+from worker.commands.cli import bench, config, demo, dev, dlq, erase, lag, migrate, produce, run, search, tail  # noqa: F401,E501
 from worker.commands.cli.app import app, err
 from worker.commands.shown import shown
 
