@@ -32,7 +32,7 @@ from tests.helpers import (
     settings_env,
 )
 from tools.corpus import sample_documents
-from tools.derived_models import projected_model
+from tools.derived_models import packaged_model_path, projected_model
 from tools.mock_broker import MockCluster
 from worker.assembly.naming import versioned_name
 from worker.assembly.runner import build_worker, load_embedder
@@ -196,10 +196,35 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
     # the backfill read the three bad records again and skipped them: the DLQ holds each once
     assert sorted(m.key() for m in read_topic(s, s.dlq_topic, expect=3)) == [b"bad0", b"bad1", b"bad2"]
 
-    again = run_cli(["migrate", "--model", new_path, "--drop-old"], env, timeout=180)
+    # A day later, a regression: roll back. The fleet (the new model, in the backfill group) wrote
+    # updates and deletes the old collection never saw; the rollback catches it up from the group
+    # that wrote it (the fleet's first one), compares, and moves the alias back.
+    for i in range(0, 40, 5):
+        put(i, texts[300 + i] if i % 10 else None)
+    producer.flush(30)
+    build_worker(s.model_copy(update={"model": new_path, "group_id": group, "sparse": "bm25"}),
+                 embedder=new).run(stop_when_idle=1)
+    fleet = {**settings_env(s), "COLUMNS": "200", "EMBEDSTREAM_MODEL": new_path, "EMBEDSTREAM_GROUP_ID": group}
+    old_path = str(packaged_model_path())
+    back = run_cli(["migrate", "--rollback", "--model", old_path], fleet, timeout=300)
+    assert back.returncode == 0, back.stdout + back.stderr
+    said = " ".join(back.stdout.split())
+    assert "migrate --rollback" in said and "catch-up group" in said and f" {s.group_id} on " in said, said
+    assert "switched" in said and f"EMBEDSTREAM_GROUP_ID={s.group_id} " in said, said  # never a longer name
+    assert store.alias_target(s.milvus_collection) == old_collection
+    expected = {k: t for k, t in live.items() if t is not None}
+    docs = documents_in_milvus(s)  # through the alias: the old collection, caught up
+    assert set(docs) == set(expected)
+    assert min_cosine_to_direct_encode(model, docs, expected) > cosine_floor(model.precision)
+    # migrating forward again names the backfill group after the fleet's first group, not the one it is in
+    forward = run_cli(["migrate", "--model", new_path, "--dry-run"], {**fleet, "EMBEDSTREAM_SPARSE": "bm25"},
+                      timeout=180)
+    assert forward.returncode == 0 and f"{group} on" in " ".join(forward.stdout.split()), forward.stdout
+
+    again = run_cli(["migrate", "--model", old_path, "--drop-old"], fleet, timeout=180)
     assert again.returncode == 0, again.stderr
-    assert "already points" in again.stdout and old_collection in again.stdout
-    assert store.collections(s.milvus_collection + "__") == [new_collection, f"{new_collection}_deleted"]
+    assert "already points" in again.stdout and new_collection in again.stdout
+    assert store.collections(s.milvus_collection + "__") == [old_collection, f"{old_collection}_deleted"]
     store.close()
 
 

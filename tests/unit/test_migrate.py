@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from worker.assembly.naming import versioned_name
+from worker.assembly.naming import backfill_group, fleet_group, versioned_name
 from worker.commands.migrate import Plan, drop_old, retention_warnings
 from worker.settings import Settings
 
@@ -35,6 +35,14 @@ class _Admin:
         else:
             fut.set_result({k: SimpleNamespace(value=v) for k, v in self.configs.items()})
         return {resources[0]: fut}
+
+
+def test_a_backfill_group_is_named_after_the_fleets_first_group_however_many_migrations_ran():
+    first = Settings(group_id="embedstream")
+    handed = Settings(group_id=backfill_group(first, "docs__b_1"))  # the fleet after a first migration
+    assert handed.group_id == "embedstream.migrate.docs__b_1"
+    assert backfill_group(handed, "docs__c_2") == "embedstream.migrate.docs__c_2"  # not ….migrate.docs__b_1.migrate.…
+    assert fleet_group(handed.group_id) == fleet_group(first.group_id) == "embedstream"
 
 
 def test_retention_that_cannot_replay_every_document_is_warned_about():

@@ -12,6 +12,8 @@
 - **The backfill group** that re-reads the input topic into a new collection,
   ``<group>.migrate.<new collection>`` (:func:`backfill_group`): the same for ``embedstream migrate``'s
   backfill and a worker's backfill lane, and on every run, so either resumes the other's progress.
+  ``<group>`` is the fleet's first group, never a backfill group's name again (:func:`fleet_group`):
+  the second migration's group is as long as the first's.
 - **The companion** of a collection, ``<collection>_deleted`` (``connectors.milvus``).
 """
 
@@ -67,6 +69,17 @@ def collection_of(settings: Settings, name: str, model: Embedder) -> str:
     return versioned_name(base, model.model_id, model.space_id)
 
 
+#: Parts the fleet's own group from the collection in a backfill group's name.
+MIGRATE_MARK = ".migrate."
+
+
+def fleet_group(group_id: str) -> str:
+    """The group a fleet started with: ``group_id`` less a migration's ``.migrate.<collection>``
+    (the group the fleet was handed over to), so that names never grow with each migration."""
+    return group_id.split(MIGRATE_MARK, 1)[0]
+
+
 def backfill_group(settings: Settings, new_collection: str) -> str:
-    """The consumer group that backfills ``new_collection`` from the input topic's start."""
-    return f"{settings.group_id}.migrate.{new_collection}"
+    """The consumer group that backfills ``new_collection`` from the input topic's start:
+    ``<the fleet's first group>.migrate.<new collection>``, whichever group the fleet runs in now."""
+    return f"{fleet_group(settings.group_id)}{MIGRATE_MARK}{new_collection}"

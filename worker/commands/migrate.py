@@ -17,6 +17,12 @@ Readers query an alias; each model writes a collection of its own behind it (the
    says how to hand the live workers over: the new model, in the backfill group (it has consumed the
    topic up to the switch; the old group's offsets belong to the old model's collection);
 5. drops the other collections of the alias's family only on ``--drop-old``.
+
+A **rollback** (``--rollback``) is the same steps back to a collection the alias pointed to before,
+kept since: the group that wrote it (its backfill group, or the fleet's first group) resumes from
+its committed offsets, so the collection catches up with what changed since the hand-over (updates
+and deletes alike) instead of being written again; the shadow check compares it with the one in use;
+the alias moves back; the fleet is told to return to that model and group.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from schemas import sparse as sparse_modes
 from schemas.errors import ConfigError, TransientError
 from schemas.sparse import SparseKind, SparseMode
 from worker.assembly.canaries import canary_cosine
-from worker.assembly.naming import alias_of, backfill_group, collection_of, family_prefix
+from worker.assembly.naming import alias_of, backfill_group, collection_of, family_prefix, fleet_group
 from worker.commands.search import ROWS_PER_DOCUMENT, best_chunk_per_document
 from worker.embedding.base import Embedder
 from worker.settings import Settings
@@ -65,6 +71,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     lag: int = 0  #: the backfill group's lag now (as the broker reports its end offsets)
     started: bool = False  #: the backfill group has committed something
+    rollback: bool = False  #: back to a collection the alias pointed to before (:func:`rollback_group`)
 
 
 @dataclass
@@ -376,8 +383,23 @@ class Migration:
     admin: MilvusAdmin
 
 
-def plan(settings: Settings, new_model: str, group: str | None = None) -> Migration:
-    """Load both models and read where things stand; changes nothing. Raises ConfigError."""
+def rollback_group(settings: Settings, collection: str) -> tuple[str, bool]:
+    """The consumer group whose committed offsets say how far ``collection`` is written: its own
+    backfill group (it came from a migration), else the fleet's first group (it was the first
+    collection); ``(group, started)``, started False when neither has committed (the collection is
+    then written again from the topic's beginning: slower, the same result)."""
+    candidates = [backfill_group(settings, collection), fleet_group(settings.group_id)]
+    for group in candidates:
+        if backfill_lag(settings, group).started:
+            return group, True
+    return candidates[0], False
+
+
+def plan(settings: Settings, new_model: str, group: str | None = None, rollback: bool = False) -> Migration:
+    """Load both models and read where things stand; changes nothing. ``rollback``: ``new_model``'s
+    collection is one the alias pointed to before, kept (never dropped): it catches up from the
+    group that wrote it (:func:`rollback_group`) rather than from the topic's beginning. Raises
+    ConfigError."""
     from connectors.kafka import check_broker
     from worker.assembly.runner import check_topics, load_embedder, open_milvus
 
@@ -389,12 +411,22 @@ def plan(settings: Settings, new_model: str, group: str | None = None) -> Migrat
     check_broker(settings.kafka_common())
     new = load_embedder(settings.model_copy(update={"model": new_model}))
     alias, new_collection = alias_of(settings, ""), collection_of(settings, "", new)
+    admin = open_milvus(settings, MilvusAdmin, new_collection)
+    warnings = retention_warnings(settings)
+    if rollback:
+        if not admin.has(new_collection):
+            raise ConfigError(f"collection {new_collection!r} of model {new.model_id} is not in Milvus (dropped by "
+                              f"--drop-old?): a rollback moves the alias back to a collection that is kept. "
+                              f"`embedstream migrate --model {new_model}` builds it again from the input topic")
+        if group is None:
+            group, resumed = rollback_group(settings, new_collection)
+            if not resumed:
+                warnings.append(f"no consumer group has committed offsets for {new_collection!r}: it is written "
+                                f"again from the input topic's beginning in group {group!r} (the same result, slower)")
     group = group or backfill_group(settings, new_collection)
     backfill = settings.model_copy(update={
         "model": new_model, "group_id": group, "group_instance_id": None, "metrics_port": 0})
     check_topics(backfill)
-    admin = open_milvus(settings, MilvusAdmin, new_collection)
-    warnings = retention_warnings(settings)
     target = admin.alias_target(alias)
     old: Embedder | None = None
     try:
@@ -414,7 +446,8 @@ def plan(settings: Settings, new_model: str, group: str | None = None) -> Migrat
         old = None
     lag = backfill_lag(backfill, group)
     p = Plan(alias, old_collection, old_model_id, new_collection, new.model_id, group, settings.input_topic,
-             switched=target == new_collection, warnings=warnings, lag=lag.records, started=lag.started)
+             switched=target == new_collection, warnings=warnings, lag=lag.records, started=lag.started,
+             rollback=rollback)
     return Migration(p, settings, backfill, new, old, admin)
 
 

@@ -13,16 +13,20 @@ from worker.commands.migrate import Backfill, LaneWatch, Plan, ShadowReport
 
 def plan_table(p: Plan, dry_run: bool) -> Table:
     """The migration at a glance: alias, old and new collections and models, the backfill group."""
-    table = Table("", "", title=f"[bold]migrate[/] alias [bold]{p.alias}[/]" + (" (dry run)" if dry_run else ""),
+    kind = "migrate --rollback" if p.rollback else "migrate"
+    table = Table("", "", title=f"[bold]{kind}[/] alias [bold]{p.alias}[/]" + (" (dry run)" if dry_run else ""),
                   title_justify="left", show_header=False)
     table.add_row("readers now", f"{p.old_collection or '— (no alias yet)'}"
                   + (f"  [dim]model {p.old_model}[/]" if p.old_model else ""))
-    table.add_row("new collection", f"{p.new_collection}  [dim]model {p.new_model}[/]")
-    table.add_row("backfill group", f"{p.group} on {p.topic}")
+    table.add_row("back to" if p.rollback else "new collection", f"{p.new_collection}  [dim]model {p.new_model}[/]")
+    table.add_row("catch-up group" if p.rollback else "backfill group", f"{p.group} on {p.topic}")
     table.add_row("backfill lag", f"{p.lag:,} records" + ("" if p.started else
                                                          " (not started: reads the topic from its beginning)"))
     if p.switched:
         todo = "nothing: the alias already points to the new collection"
+    elif p.rollback:
+        todo = ("catch the collection up from its group's committed offsets, compare it with the one in use, then "
+                "move the alias back once the group's lag is 0")
     else:
         todo = ("backfill the new collection, compare it with the old one, then move the alias once the backfill "
                 "group's lag is 0")

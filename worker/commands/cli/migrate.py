@@ -29,6 +29,9 @@ Sample = Annotated[int, typer.Option(help="Documents sampled by the shadow check
 Lane = Annotated[bool, typer.Option(
     "--lane", help="Start no backfill: the live workers run it as a lane of their own (EMBEDSTREAM_BACKFILL_MODEL set "
     "to --model); wait for its lag to reach 0, then compare and switch")]
+Rollback = Annotated[bool, typer.Option(
+    "--rollback", help="Move the alias back to --model's collection, one it pointed to before (kept: not dropped): "
+    "it first catches up from the group that wrote it, then the same shadow check, then the switch")]
 BackfillGroup = Annotated[str | None, typer.Option(
     "--backfill-group", help="Consumer group of the backfill [default: <group id>.migrate.<new collection>]")]
 
@@ -37,8 +40,8 @@ BackfillGroup = Annotated[str | None, typer.Option(
 @opt.with_settings("kafka_bootstrap_servers", "input_topic", "output_topic", "group_id", "precision", "device",
                    "milvus_uri", "milvus_collection", "milvus_alias")
 def migrate(model: NewModel, dry_run: DryRun = False, min_overlap: MinOverlap = None, drop_old: DropOld = False,
-            sample: Sample = 50, lane: Lane = False, backfill_group: BackfillGroup = None,
-            overrides: dict[str, object] | None = None) -> None:
+            sample: Sample = 50, lane: Lane = False, rollback: Rollback = False,
+            backfill_group: BackfillGroup = None, overrides: dict[str, object] | None = None) -> None:
     """Re-embed the input topic into a new collection with --model while the live workers keep
     serving the old one; once caught up, compare the two and move the alias readers query.
 
@@ -47,7 +50,9 @@ def migrate(model: NewModel, dry_run: DryRun = False, min_overlap: MinOverlap = 
     keyed by id). Killed or interrupted, a re-run resumes where the backfill group stopped. After the
     switch, move the workers to the new model in the backfill group (it printed which), then drop the
     old collection with --drop-old. With --lane the live workers backfill (EMBEDSTREAM_BACKFILL_MODEL,
-    their model going first) and migrate only waits, compares and switches. Exit 0: switched (or
+    their model going first) and migrate only waits, compares and switches. With --rollback, --model is
+    the model to go back to: its collection catches up from the group that wrote it (what changed since
+    the hand-over), is compared with the one in use, and the alias moves back. Exit 0: switched (or
     nothing to do); 1: not switched.
     """
     from worker.commands import migrate as mig
@@ -56,8 +61,10 @@ def migrate(model: NewModel, dry_run: DryRun = False, min_overlap: MinOverlap = 
 
     s = settings_or_exit(overrides, log_level=None if "EMBEDSTREAM_LOG_LEVEL" in os.environ else "WARNING")
     setup_logging(s)
+    if rollback and lane:
+        raise fail("--rollback catches the old collection up with a worker of its own: leave out --lane", 2)
     try:
-        m = mig.plan(s, model, backfill_group)
+        m = mig.plan(s, model, backfill_group, rollback=rollback)
     except (ConfigError, TransientError) as exc:
         raise fail(str(exc), 2) from None
     console.print(plan_table(m.plan, dry_run))
