@@ -37,16 +37,22 @@ def sessions(extra: list[str]) -> list[tuple[str, list[str]]]:
                                              "--dist", "loadfile", "--durations=25"])]
 
 
+def start_stack(root: Path):
+    """The suite's local stack in ``root`` (Apache Kafka unless EMBEDSTREAM_TEST_BROKER says otherwise), up."""
+    from tools.dev import LocalStack
+
+    stack = LocalStack(root / "stack", broker=os.environ.get("EMBEDSTREAM_TEST_BROKER", "kafka"))
+    stack.up(partitions=6)
+    return stack
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("pytest_args", nargs="*", help="more arguments for both pytest runs (after --)")
     args = ap.parse_args(argv)
-    from tools.dev import LocalStack
-
     with tempfile.TemporaryDirectory(prefix="embedstream-suite-") as root:
-        stack = LocalStack(Path(root) / "stack", broker=os.environ.get("EMBEDSTREAM_TEST_BROKER", "kafka"))
         started = time.monotonic()
-        stack.up(partitions=6)
+        stack = start_stack(Path(root))
         print(f"suite stack up in {time.monotonic() - started:.0f} s ({stack.state_dir})", flush=True)
         env = {**os.environ, "SUITE_STACK_DIR": str(stack.state_dir), "SUITE_CACHE_DIR": str(Path(root) / "cache")}
         code, spent = 0, []

@@ -256,11 +256,9 @@ def write_table(rows: dict[str, str], doc: Path = DOC) -> None:
 
 def shared_stack(root: Path):
     """One local stack for every run (Apache Kafka, the suite's broker), started in ``root``."""
-    from tools.dev import LocalStack
+    from tools.suite import start_stack
 
-    stack = LocalStack(root / "stack", broker=os.environ.get("EMBEDSTREAM_TEST_BROKER", "kafka"))
-    stack.up(partitions=6)
-    return stack
+    return start_stack(root)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -178,7 +178,7 @@ def produce_tombstones(s: Settings, erased: list[Erased], partitions: dict[str, 
 def read_after(erased: list[Erased], found: list[Target]) -> None:
     """Each copy's rows and kept version now (``ModelCopy.applied``)."""
     ids = [e.id for e in erased]
-    for t, k in zip(found, range(len(found))):
+    for k, t in enumerate(found):
         versions, counts = t.store.versions(ids)
         for e in erased:
             copy = e.copies[k]

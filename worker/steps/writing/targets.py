@@ -56,8 +56,9 @@ def erase_cached(plan: Plan) -> None:
     cache = plan.target.cache
     if cache is None:
         return
+    # only documents whose rows the versions read found: an id never written has nothing cached
     held = plan.target.store.content_hashes([chunk_id(doc, k) for doc in plan.deletes
-                                              for k in range(plan.counts.get(doc, 1))])
+                                              for k in range(plan.counts.get(doc, 0))])
     hashes = held | plan.erased
     if hashes and not cache.delete_many(hashes):
         log.warning("cache: %d entries of %d deleted documents could not be removed; they expire within "
