@@ -117,3 +117,19 @@ def test_the_cache_key_is_the_transformers_alone(tmp_path):
     nested = int8.model_key(sub)
     (sub / "0_Transformer" / "config.json").write_text('{"hidden": 1}')
     assert int8.model_key(sub) != nested
+
+
+def test_load_bounds_onednns_kernel_cache_before_any_kernel_unless_the_environment_says(monkeypatch):
+    import pytest
+
+    from schemas.errors import ConfigError
+
+    monkeypatch.setattr(int8, "engine", lambda: None)  # load stops right after setting it
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    with pytest.raises(ConfigError):
+        int8.load(None, "unused", 256)
+    assert int8.os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(int8.PRIMITIVE_CACHE) == "128"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
+    with pytest.raises(ConfigError):
+        int8.load(None, "unused", 256)
+    assert int8.os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
