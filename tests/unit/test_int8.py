@@ -119,17 +119,13 @@ def test_the_cache_key_is_the_transformers_alone(tmp_path):
     assert int8.model_key(sub) != nested
 
 
-def test_load_bounds_onednns_kernel_cache_before_any_kernel_unless_the_environment_says(monkeypatch):
-    import pytest
+def test_the_command_line_bounds_onednns_kernel_cache_unless_the_environment_says(monkeypatch):
+    from worker.commands.cli import process_defaults
 
-    from schemas.errors import ConfigError
-
-    monkeypatch.setattr(int8, "engine", lambda: None)  # load stops right after setting it
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
-    with pytest.raises(ConfigError):
-        int8.load(None, "unused", 256)
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM"):
+        monkeypatch.delenv(name, raising=False)
+    process_defaults()
     assert int8.os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(int8.PRIMITIVE_CACHE) == "128"
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
-    with pytest.raises(ConfigError):
-        int8.load(None, "unused", 256)
+    process_defaults()
     assert int8.os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"

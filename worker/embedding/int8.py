@@ -341,8 +341,8 @@ SHAPE_CACHE = 64
 #: few documents a batch) resident memory stayed +229 MB over the clean run, of which dropping the
 #: compiled model freed nothing; at 128 it stays +56 (measured in one process on this project's
 #: 2-core host; 0: +46, 256: +82, 512: +126). The plugin reads it once, at its first kernel, so
-#: :func:`load` sets it before any export or kernel, unless the environment already says
-#: (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``).
+#: the command line sets it at the process's start, unless the environment already says
+#: (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``: ``worker.commands.cli.process_defaults``).
 PRIMITIVE_CACHE = 128
 
 
@@ -378,7 +378,6 @@ def load(st, model_path: str | Path, max_length: int) -> OnnxTransformer | OpenV
     texts at most ``max_length`` tokens, what calibration truncates to) on
     :func:`engine`: from the cache, else exported now (tens of seconds, logged). Raises ConfigError
     when no engine is installed or the model's first module is not a Hugging Face transformer."""
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(PRIMITIVE_CACHE))  # before any OpenVINO kernel
     engine_name = engine()
     if engine_name is None:
         raise ConfigError("EMBEDSTREAM_PRECISION=int8 needs OpenVINO (openvino, nncf, onnx) or onnxruntime (and onnx): "
