@@ -120,12 +120,14 @@ def test_the_cache_key_is_the_transformers_alone(tmp_path):
 
 
 def test_the_command_line_bounds_onednns_kernel_cache_unless_the_environment_says(monkeypatch):
-    from worker.commands.cli import process_defaults
+    import os
+
+    from worker.commands.cli import PRIMITIVE_CACHE, process_defaults
 
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM"):
         monkeypatch.delenv(name, raising=False)
     process_defaults()
-    assert int8.os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(int8.PRIMITIVE_CACHE) == "128"
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(PRIMITIVE_CACHE) == "128"
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
     process_defaults()
-    assert int8.os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"

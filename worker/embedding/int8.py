@@ -335,15 +335,8 @@ class OnnxTransformer:
 #: (measured here: 1,500 calls of random shapes plateau at +480 MB; with the default, 400 calls took
 #: +2.6 GB). A shape seen again after eviction pays its ~12 ms compile again.
 SHAPE_CACHE = 64
-#: Entries of oneDNN's process-wide primitive cache inside OpenVINO's CPU plugin (its default, 1,024,
-#: a JIT-compiled kernel each, ~0.2 MB). It outlives the compiled model and fills with the kernels of
-#: every shape the runtime cache above evicted: after 1,000 passes of random small shapes (a flood's
-#: few documents a batch) resident memory stayed +229 MB over the clean run, of which dropping the
-#: compiled model freed nothing; at 128 it stays +56 (measured in one process on this project's
-#: 2-core host; 0: +46, 256: +82, 512: +126). The plugin reads it once, at its first kernel, so
-#: the command line sets it at the process's start, unless the environment already says
-#: (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``: ``worker.commands.cli.process_defaults``).
-PRIMITIVE_CACHE = 128
+#: oneDNN's own kernel cache, which outlives a compiled model, is bounded by the command line at start
+#: (``worker.commands.cli.PRIMITIVE_CACHE``).
 
 
 class OpenVinoTransformer:
