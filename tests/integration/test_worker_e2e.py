@@ -193,7 +193,12 @@ def test_startup_errors_are_clear(stack, tmp_path):
     # a collection built for another dim
     from pymilvus import DataType, MilvusClient
 
-    client = MilvusClient(uri=s.milvus_uri, timeout=10, dedicated=True)
+    from connectors.milvus.connection import connect
+
+    # opened as the worker opens it: no idle keepalive pings (milvus-lite answers them with GOAWAY
+    # "too_many_pings", which gRPC's shared subchannels pass on to the next client), a refused
+    # handshake tried again
+    client = connect(s.milvus_uri, None, 10)
     schema = MilvusClient.create_schema(auto_id=False)
     schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=64)
     schema.add_field("vector", DataType.FLOAT_VECTOR, dim=128)
@@ -207,7 +212,7 @@ def test_startup_errors_are_clear(stack, tmp_path):
     old.add_field("metadata", DataType.JSON)
     old.add_field("updated_at", DataType.INT64)
     client.create_collection("one_row_per_document", schema=old, timeout=10)
-    client.close()  # an idle client's keepalive pings draw milvus-lite's GOAWAY "too_many_pings"
+    client.close()
 
     # each wrong setting, and what its message must name (the runs are independent: two at a time)
     cases = [
