@@ -217,6 +217,19 @@ def model_tokens() -> tuple[float, float]:
             get("embedstream_model_tokens_total", {"kind": "padded"}) or 0.0)
 
 
+#: The Redis database the bench caches in, on the stack's server: it empties it before each workload
+#: (:func:`flush_cache`), which must never empty the cache of a worker on the same stack (`dev up`'s
+#: database 0, which the worker uses unless told otherwise).
+BENCH_REDIS_DB = 15
+
+
+def bench_redis(env: dict[str, str]) -> str:
+    """The local stack's Redis URL (``env``: `dev up`'s) with the bench's own database."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    return urlunsplit(urlsplit(env["EMBEDSTREAM_REDIS_URL"])._replace(path=f"/{BENCH_REDIS_DB}"))
+
+
 def flush_cache(s: Settings) -> None:
     """Empty the bench's own Redis, so each workload starts cold (repeats inside it still hit)."""
     if s.redis_url is not None:

@@ -36,9 +36,10 @@ def _flops_per_token(embedder) -> float:
 
 def _stack_settings(env: dict[str, str], broker: str, **extra) -> Settings:
     """The bench's settings on the local stack ``env`` (its groups join with the broker's quick
-    session: some twenty workers join a group in a run), plus ``extra``."""
+    session: some twenty workers join a group in a run; its cache in a database of its own), plus
+    ``extra``."""
     return Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
-                    redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
+                    redis_url=measure.bench_redis(env), milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
                     kafka=quick_join_session(broker), metrics_port=0, log_level="WARNING", **extra)
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tools.bench import workloads
-from tools.bench.measure import drop_collection, flush_cache, fresh_topics
+from tools.bench.measure import bench_redis, drop_collection, flush_cache, fresh_topics
 from tools.dev import LocalStack, quick_join_session
 from tools.fake_embedder import FakeEmbedder
 from worker.commands.produce import document_record, produce_records
@@ -115,7 +115,7 @@ def run(docs: int, latency: tuple[float, float], counts: list[int], batch_size: 
     env, _ = stack.up(partitions=PARTITIONS)
     try:
         base = Settings(kafka_bootstrap_servers=env["EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS"],
-                        redis_url=env["EMBEDSTREAM_REDIS_URL"], milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
+                        redis_url=bench_redis(env), milvus_uri=env["EMBEDSTREAM_MILVUS_URI"],
                         kafka=quick_join_session("kafka"), metrics_port=0, log_level="WARNING",
                         max_batch_size=batch_size, max_wait_ms=20)
         texts = workloads.short_texts(docs)
