@@ -1,8 +1,8 @@
 """A worker process started before a test needs it (``tests.faults.harness.WorkerProcess``).
 
-``python -m tests.faults.warm_worker`` imports what a worker's start spends most of its time on
-(torch, transformers and sentence-transformers: about 5 s of the 8 s from ``embedstream run`` to a
-loaded model on this project's 2-core host), and waits on stdin for one line of JSON: ``argv``,
+``python -m tests.faults.warm_worker`` imports what a worker's start needs before its model (the
+connectors, the command line, and the int8 path without torch, ``worker.embedding.lite``: about 2 s
+of CPU on this project's 2-core host), and waits on stdin for one line of JSON: ``argv``,
 ``env``, ``cwd`` and ``log`` (or ``stdout`` and ``stderr``, two files). Once both are done it points
 its stdout and stderr at the log (or at those two), takes
 the environment as it is given, and runs ``embedstream`` (``worker.commands.cli.main``) with that
@@ -13,6 +13,12 @@ after the request, so nothing of a test reaches the worker of another.
 Until a request comes, the process runs niced (where it may take its priority back: as root), so
 that preparing the next worker takes CPU from no scenario that is running; the request restores the
 priority at once, even in the middle of the imports. A closed stdin (the session ended) ends it.
+
+Torch, transformers and sentence-transformers are not imported ahead: most of the suite's workers
+load the cached int8 export without them, and importing them took about 8 s of CPU a process (of
+some 200 a suite), which the tests beside it paid for on a 2-core host. A worker that needs them (a
+first export, another precision, a prompt, a learned sparse model) imports them itself, as a cold
+start does.
 """
 
 from __future__ import annotations
@@ -52,9 +58,8 @@ def main() -> None:
     threading.Thread(target=read, daemon=True).start()
     import worker.assembly.runner  # noqa: F401  (the connectors: pymilvus, confluent-kafka, redis)
     import worker.commands.cli as cli
-    from worker.embedding.imports import sentence_transformers
+    import worker.embedding.lite  # noqa: F401  (the int8 path without torch)
 
-    sentence_transformers()  # torch and transformers with it
     arrived.wait()
     if not requests[0]:
         return
