@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -92,18 +94,18 @@ def model():
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """``fast`` marks the tests of ``make test-fast`` (tests/unit and tests/connectors without the stack)
-    and ``alone`` every test of the fault suite (``tools/suite.py`` runs those one at a time)
-    before ``-m`` selects, so that ``make test`` runs them first and everything else after. The soak runs
+    and ``alone`` every test that freezes a part of the shared stack (it asks for the ``parts``
+    fixture), beside the ones marked so by hand (``tools/suite.py`` runs those one at a time), before
+    ``-m`` selects, so that ``make test`` runs them first and everything else after. The soak runs
     only when the -m expression names it (``make soak``): ``-m faults`` or ``-m integration`` would
     otherwise start its half hour. The tests behind the core promises (``guarantee``) run first, so
     that one session (one stack, one int8 export, one warm pool) shows a break in them soonest; the
     order within each part is kept (modules stay together)."""
     fast_dirs = (config.rootpath / "tests" / "unit", config.rootpath / "tests" / "connectors")
-    faults = config.rootpath / "tests" / "faults"
     for item in items:
         if any(item.path.is_relative_to(d) for d in fast_dirs) and item.get_closest_marker("integration") is None:
             item.add_marker(pytest.mark.fast)
-        if item.path.is_relative_to(faults):
+        if "parts" in getattr(item, "fixturenames", ()):  # a frozen broker or Milvus stalls every test beside it
             item.add_marker(pytest.mark.alone)
     items.sort(key=lambda item: item.get_closest_marker("guarantee") is None)  # stable: guarantees first
     if "soak" in (config.option.markexpr or ""):
@@ -112,3 +114,37 @@ def pytest_collection_modifyitems(config, items):
     if soak:
         config.hook.pytest_deselected(items=soak)
         items[:] = [item for item in items if item.get_closest_marker("soak") is None]
+
+
+#: Where each fault scenario writes its row (``tests.faults.harness.record_row``).
+FAULT_TABLE = "EMBEDSTREAM_FAULT_TABLE"
+
+
+def pytest_configure(config):
+    """The fault table's file, made by the process that reports (one session, or xdist's controller,
+    which starts its workers after this and so hands it to them); the rows show in its summary."""
+    if not hasattr(config, "workerinput"):
+        fd, path = tempfile.mkstemp(prefix="embedstream-faults-", suffix=".tsv")
+        os.close(fd)
+        os.environ[FAULT_TABLE] = path
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        Path(os.environ.pop(FAULT_TABLE, "")).unlink(missing_ok=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fault table, after the results (a fixture's teardown prints into the last test's captured
+    output, which a passing run never shows), and how many worker starts the warm pool served here."""
+    table = Path(os.environ.get(FAULT_TABLE, ""))
+    rows = table.read_text().splitlines() if table.is_file() else []
+    if not rows:  # no fault scenario ran
+        return
+    from tests.faults.harness import warm_starts
+
+    terminalreporter.section("fault suite")
+    terminalreporter.write_line("scenario | injected | documents | dead-lettered | duplicates on output | recovery s")
+    for line in rows:
+        terminalreporter.write_line(" | ".join(line.split("\t")))
+    terminalreporter.write_line(f"warm pool (this process): {warm_starts()}")

@@ -89,7 +89,7 @@ def settings_env(s: Settings) -> dict[str, str]:
 def run_cli(args: list[str], env: dict[str, str], timeout: float = 300, *, cold: bool = False,
             **kw) -> subprocess.CompletedProcess:
     """``embedstream *args`` in ``env`` to its end: ``subprocess.run``'s result, text captured. Taken
-    ready-imported from the fault harness's warm pool (``tests.faults.harness.warm_cli``: the 5 s of
+    ready-imported from the fault harness's warm pool (``tests.faults.harness.warm_cli``: the 2 s of
     imports done while the test before ran) where the pool has a process for ``env``; started from
     nothing where ``cold`` (the start itself is what is tested), where ``kw`` (stdin) is given, or
     where the pool has none."""

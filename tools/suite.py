@@ -1,9 +1,11 @@
 """The stack tiers of ``make test``: one local stack and one model cache for two pytest sessions.
 
-1. The tests marked ``alone`` run one at a time: the guarantees first, then the fault suite (every
-   test under ``tests/faults``: they freeze a part of the shared stack, or time sessions, locks and
-   stalls that a test beside them would stretch) and the few integration tests marked so.
-2. Every other test on the stack runs two at a time (pytest-xdist, a module's tests on one worker):
+1. The tests marked ``alone`` run one at a time, the guarantees first: those that freeze a part of the
+   shared stack (they ask for the fault suite's ``parts``), and those that time sessions, locks and
+   stalls that a test beside them would stretch (the zombie and share-group scenarios, static
+   members, a Redis timeout, the lag exporter).
+2. Every other test on the stack runs two at a time (pytest-xdist, a module's tests on one worker),
+   the fault scenarios that kill, signal or flood only their own workers among them:
    each makes its own topics, group and collection (``tests.helpers.fresh_settings``), so two of them
    share the broker, Milvus, Redis and the registry as two teams would. On this project's 2-core host
    most of their time is spent waiting on the worker under test, not computing.

@@ -1,10 +1,8 @@
-"""The fault suite's fixtures: the suite's local stack (whose parts its scenarios freeze, each for a
-while), fresh topics and settings suited to faults, the fault table."""
+"""The fault suite's fixtures: the suite's local stack (whose parts some scenarios freeze, each for a
+while: those run alone), fresh topics and settings suited to faults, a Redis database of the
+process's own. The fault table's file and summary are the root conftest's (xdist's controller reports)."""
 
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 import pytest
 
@@ -14,9 +12,22 @@ PARTITIONS = 6
 
 
 @pytest.fixture(scope="session")
-def fault_stack(local_stack):
-    """``(LocalStack, env)``: the suite's stack (``tests/conftest.py``), of ``PARTITIONS`` a topic."""
-    return local_stack
+def fault_stack(local_stack, worker_id):
+    """``(LocalStack, env)``: the suite's stack (``tests/conftest.py``), of ``PARTITIONS`` a topic, with
+    a Redis database of this pytest process's own (1 one at a time, 2 + N for xdist's worker N): a
+    scenario empties it before it starts (``empty_cache``), which must never empty the cache of a test
+    running beside it."""
+    local, env = local_stack
+    return local, {**env, "EMBEDSTREAM_REDIS_URL": own_database(env["EMBEDSTREAM_REDIS_URL"], worker_id)}
+
+
+def own_database(url: str, worker_id: str) -> str:
+    """``url`` (a Redis URL) with the database of the pytest process ``worker_id`` (``master`` or
+    ``gwN``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    db = 1 if worker_id == "master" else 2 + int(worker_id.removeprefix("gw"))
+    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
 
 
 @pytest.fixture()
@@ -56,32 +67,6 @@ def parts(fault_stack):
     """Pids of the fault stack's broker, Redis and Milvus."""
     local, _ = fault_stack
     return {name: p.pid for name, p in local.parts().items()}
-
-
-_TABLE: list[str] = []  # the fault table's path, once a scenario has run
-
-
-@pytest.fixture(scope="session", autouse=True)
-def fault_table(tmp_path_factory):
-    """Where each scenario writes its row (``record_row``); the rows show in the run's summary."""
-    _TABLE.append(str(tmp_path_factory.mktemp("faults") / "table.tsv"))
-    os.environ["EMBEDSTREAM_FAULT_TABLE"] = _TABLE[-1]
-
-
-def pytest_terminal_summary(terminalreporter):
-    """The fault table and the warm pool's count, after the results (a fixture's teardown prints
-    into the last test's captured output, which a passing run never shows)."""
-    if not _TABLE:  # no fault scenario ran
-        return
-    table = Path(_TABLE[-1])
-    from tests.faults.harness import warm_starts
-
-    terminalreporter.section("fault suite")
-    terminalreporter.write_line("scenario | injected | documents | dead-lettered | duplicates on output | recovery s")
-    if table.exists():
-        for line in table.read_text().splitlines():
-            terminalreporter.write_line(" | ".join(line.split("\t")))
-    terminalreporter.write_line(f"warm pool: {warm_starts()}")
 
 
 @pytest.hookimpl(hookwrapper=True)

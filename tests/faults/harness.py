@@ -185,7 +185,7 @@ class WorkerProcess:
     at the end of its test (``kill_all``), so a failed test leaves no worker behind.
 
     The process is taken ready-imported from the warm pool when one is there (``_WarmPool``:
-    the 5 s of imports of each start, ~60 starts a suite, done while the scenario before runs).
+    the 2 s of imports of each start, ~200 starts a suite, done while the scenario before runs).
     ``cold=True`` starts ``embedstream run`` from nothing, imports included, as a pod does: for a
     measure of how long a restart takes (the soak). ``instant=True`` runs it with an instant model
     (``tests.faults.instant_worker``)."""

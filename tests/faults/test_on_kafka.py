@@ -176,6 +176,7 @@ def test_a_milvus_failure_after_the_produce_aborts_the_transaction(fs, model, mo
 STATIC_SESSION = {"session.timeout.ms": "10000", "heartbeat.interval.ms": "1000"}
 
 
+@pytest.mark.alone  # a restart timed against a 10 s session, with no rebalance allowed
 def test_static_members_beside_live_ones(fault_stack, model, tmp_path):
     """Three static members. One killed with -9 and restarted within its session gets its own
     partitions back, and the two others see no rebalance; one stopped for good hands its partitions

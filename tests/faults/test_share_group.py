@@ -38,7 +38,8 @@ from tools.dev import free_port
 from worker.commands.produce import document_record, produce_records
 from worker.settings import Settings
 
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
+#: alone: the scenarios time acquisition locks and deliveries, which a test beside them would stretch.
+pytestmark = [pytest.mark.faults, pytest.mark.alone, pytest.mark.timeout(600)]
 
 #: Seconds a record stays locked to the member it was delivered to (the share group's own setting):
 #: short, so a killed member's records come back soon.

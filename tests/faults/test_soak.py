@@ -52,7 +52,7 @@ from tests.helpers import REPO, fresh_settings
 from tools.dev import free_port
 from worker.commands.produce import document_record, produce_records
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.soak]
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.soak, pytest.mark.alone]
 
 #: 30 minutes: resident memory rides a sawtooth of ±30 MB (the heap's buffers kept for reuse, the
 #: compiled shapes), and over the 10 minutes of fit a 15-minute run leaves, the fitted slope's

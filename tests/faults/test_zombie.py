@@ -32,7 +32,8 @@ from tests.faults.harness import (
 from tests.helpers import fresh_settings, read_topic
 from tools.corpus import stdlib_docstrings
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+#: alone: each scenario times a frozen member against its group session and a broker round trip.
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.alone]
 
 
 #: No cache: every run embeds the same docstrings, and cached vectors would drain the backlog in a
