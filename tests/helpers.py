@@ -297,6 +297,18 @@ def registry_serializer(client, schema: str, topic: str, key: bool = False):
     return lambda obj: ser(obj, ctx)
 
 
+def ask(port: int, path: str) -> int | str:
+    """One GET of a worker's ``path`` (``/healthz``, ``/readyz``) on ``port``: its status, or the
+    name of the error when there was no answer (the server gone, or too busy to answer within 2 s)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as reply:
+            return reply.status
+    except urllib.error.HTTPError as refused:
+        return refused.code
+    except Exception as exc:
+        return type(exc).__name__
+
+
 class Trickle:
     """``clients`` connections to ``port`` that each send a byte every ``every`` seconds (slow loris,
     reconnecting when closed), and a probe of ``/healthz`` every ``probe_every`` seconds; ``probes``
@@ -331,13 +343,7 @@ class Trickle:
 
     def _probe(self) -> None:
         while not self._stop.is_set():
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2) as r:
-                    self.probes.append(r.status)
-            except urllib.error.HTTPError as exc:
-                self.probes.append(exc.code)
-            except Exception as exc:
-                self.probes.append(type(exc).__name__)
+            self.probes.append(ask(self.port, "/healthz"))
             self._stop.wait(self.probe_every)
 
     def stop(self) -> None:

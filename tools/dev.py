@@ -42,6 +42,14 @@ QUICK_JOIN_SESSION = {"session.timeout.ms": "2000", "heartbeat.interval.ms": "50
 MOCK_JOIN_SESSION = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"}
 
 
+def redis_database(url: str, db: int) -> str:
+    """The Redis URL ``url`` (the local stack's: database 0) pointing at database ``db`` of the same
+    server: a cache of one's own, which emptying it leaves every other user's alone."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
+
+
 def quick_join_session(broker: str) -> dict[str, str]:
     """The shortest group session the local stack's ``broker`` accepts (:data:`QUICK_JOIN_SESSION`
     on Tansu, :data:`MOCK_JOIN_SESSION` on the mock cluster)."""

@@ -24,10 +24,9 @@ def fault_stack(local_stack, worker_id):
 def own_database(url: str, worker_id: str) -> str:
     """``url`` (a Redis URL) with the database of the pytest process ``worker_id`` (``master`` or
     ``gwN``)."""
-    from urllib.parse import urlsplit, urlunsplit
+    from tools.dev import redis_database
 
-    db = 1 if worker_id == "master" else 2 + int(worker_id.removeprefix("gw"))
-    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
+    return redis_database(url, 1 if worker_id == "master" else 2 + int(worker_id.removeprefix("gw")))
 
 
 @pytest.fixture()

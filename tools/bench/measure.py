@@ -225,9 +225,9 @@ BENCH_REDIS_DB = 15
 
 def bench_redis(env: dict[str, str]) -> str:
     """The local stack's Redis URL (``env``: `dev up`'s) with the bench's own database."""
-    from urllib.parse import urlsplit, urlunsplit
+    from tools.dev import redis_database
 
-    return urlunsplit(urlsplit(env["EMBEDSTREAM_REDIS_URL"])._replace(path=f"/{BENCH_REDIS_DB}"))
+    return redis_database(env["EMBEDSTREAM_REDIS_URL"], BENCH_REDIS_DB)
 
 
 def flush_cache(s: Settings) -> None:
