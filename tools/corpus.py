@@ -7,7 +7,11 @@ its modules, classes and functions: ~7,500 real English texts, median ~100 chara
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
+import os
 import random
+import sys
 import sysconfig
 from functools import lru_cache
 from pathlib import Path
@@ -25,19 +29,56 @@ def stdlib_docstrings(min_chars: int = 20) -> tuple[tuple[str, str], ...]:
 def stdlib_definitions(min_chars: int = 20) -> tuple[tuple[str, str, str], ...]:
     """``(qualified name, kind, docstring)`` of the standard library's modules, classes and functions
     (kind ``module``, ``class`` or ``function``; a method is ``<module>.<name>``), unique texts, in a
-    stable order."""
+    stable order.
+
+    The walk parses every module (4-6 s of CPU), so its result is kept in the checkout's
+    ``.cache/corpus`` keyed by the interpreter and every file's size and mtime: each later process
+    (every test session, bench run and suite worker) reads it back in well under a second, and a
+    changed standard library is walked again. A cache that cannot be read or written is walked past."""
     root = Path(sysconfig.get_paths()["stdlib"])
+    files = [p for p in sorted(root.rglob("*.py"))
+             if not any(part in _SKIPPED for part in p.relative_to(root).parts)]
+    key = hashlib.sha256(repr((sys.version, str(root), min_chars, _CACHE_FORMAT,
+                               [(str(p), *_size_and_mtime(p)) for p in files])).encode()).hexdigest()[:16]
+    cached = CACHE / f"stdlib-{key}.json"
+    try:
+        return tuple(tuple(row) for row in json.loads(cached.read_text(encoding="utf-8")))  # type: ignore[misc]
+    except (OSError, ValueError):
+        pass
+    out = _walk(root, files, min_chars)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(out), encoding="utf-8")
+        tmp.replace(cached)  # whole or absent for a process reading beside
+    except OSError:
+        pass
+    return out
+
+
+#: Folders of the standard library that hold tests and tools, not the library's own texts.
+_SKIPPED = ("test", "tests", "idlelib", "site-packages", "lib2to3")
+#: Where the walks are kept: in the checkout (tools/ runs only from one), outside the model cache
+#: that the tests point at a scratch folder, so that every session of a run, and the next run, share it.
+CACHE = Path(__file__).resolve().parents[1] / ".cache" / "corpus"
+#: Raised when what a cached walk holds changes, so an older cache file is never read as the new.
+_CACHE_FORMAT = 1
+
+
+def _size_and_mtime(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def _walk(root: Path, files: list[Path], min_chars: int) -> tuple[tuple[str, str, str], ...]:
     seen: set[str] = set()
     out: list[tuple[str, str, str]] = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if any(part in ("test", "tests", "idlelib", "site-packages", "lib2to3") for part in rel.parts):
-            continue
+    for path in files:
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
             continue
-        module = ".".join(rel.with_suffix("").parts)
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
         for node in [tree, *ast.walk(tree)]:
             if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue

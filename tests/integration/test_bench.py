@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
 from tests.conftest import TEST_BROKER
 from tests.helpers import cosine_floor, run_cli
+from tools.bench.run import ratios
 from tools.kafka_broker import cache_dir
 
 pytestmark = pytest.mark.integration
@@ -27,8 +29,10 @@ def test_bench_quick_writes_json_and_chart(local_stack, tmp_path):
     local, _ = local_stack
     env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **KAFKA_JARS,
            "XDG_CACHE_HOME": os.environ["XDG_CACHE_HOME"]}  # the session's int8 export (tests/conftest.py)
+    started = time.monotonic()
     res = run_cli(["bench", "--quick", "--docs", "40", "--latency-seconds", "1", "--output", str(tmp_path),
                    "--state-dir", str(local.state_dir), *BROKER], env, timeout=600)
+    wall = time.monotonic() - started
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"already running in {local.state_dir} (left up)" in " ".join(res.stderr.split()) and local.is_up()
     out = json.loads((tmp_path / "bench.json").read_text())
@@ -43,16 +47,21 @@ def test_bench_quick_writes_json_and_chart(local_stack, tmp_path):
     assert [x["load"] for x in out["latency"]] == [0.25, 0.5, 0.8]
     assert all(x["n"] > 0 for x in out["latency"])
     w, d, r = out["workloads"], out["denominators"], out["ratios"]
-    assert r["R1"] == pytest.approx(w["S2"]["docs_per_s"] / d["raw_S2"]["docs_per_s"])
+    # The ratios are those of this run's rows (tests/unit/test_bench_ratios.py checks each one's definition
+    # on figures worked out by hand); here the rows are checked as measures of this run: each rate is its
+    # documents over its own seconds, and the timed runs fit, one after another, inside the bench's wall
+    # time as this test's clock saw it (a rate from a clock in the wrong unit, or a run timed from the
+    # wrong moment, breaks one of the two).
+    assert json.dumps(r, sort_keys=True) == json.dumps(ratios(out), sort_keys=True)
+    timed = {k: v for k, v in w.items() if v.get("seconds")}
+    assert {"S1", "S2", "io", "S2_registry", "S4_0", "S4_90"} <= set(timed)
+    for name, v in timed.items():
+        assert v["docs_per_s"] == pytest.approx(v["docs"] / v["seconds"], rel=1e-6), name
+    assert sum(v["seconds"] for v in timed.values()) < wall
+    assert all(v > 0 for k, v in r.items() if k.startswith("R") and v is not None and k != "Rpeer")
     assert d["raw_S2_chunks"]["chunks"] >= 40  # a long S2 text is several chunks
-    assert r["R1_S2_chunks"] == pytest.approx(w["S2"]["docs_per_s"] / d["raw_S2_chunks"]["docs_per_s"])
-    assert r["R1_S1"] == pytest.approx(w["S1"]["docs_per_s"] / d["raw_S1"]["docs_per_s"])
-    assert r["Rdup90"] == pytest.approx(w["S4_90"]["docs_per_s"] / w["S4_0"]["docs_per_s"])
-    # the same on a Redis Cluster of three masters: the repeats hit there too
-    assert r["Rdup90_cluster"] == pytest.approx(w["S4_90_cluster"]["docs_per_s"] / w["S4_0_cluster"]["docs_per_s"])
     # (at 40 documents the repeats fall in one group, deduplicated there: the cache is asked for none)
     assert w["S4_0_cluster"]["cached"] == 0 and w["S4_90_cluster"]["docs"] == 40
-    assert r["Rio"] == pytest.approx(w["io"]["docs_per_s"] / d["milvus_upsert_rows_per_s"])
     assert 0 < w["io"]["cpu_us_per_doc"] < 1e6  # some CPU per document, less than a second of it
     # (the row counts the busy time; the whole run adds the start-up and the group join)
     assert w["io"]["cpu_us_per_doc"] < w["io"]["cpu_us_per_doc_whole_run"]
@@ -63,10 +72,8 @@ def test_bench_quick_writes_json_and_chart(local_stack, tmp_path):
     # two models interleaved, against the harmonic mix of each alone
     tm = w["two_models"]
     assert tm["docs"] == 40 and min(tm["docs_per_s"], tm["minilm_docs_per_s"], tm["proj_docs_per_s"]) > 0
-    assert r["Rmix"] == pytest.approx(tm["docs_per_s"] / tm["harmonic_docs_per_s"])
     # the registry user's path: framed in, avro-registry out, every document through
     assert w["S2_registry"]["docs"] == 40 and 0 < w["io_registry"]["cpu_us_per_doc"] < 1e6
-    assert r["R1_S2_registry"] == pytest.approx(w["S2_registry"]["docs_per_s"] / d["raw_S2"]["docs_per_s"])
     assert 0 < r["Rpad"] <= 1 and 0 < w["S2"]["tokens_real"] <= w["S2"]["tokens_padded"]
     # Repeats: a repeated text is not embedded again (from the cache, or deduplicated in its group). The
     # distinct texts of the 90 % stream are among the 50 % stream's, and those among the 0 % stream's
@@ -87,8 +94,6 @@ def test_bench_quick_writes_json_and_chart(local_stack, tmp_path):
     assert all(dl[k]["at_least_once"] > 0 and dl[k]["exactly_once"] > 0 for k in ("S2", "io"))
     assert dl["S2"]["docs"] == 40 and dl["io"]["docs"] == w["io"]["docs"]
     assert all(1 <= dl[k]["docs_per_transaction"] <= dl[k]["docs"] for k in ("S2", "io"))
-    assert r["Reos"] == pytest.approx(dl["S2"]["exactly_once"] / dl["S2"]["at_least_once"])
-    assert r["Reos_io"] == pytest.approx(dl["io"]["exactly_once"] / dl["io"]["at_least_once"])
     assert dl["p99_at_50pct_s"]["at_least_once"] == r["p99_at_50pct_s"] and dl["p99_at_50pct_s"]["n"] > 0
     assert "Reos (S2)" in res.stdout
     # hybrid retrieval: recall@10 of each mode on both query sets, and R1 with bm25 against off, paired
@@ -99,14 +104,12 @@ def test_bench_quick_writes_json_and_chart(local_stack, tmp_path):
         assert all(0 <= rec[name][m] <= 1 for m in ("dense", "sparse", "hybrid")), rec[name]
     assert rec["identifiers"]["sparse"] >= 0.9  # a qualified name is one BM25 token: found almost always
     assert len(cost["off_docs_per_s"]) == len(cost["bm25_docs_per_s"]) == 2 and cost["docs"] == 40
-    assert r["R1_bm25"] == pytest.approx(sum(cost["bm25_docs_per_s"]) / sum(cost["off_docs_per_s"]))
     assert r["recall10_identifiers_hybrid"] == rec["identifiers"]["hybrid"]
     assert "R1 bm25" in res.stdout and "recall@10" in res.stdout  # (the table wraps its labels at 80 columns)
     # long documents: several chunks each, the ratio over the raw encode of the same chunks, and an
     # edit of one paragraph per document mostly served by the cache
     lw = w["long"]
     assert lw["docs"] == 3 and lw["words"] >= 6000 and lw["chunks"] > 3 * 8
-    assert r["R1_long"] == pytest.approx(lw["chunks_per_s"] / d["raw_long_chunks_per_s"]["chunks_per_s"])
     assert 0.5 < lw["edit_cache_hit_rate"] < 1
     # every precision this CPU runs, end to end in the same run, each with its quality against fp32
     from worker.embedding import int8
@@ -118,8 +121,7 @@ def test_bench_quick_writes_json_and_chart(local_stack, tmp_path):
     for p in prec.values():
         assert p["docs_per_s"] > 0 and 0.9 < p["min_cosine"] <= p["mean_cosine"] and 0 < p["top10_overlap"] <= 1
     if "int8" in prec:
-        best = max(prec[p]["docs_per_s"] for p in prec if p != "int8")
-        assert r["Rint8"] == pytest.approx(prec["int8"]["docs_per_s"] / best) and "Rint8" in res.stdout
+        assert r["Rint8"] > 0 and "Rint8" in res.stdout
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "R1" in res.stdout and "Rdup90" in res.stdout and "CPU/doc" in res.stdout and "long docs" in res.stdout
     assert "registry" in res.stdout and "Rmix" in res.stdout
