@@ -203,6 +203,11 @@ class ModelSettings(BaseModel):
     backfill_share: float = setting(
         0.25, "The backfill lane's bound on batches in flight, as a share of the live lane's "
               "(EMBEDSTREAM_MAX_INFLIGHT_BATCHES); at least one batch", flag=True, gt=0, le=1)
+    backfill_output_topic: str | None = setting(
+        None, "Where a backfill (the lane's, or `embedstream migrate`'s) publishes the records it re-embeds: a "
+              "topic of its own for readers who want the new model's vectors before the switch (default: none; "
+              "the backfill writes only its collection, and the output topic carries the live model alone)",
+        flag=True)
 
 
 class ChunkingSettings(BaseModel):
@@ -359,7 +364,7 @@ class Settings(BaseSettings, OperationsSettings, MilvusSettings, CacheSettings, 
         return int(text)
 
     @field_validator("kafka_bootstrap_servers", "redis_url", "milvus_uri", "model", "schema_registry_url",
-                     "key_field", "models", "milvus_alias", mode="before")
+                     "key_field", "models", "milvus_alias", "backfill_output_topic", mode="before")
     @classmethod
     def _blank_is_unset(cls, v):
         return None if isinstance(v, str) and not v.strip() else v
@@ -371,6 +376,9 @@ class Settings(BaseSettings, OperationsSettings, MilvusSettings, CacheSettings, 
                 "EMBEDSTREAM_INPUT_TOPIC, EMBEDSTREAM_OUTPUT_TOPIC and EMBEDSTREAM_DLQ_TOPIC must be "
                 f"three different topics (got {self.input_topic!r}, {self.output_topic!r}, {self.dlq_topic!r})"
             )
+        if self.backfill_output_topic in (self.input_topic, self.dlq_topic):
+            raise ValueError(f"EMBEDSTREAM_BACKFILL_OUTPUT_TOPIC={self.backfill_output_topic!r} is the input or the "
+                             "dead-letter topic: give the backfill's records a topic of their own")
         return self
 
     @model_validator(mode="after")

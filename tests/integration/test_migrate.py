@@ -11,11 +11,12 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 
 import pytest
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, Producer, TopicPartition
 
-from connectors.kafka import make_admin
+from connectors.kafka import create_topics, make_admin
 from connectors.milvus import MilvusAdmin, MilvusReader
 from connectors.milvus.connection import connect
 from schemas.codec import Document, encode_document
@@ -122,7 +123,12 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
     assert old_collection is not None and old_collection != new_collection
     assert len(read_topic(s, s.dlq_topic, expect=3)) == 3
 
-    env = {**settings_env(s), "COLUMNS": "200", "EMBEDSTREAM_SPARSE": "bm25"}  # long names on one line each
+    # The new model's records go to a topic of their own, asked for (by default a backfill publishes
+    # nothing): the output topic's readers see the old model alone until the hand-over.
+    next_topic = f"{s.output_topic}.next"
+    create_topics(make_admin(s.kafka_common()), [next_topic], 3)
+    env = {**settings_env(s), "COLUMNS": "200", "EMBEDSTREAM_SPARSE": "bm25",  # long names on one line each
+           "EMBEDSTREAM_BACKFILL_OUTPUT_TOPIC": next_topic}
     dry = run_cli(["migrate", "--model", new_path, "--dry-run"], env, timeout=180)
     assert dry.returncode == 0, dry.stderr
     assert new_collection in dry.stdout and group in dry.stdout and "dry run" in dry.stdout
@@ -175,6 +181,14 @@ def test_migrate_while_documents_stream_and_readers_query_the_alias(stack, model
     # The hand-over: the live workers stop, and run the new model in the backfill group.
     worker.stop.requested = True
     live_thread.join(60)
+    from schemas.codec import decode_embedding
+
+    def models_in(topic: str) -> set[str]:
+        return {decode_embedding(m.value())["model"] for m in read_topic(s, topic) if m.value() is not None}
+
+    assert models_in(s.output_topic) == {model.model_id}
+    assert models_in(next_topic) == {new.model_id}
+    assert {m.key().decode() for m in read_topic(s, next_topic)} == set(live)  # every id, its tombstones too
     build_worker(s.model_copy(update={"model": new_path, "group_id": group, "sparse": "bm25"}),
                  embedder=new).run(stop_when_idle=2)
     time.sleep(0.5)
@@ -272,6 +286,14 @@ def test_a_backfill_lane_fills_the_new_collection_beside_the_live_one_and_migrat
         new.model_id}
     assert sorted(m.key() for m in read_topic(s, s.dlq_topic, expect=2)) == [b"bad0", b"bad1"]  # once each
     assert _committed(s, group) == len(texts) + 2  # the lane's group is at the end of the topic
+    # The output topic's readers get the live model alone: the lane publishes nothing by default
+    # (EMBEDSTREAM_BACKFILL_OUTPUT_TOPIC unset), so no reader mixes the two vector spaces.
+    from schemas.codec import decode_embedding
+
+    out = read_topic(s, s.output_topic, expect=len(texts))
+    assert {decode_embedding(m.value())["model"] for m in out} == {model.model_id}, Counter(
+        (m.key().decode(), decode_embedding(m.value())["model"]) for m in out)
+    assert {m.key().decode() for m in out} == set(expected)
 
     switched = run_cli(["migrate", "--model", new_path, "--lane"], env, timeout=300)
     assert switched.returncode == 0, switched.stdout + switched.stderr

@@ -16,7 +16,7 @@ ENV_SETTINGS = ["kafka_bootstrap_servers", "input_topic", "output_topic", "dlq_t
                 "milvus_collection", "milvus_alias", "milvus_db_name",
                 "metrics_port", "metrics_host", "schema_registry_url", "output_format", "key_field",
                 "document_prompt", "query_prompt", "truncate_dim", "sparse", "models", "model_memory_mb",
-                "backfill_model", "backfill_share", "delivery", "processes",
+                "backfill_model", "backfill_share", "backfill_output_topic", "delivery", "processes",
                 "chunking", "chunk_tokens", "chunk_overlap", "max_chunks", "max_inflight_batches", "log_format",
                 "log_level", "forward_headers"]
 

@@ -467,6 +467,15 @@ def test_a_migration_as_a_lane_runs_the_backfill_in_the_workers_and_the_job_only
     assert "EMBEDSTREAM_BACKFILL_MODEL" not in env_of(render(merge(BASE, {"migration": {"mode": "lane"}})))
     with pytest.raises(Exception, match="mode"):
         render(merge(BASE, {"migration": {"model": "/models/e5-small", "mode": "sidecar"}}))
+    # the backfill publishes nowhere but its collection unless a topic of its own is named: on the
+    # workers in lane mode, on the Job in job mode
+    assert not any("EMBEDSTREAM_BACKFILL_OUTPUT_TOPIC" in env_of(o) for o in (objs, as_job))
+    for mode in ("lane", "job"):
+        named = render(merge(BASE, {"migration": {"model": "/m", "mode": mode, "outputTopic": "embeddings.next"}}))
+        job_env = {e["name"]: e["value"] for e in named["Job"]["spec"]["template"]["spec"]["containers"][0]["env"]
+                   if "value" in e}
+        where = env_of(named) if mode == "lane" else {k: {"value": v} for k, v in job_env.items()}
+        assert where["EMBEDSTREAM_BACKFILL_OUTPUT_TOPIC"]["value"] == "embeddings.next", mode
 
 
 def test_extra_env_volumes_and_the_cache_volume_reach_the_worker_and_the_migration_job():

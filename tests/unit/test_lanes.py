@@ -139,6 +139,10 @@ def test_the_backfill_lane_runs_in_migrate_s_group_with_its_share_of_the_batches
     assert (lane.model, lane.backfill_model, lane.metrics_port, lane.max_inflight_batches) == ("/models/new", None,
                                                                                                0, 2)
     assert (lane.max_batch_size, lane.max_batch_tokens) == (s.max_batch_size // 4, s.max_batch_tokens // 4)
+    # its records reach its collection alone, unless a topic of its own is asked for
+    assert lane.output_topic == "" and s.output_topic == "embeddings"
+    asked = backfill_settings(s.model_copy(update={"backfill_output_topic": "embeddings.next"}), model)
+    assert asked.output_topic == "embeddings.next"
     assert backfill_inflight(s.model_copy(update={"backfill_share": 0.01})) == 1  # never none
     assert backfill_inflight(s.model_copy(update={"backfill_share": 1.0})) == 8
 

@@ -33,12 +33,13 @@ def _store(client) -> MilvusStore:
 
 
 def _sink(client, producer, fence: Fence | None = None, limits: TopicLimits | None = None,
-          dead_lettered=lambda reason, message: None, dead_letters: bool = True) -> SinkStep:
+          dead_lettered=lambda reason, message: None, dead_letters: bool = True,
+          output_topic: str = "embeddings") -> SinkStep:
     if fence is None:
         fence = Fence(lease_s=60)
         fence.publish({("docs", p) for p in range(4)})
     return SinkStep({"": ModelTarget(_store(client), "m", 4)}, at_least_once(producer=producer), fence=fence,
-                    guard=VersionGuard({"docs": "T1"}), output_topic="embeddings", dlq_topic="documents.dlq",
+                    guard=VersionGuard({"docs": "T1"}), output_topic=output_topic, dlq_topic="documents.dlq",
                     delivery_timeout_s=5, limits=limits, dead_lettered=dead_lettered, dead_letters=dead_letters)
 
 
@@ -119,6 +120,23 @@ def test_a_backfill_skips_dead_letters_and_still_commits_past_them():
     sink.process([batch])
     assert [(t, k) for t, k, _, _ in producer.records] == [("embeddings", b"a"), ("embeddings", b"c")]
     assert written_offsets([batch]) == {("docs", 0): 3}
+
+
+def test_a_sink_without_an_output_topic_writes_milvus_and_dead_letters_and_publishes_nothing_else():
+    """A backfill's default (``NO_OUTPUT``): its documents and tombstones reach the new collection only,
+    never the output topic the live model's readers consume; its own dead letters still go out, and
+    its offsets move past everything."""
+    from worker.steps.writing.sink import NO_OUTPUT
+
+    batch = Batch()
+    for e in (_item("a", 0, 0.1), Delete(Source("docs", 0, 1), "b"),
+              DeadLetter(Source("docs", 0, 2), b"k", b"v", None, "milvus_rejected", "refused"), _item("c", 3, 0.3)):
+        batch.add(e)
+    producer, client = RecordingProducer(), RecordingMilvusClient()
+    _sink(client, producer, dead_letters=False, output_topic=NO_OUTPUT).process([batch])
+    assert [(t, k) for t, k, _, _ in producer.records] == [("documents.dlq", b"k")]
+    assert sorted(client.rows) == ["a#0", "c#0"] and [k for k, _ in client.calls] == ["tombstones", "delete", "upsert"]
+    assert written_offsets([batch]) == {("docs", 0): 4}
 
 
 @pytest.mark.parametrize("reason", ["milvus_rejected", "too_many_chunks", "output_too_large", "output_rejected"])

@@ -48,7 +48,7 @@ from worker.steps.polling.intake import Intake
 from worker.steps.polling.validate import Validator
 from worker.steps.writing.fit import TopicLimits
 from worker.steps.writing.output import output_format
-from worker.steps.writing.sink import SinkStep
+from worker.steps.writing.sink import NO_OUTPUT, SinkStep
 from worker.steps.writing.targets import ModelTarget
 from worker.steps.writing.versions import VersionGuard
 
@@ -128,7 +128,8 @@ def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
     sink = SinkStep(targets, delivery, fence=fence, guard=VersionGuard(topic_ids, lookup_ids),
                     output_topic=topics.output_topic, dlq_topic=topics.dlq_topic,
                     delivery_timeout_s=topics.kafka_timeout_seconds,
-                    output=output_format(records.output_format, topics.output_topic, registry), limits=limits,
+                    output=(output_format(records.output_format, topics.output_topic, registry)
+                            if topics.output_topic != NO_OUTPUT else None), limits=limits,
                     dead_lettered=breaker.record_late, dead_letters=dead_letters)
     chunking = s.section(ChunkingSettings)
     chunkers = {n: chunker_for(chunking, m, breaker.record_late) for n, m in handles.items()}

@@ -44,6 +44,7 @@ from worker.embedding.base import Embedder
 from worker.process import metrics
 from worker.process.startup import StartClock
 from worker.settings import Settings
+from worker.steps.writing.sink import NO_OUTPUT
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +77,25 @@ def backfill_inflight(s: Settings) -> int:
     return max(1, int(s.max_inflight_batches * s.backfill_share))
 
 
+def backfill_output(s: Settings) -> str:
+    """The topic a backfill (the lane's or migrate's) publishes its records to:
+    ``EMBEDSTREAM_BACKFILL_OUTPUT_TOPIC``, else none (``sink.NO_OUTPUT``): the output topic's readers
+    get the live model alone until the hand-over, and never two vector spaces at once."""
+    return s.backfill_output_topic or NO_OUTPUT
+
+
 def backfill_settings(s: Settings, model: Embedder) -> Settings:
     """The backfill lane's settings: the live worker's, with the new model (loaded: ``model``) in the
     backfill group of its collection, a consumer group whatever the live lane's kind (its progress
-    is the group's offsets), no metrics server of its own, and its share of the live lane's batches
+    is the group's offsets), no metrics server of its own, its records published only to
+    ``EMBEDSTREAM_BACKFILL_OUTPUT_TOPIC`` (none by default), and its share of the live lane's batches
     in flight and of their size (records and tokens; the gate makes them smaller still: the module
     doc)."""
     group = backfill_group(s, collection_of(s, "", model))
     share = s.backfill_share
     return s.model_copy(update={"model": s.backfill_model, "group_id": group, "group_type": "consumer",
                                 "metrics_port": 0, "backfill_model": None,
+                                "output_topic": backfill_output(s),
                                 "max_inflight_batches": backfill_inflight(s),
                                 "max_batch_size": max(1, int(s.max_batch_size * share)),
                                 "max_batch_tokens": max(16, int(s.max_batch_tokens * share))})

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from collections.abc import Callable
+from dataclasses import replace
 
 from confluent_kafka import KafkaError
 from confluent_kafka.schema_registry import SchemaRegistryError
@@ -50,7 +52,7 @@ def check_topics(settings: Settings) -> None:
     admin = make_admin(settings.kafka_common())
     meta = admin.list_topics(timeout=10)
     unseen = [t for t in (settings.input_topic, settings.output_topic, settings.dlq_topic)
-              if t not in meta.topics or meta.topics[t].error is not None]
+              if t and (t not in meta.topics or meta.topics[t].error is not None)]
     refused = []
     for topic in unseen:
         found = admin.list_topics(topic, timeout=10).topics.get(topic)
@@ -214,8 +216,10 @@ def topic_limits(s: Settings) -> TopicLimits:
     except ValueError:
         raise ConfigError(f"EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES={s.kafka['message.max.bytes']!r} is not a "
                           "number of bytes") from None
-    told = topic_max_bytes(s.kafka_common(), [s.output_topic, s.dlq_topic])
+    told = topic_max_bytes(s.kafka_common(), [t for t in (s.output_topic, s.dlq_topic) if t])
     limits = TopicLimits.of(producer_max, told.get(s.output_topic), told.get(s.dlq_topic))
+    if not s.output_topic:  # a backfill that publishes nothing (sink.NO_OUTPUT): no output record to fit
+        limits = replace(limits, output=sys.maxsize)
     for topic, limit in ((s.output_topic, limits.output), (s.dlq_topic, limits.dlq)):
         if limit < MIN_RECORD_LIMIT:
             raise ConfigError(f"topic {topic} takes records of at most {limit:,} bytes (its max.message.bytes, or "

@@ -45,6 +45,7 @@ from schemas import sparse as sparse_modes
 from schemas.errors import ConfigError, TransientError
 from schemas.sparse import SparseKind, SparseMode
 from worker.assembly.canaries import canary_cosine
+from worker.assembly.lanes import backfill_output
 from worker.assembly.naming import alias_of, backfill_group, collection_of, family_prefix, fleet_group
 from worker.commands.search import ROWS_PER_DOCUMENT, best_chunk_per_document
 from worker.embedding.base import Embedder
@@ -425,7 +426,8 @@ def plan(settings: Settings, new_model: str, group: str | None = None, rollback:
                                 f"again from the input topic's beginning in group {group!r} (the same result, slower)")
     group = group or backfill_group(settings, new_collection)
     backfill = settings.model_copy(update={
-        "model": new_model, "group_id": group, "group_instance_id": None, "metrics_port": 0})
+        "model": new_model, "group_id": group, "group_instance_id": None, "metrics_port": 0,
+        "output_topic": backfill_output(settings)})  # (worker.assembly.lanes)
     check_topics(backfill)
     target = admin.alias_target(alias)
     old: Embedder | None = None

@@ -480,5 +480,14 @@ as an integer, anything else as it is.
   value: {{ .Values.migration.model | quote }}
 - name: EMBEDSTREAM_BACKFILL_SHARE
   value: {{ .Values.migration.share | default 0.25 | quote }}
+{{- include "embedstream.backfillOutputEnv" . }}
+{{- end }}
+{{- end -}}
+
+{{/* Where a backfill (the Job's or the lane's) publishes its records: nowhere unless asked. */}}
+{{- define "embedstream.backfillOutputEnv" -}}
+{{- with .Values.migration.outputTopic }}
+- name: EMBEDSTREAM_BACKFILL_OUTPUT_TOPIC
+  value: {{ . | quote }}
 {{- end }}
 {{- end -}}

@@ -37,8 +37,8 @@ BackfillGroup = Annotated[str | None, typer.Option(
 
 
 @app.command()
-@opt.with_settings("kafka_bootstrap_servers", "input_topic", "output_topic", "group_id", "precision", "device",
-                   "milvus_uri", "milvus_collection", "milvus_alias")
+@opt.with_settings("kafka_bootstrap_servers", "input_topic", "backfill_output_topic", "group_id", "precision",
+                   "device", "milvus_uri", "milvus_collection", "milvus_alias")
 def migrate(model: NewModel, dry_run: DryRun = False, min_overlap: MinOverlap = None, drop_old: DropOld = False,
             sample: Sample = 50, lane: Lane = False, rollback: Rollback = False,
             backfill_group: BackfillGroup = None, overrides: dict[str, object] | None = None) -> None:

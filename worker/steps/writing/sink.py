@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 #: its own model, collection or output find, which the live worker never met for the record. Skipped,
 #: such a document would be missing from the new collection after the switch, silently.
 OWN_DEAD_LETTERS = frozenset({"too_many_chunks", "milvus_rejected", "output_rejected", "output_too_large"})
+#: The output topic of a sink that publishes no output records, only Milvus' rows (and dead letters):
+#: a backfill's by default (EMBEDSTREAM_BACKFILL_OUTPUT_TOPIC unset), so that the output topic's
+#: readers never get the new model's vectors beside the live model's before the switch.
+NO_OUTPUT = ""
+
 
 class SinkStep:
     """``process(group)`` makes the batches durable; raises :class:`TransientError` to be retried.
@@ -169,7 +174,9 @@ class SinkStep:
             alone = self.refusals.alone(e)
             if alone:
                 delivery.settle()
-            if isinstance(e, Item):
+            if isinstance(e, (Item, Delete)) and self.output_topic == NO_OUTPUT:
+                pass
+            elif isinstance(e, Item):
                 key, target, by_cached = e.id.encode(), self.targets[e.model], self._headers[e.model]
                 values = self.output.values(e, target.model_id, target.dim, now)
                 for ch, encoded in zip(e.chunks, values):
