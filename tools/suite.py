@@ -37,9 +37,8 @@ SHARED_WORKERS = 2
 
 
 def fast_tier() -> list[str]:
-    """The fast tier's command line (as ``make test-fast``), at nice 19 beside the stack's start."""
-    return ["nice", "-n", "19", sys.executable, "-m", "pytest", "-q", "-m", "fast", "-n", "auto",
-            "tests/unit", "tests/connectors"]
+    """The fast tier's command line (as ``make test-fast``); run at nice 19 beside the stack's start."""
+    return [sys.executable, "-m", "pytest", "-q", "-m", "fast", "-n", "auto", "tests/unit", "tests/connectors"]
 
 
 def export_model() -> None:
@@ -82,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                                             "from tools.suite import export_model; export_model()"],
                            root, XDG_CACHE_HOME=str(cache))]
         if not (args.no_fast or args.pytest_args):
-            children.append(_child("fast tier", fast_tier(), root))
+            children.append(_child("fast tier", ["nice", "-n", "19", *fast_tier()], root))
         stack = None
         try:
             stack = start_stack(root)
@@ -91,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 rc = child.wait()
                 took = time.monotonic() - started
                 if name == "fast tier":
-                    print(f"\n== the fast tier, beside the stack's start: {' '.join(fast_tier()[3:])}\n"
+                    print(f"\n== the fast tier, beside the stack's start: {' '.join(fast_tier())}\n"
                           f"{log.read_text(errors='replace')}", flush=True)
                     spent.append(f"fast tier {took:.0f} s from the start (exit {rc})")
                     code = code or rc

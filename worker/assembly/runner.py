@@ -41,6 +41,7 @@ from worker.process.gpu_metrics import register_gpu_metrics
 from worker.process.startup import StartClock
 from worker.settings import Settings
 from worker.steps.writing.fit import DEFAULT_MESSAGE_MAX_BYTES, TopicLimits
+from worker.steps.writing.sink import NO_OUTPUT
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def check_topics(settings: Settings) -> None:
     admin = make_admin(settings.kafka_common())
     meta = admin.list_topics(timeout=10)
     unseen = [t for t in (settings.input_topic, settings.output_topic, settings.dlq_topic)
-              if t and (t not in meta.topics or meta.topics[t].error is not None)]
+              if t != NO_OUTPUT and (t not in meta.topics or meta.topics[t].error is not None)]
     refused = []
     for topic in unseen:
         found = admin.list_topics(topic, timeout=10).topics.get(topic)
@@ -216,9 +217,9 @@ def topic_limits(s: Settings) -> TopicLimits:
     except ValueError:
         raise ConfigError(f"EMBEDSTREAM_KAFKA__MESSAGE_MAX_BYTES={s.kafka['message.max.bytes']!r} is not a "
                           "number of bytes") from None
-    told = topic_max_bytes(s.kafka_common(), [t for t in (s.output_topic, s.dlq_topic) if t])
+    told = topic_max_bytes(s.kafka_common(), [t for t in (s.output_topic, s.dlq_topic) if t != NO_OUTPUT])
     limits = TopicLimits.of(producer_max, told.get(s.output_topic), told.get(s.dlq_topic))
-    if not s.output_topic:  # a backfill that publishes nothing (sink.NO_OUTPUT): no output record to fit
+    if s.output_topic == NO_OUTPUT:  # a backfill that publishes nothing: no output record to fit
         limits = replace(limits, output=sys.maxsize)
     for topic, limit in ((s.output_topic, limits.output), (s.dlq_topic, limits.dlq)):
         if limit < MIN_RECORD_LIMIT:

@@ -427,7 +427,7 @@ def plan(settings: Settings, new_model: str, group: str | None = None, rollback:
     group = group or backfill_group(settings, new_collection)
     backfill = settings.model_copy(update={
         "model": new_model, "group_id": group, "group_instance_id": None, "metrics_port": 0,
-        "output_topic": backfill_output(settings)})  # (worker.assembly.lanes)
+        "output_topic": backfill_output(settings)})
     check_topics(backfill)
     target = admin.alias_target(alias)
     old: Embedder | None = None

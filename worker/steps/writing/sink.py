@@ -72,6 +72,8 @@ class SinkStep:
         #: How output values are encoded (EMBEDSTREAM_OUTPUT_FORMAT).
         self.output = output or OutputFormat()
         self.output_topic = output_topic
+        #: False for a sink without an output topic (NO_OUTPUT): its documents and tombstones reach Milvus only.
+        self.publishes = output_topic != NO_OUTPUT
         self.dlq_topic = dlq_topic
         self.delivery_timeout_s = delivery_timeout_s
         #: The largest record each topic takes: dead letters are cut to fit, output records over it are
@@ -174,7 +176,7 @@ class SinkStep:
             alone = self.refusals.alone(e)
             if alone:
                 delivery.settle()
-            if isinstance(e, (Item, Delete)) and self.output_topic == NO_OUTPUT:
+            if isinstance(e, (Item, Delete)) and not self.publishes:
                 pass
             elif isinstance(e, Item):
                 key, target, by_cached = e.id.encode(), self.targets[e.model], self._headers[e.model]
