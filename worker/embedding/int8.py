@@ -331,10 +331,11 @@ class OnnxTransformer:
 
 #: Input shapes whose compiled kernels OpenVINO's CPU plugin keeps (its default, 5,000, holds
 #: megabytes a shape: a worker's passes come in thousands of (texts, tokens) shapes, and resident
-#: memory grew without end, 1 GB → 5 GB in a 10-minute soak). 64 stays under ~500 MB over the model
-#: (measured here: 1,500 calls of random shapes plateau at +480 MB; with the default, 400 calls took
-#: +2.6 GB). A shape seen again after eviction pays its ~12 ms compile again.
-SHAPE_CACHE = 64
+#: memory grew without end, 1 GB -> 5 GB in a 10-minute soak). 16 keeps what a flood of odd shapes
+#: leaves at about +20 MB over a clean run (64 left +47 to +71 MB after 90,000 hostile records), at a
+#: cost inside this host's noise on ordinary traffic (docs/benchmarks.md: 0-9 % on backlog passes of
+#: short texts, none seen on mixed ones). A shape seen again after eviction pays its ~12 ms compile.
+SHAPE_CACHE = 16
 #: oneDNN's own kernel cache, which outlives a compiled model, is bounded by the command line at start
 #: (``worker.commands.cli.PRIMITIVE_CACHE``).
 
