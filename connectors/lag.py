@@ -2,7 +2,10 @@
 
 Per partition: end offset (ListOffsets latest) − committed offset. A partition with no committed
 offset counts, like KEDA, by ``offsetResetPolicy``: ``latest`` → 1 (0 with
-``scaleToZeroOnInvalidOffset``), ``earliest`` → the end offset (0 with ``scaleToZeroOnInvalidOffset``).
+``scaleToZeroOnInvalidOffset``); ``earliest`` → what a consumer starting there can still fetch, the
+end offset − the log's start offset (KEDA 2.21 and later, kedacore/keda#7937: records that retention
+deleted are not lag), or the end offset as KEDA before 2.21 counts it (``retained_only=False``);
+0 with ``scaleToZeroOnInvalidOffset``.
 KEDA then asks for ``ceil(total lag / lagThreshold)`` replicas, capped at the partition count (or at
 the partitions with lag, with ``limitToPartitionsWithLag``).
 
@@ -18,8 +21,6 @@ from dataclasses import asdict, dataclass
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-INVALID_OFFSET = -1001
-
 
 @dataclass(frozen=True)
 class PartitionLag:
@@ -28,21 +29,42 @@ class PartitionLag:
     end_offset: int
     committed: int | None  # None: the group never committed this partition
     lag: int
+    start_offset: int | None = None  # the log's start, read only where a missing commit counts from it
+
+
+#: The first KEDA release that counts a missing commit under ``earliest`` from the log's start.
+RETAINED_ONLY_SINCE = (2, 21)
+
+
+def keda_counts_retained(version: str) -> bool:
+    """Whether KEDA ``version`` ("2.21", "2.20.1", "v2.19") counts a partition without a commit
+    under ``earliest`` as its retained records. Raises ``ValueError`` for a version it cannot read."""
+    parts = version.strip().lstrip("v").split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except ValueError:
+        raise ValueError(f"not a KEDA version: {version!r} (write it as 2.21 or 2.20.1)") from None
+    return (major, minor) >= RETAINED_ONLY_SINCE
 
 
 def partition_lag(end: int, committed: int | None, offset_reset_policy: str = "latest",
-                  scale_to_zero_on_invalid_offset: bool = False) -> int:
-    """KEDA's lag for one partition."""
+                  scale_to_zero_on_invalid_offset: bool = False, start: int = 0, retained_only: bool = True) -> int:
+    """KEDA's lag for one partition; ``start`` is the log's start offset (used only under
+    ``earliest`` without a commit, and only with ``retained_only``, KEDA 2.21's count)."""
     if committed is None or committed < 0:
         if scale_to_zero_on_invalid_offset:
             return 0
-        return 1 if offset_reset_policy == "latest" else end
+        if offset_reset_policy == "latest":
+            return 1
+        return max(end - start, 0) if retained_only else end
     return end - committed
 
 
 def group_lag(admin: AdminClient, group: str, topic: str, offset_reset_policy: str = "latest",
-              scale_to_zero_on_invalid_offset: bool = False, timeout: float = 10.0) -> list[PartitionLag]:
-    """Lag of ``group`` on every partition of ``topic``. Raises ``RuntimeError`` for a missing topic."""
+              scale_to_zero_on_invalid_offset: bool = False, timeout: float = 10.0,
+              retained_only: bool = True) -> list[PartitionLag]:
+    """Lag of ``group`` on every partition of ``topic`` (``retained_only``: :func:`partition_lag`).
+    Raises ``RuntimeError`` for a missing topic."""
     if offset_reset_policy not in ("latest", "earliest"):
         raise ValueError("offset_reset_policy must be 'latest' or 'earliest'")
     meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
@@ -53,13 +75,20 @@ def group_lag(admin: AdminClient, group: str, topic: str, offset_reset_policy: s
             admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout).items()}
     fut = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, tps)],
                                             request_timeout=timeout)[group]
-    committed = {tp.partition: tp.offset for tp in fut.result(timeout).topic_partitions}
+    found = {tp.partition: tp.offset for tp in fut.result(timeout).topic_partitions}
+    committed = {p: c for p, c in found.items() if c is not None and c >= 0}
+    missing = [tp for tp in tps if tp.partition not in committed]
+    starts: dict[int, int] = {}
+    if missing and offset_reset_policy == "earliest" and retained_only and not scale_to_zero_on_invalid_offset:
+        # as KEDA 2.21 does: the log's start is asked for only where a missing commit counts from it
+        starts = {tp.partition: f.result(timeout).offset for tp, f in
+                  admin.list_offsets({tp: OffsetSpec.earliest() for tp in missing}, request_timeout=timeout).items()}
     out = []
     for tp in tps:
-        c = committed.get(tp.partition, INVALID_OFFSET)
-        c = None if c is None or c < 0 else c
-        lag = partition_lag(ends[tp.partition], c, offset_reset_policy, scale_to_zero_on_invalid_offset)
-        out.append(PartitionLag(topic, tp.partition, ends[tp.partition], c, lag))
+        c, start = committed.get(tp.partition), starts.get(tp.partition)
+        lag = partition_lag(ends[tp.partition], c, offset_reset_policy, scale_to_zero_on_invalid_offset,
+                            start or 0, retained_only)
+        out.append(PartitionLag(topic, tp.partition, ends[tp.partition], c, lag, start))
     return out
 
 

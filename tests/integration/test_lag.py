@@ -8,23 +8,11 @@ import os
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from connectors.lag import PartitionLag, desired_replicas, partition_lag
 from tests.conftest import TEST_BROKER
 from tests.helpers import run_cli
 from tools.mock_broker import MockCluster
 
 pytestmark = pytest.mark.integration
-
-
-def test_partition_lag_rules_match_keda():
-    assert partition_lag(100, 40) == 60
-    assert partition_lag(100, None, "latest") == 1
-    assert partition_lag(100, None, "earliest") == 100
-    assert partition_lag(100, None, "earliest", scale_to_zero_on_invalid_offset=True) == 0
-    lags = [PartitionLag("t", p, 0, 0, lag) for p, lag in enumerate([50, 0, 25, 0])]
-    assert desired_replicas(lags, 10) == 4  # ceil(75/10)=8, capped at 4 partitions
-    assert desired_replicas(lags, 10, limit_to_partitions_with_lag=True) == 2
-    assert desired_replicas(lags, 100) == 1
 
 
 def test_lag_command_on_a_correct_broker():
@@ -40,16 +28,16 @@ def test_lag_command_on_a_correct_broker():
         env = {k: v for k, v in os.environ.items() if not k.startswith("EMBEDSTREAM_")}
         env.update(EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS=mc.bootstraps, EMBEDSTREAM_INPUT_TOPIC="docs",
                    EMBEDSTREAM_GROUP_ID="g1")
-        res = run_cli(["lag", "--json", "--lag-threshold", "5"], env, timeout=60)
+        res = run_cli(["lag", "--json", "--lag-threshold", "5", "--offset-reset-policy", "latest"], env, timeout=60)
         assert res.returncode == 0, res.stderr
         out = json.loads(res.stdout)
         by_p = {p["partition"]: p for p in out["partitions"]}
         assert [by_p[i]["end_offset"] for i in range(3)] == [30, 30, 30]
         assert [by_p[i]["lag"] for i in range(3)] == [20, 0, 1]  # partition 2: no commit, latest → 1
         assert out["total_lag"] == 21 and out["desired_replicas"] == 3
-        res = run_cli(["lag", "--json", "--offset-reset-policy", "earliest"], env, timeout=60)
+        res = run_cli(["lag", "--json"], env, timeout=60)  # earliest, as the chart's KEDA trigger
         assert json.loads(res.stdout)["total_lag"] == 50
-        table = run_cli(["lag"], env, timeout=60)
+        table = run_cli(["lag", "--offset-reset-policy", "latest"], env, timeout=60)
         assert table.returncode == 0 and "total" in table.stdout and "21" in table.stdout
 
 
@@ -106,3 +94,44 @@ def test_a_drained_transactional_input_reads_lag_0(stack, model):
         last[m.partition()] = max(last.get(m.partition(), -1), m.offset())
     if TEST_BROKER == "kafka":  # markers take offsets there: the end lies past the last record
         assert all(ends[p] > last[p] + 1 for p in last), (ends, last)
+
+
+def test_lag_counts_a_missing_commit_as_the_records_retention_kept(stack):
+    """On Apache Kafka, a topic whose first records are gone (deleted as retention deletes a segment:
+    the log's start moves up) and a group that committed one partition only: under earliest the
+    partition without a commit counts what a consumer starting there can fetch, end − log start, as
+    KEDA 2.21 does; ``--keda-version 2.20`` counts its end offset, as KEDA did before."""
+    from confluent_kafka.admin import OffsetSpec
+
+    from connectors.kafka import make_admin
+    from tests.helpers import fresh_settings, settings_env
+
+    s = fresh_settings(stack, partitions=2, redis_url=None)
+    p = Producer(s.kafka_common())
+    for i in range(50):
+        p.produce(s.input_topic, key=str(i).encode(), value=b"v", partition=i % 2)
+    assert p.flush(30) == 0
+    admin = make_admin(s.kafka_common())
+    cut = {0: 18, 1: 5}
+    for f in admin.delete_records([TopicPartition(s.input_topic, q, o) for q, o in cut.items()]).values():
+        f.result(30)
+    starts = {tp.partition: f.result(10).offset for tp, f in admin.list_offsets(
+        {TopicPartition(s.input_topic, q): OffsetSpec.earliest() for q in cut}).items()}
+    assert starts == cut  # the broker itself now starts each log past its deleted records
+    c = Consumer({**s.kafka_common(), "group.id": s.group_id})
+    c.commit(offsets=[TopicPartition(s.input_topic, 1, 20)], asynchronous=False)
+    c.close()
+    env = settings_env(s)
+
+    def lag(*args: str) -> dict:
+        res = run_cli(["lag", "--json", *args], env, timeout=60)
+        assert res.returncode == 0, res.stderr
+        return {x["partition"]: x["lag"] for x in json.loads(res.stdout)["partitions"]}
+
+    assert lag() == {0: 25 - 18, 1: 25 - 20}
+    assert lag("--keda-version", "2.20") == {0: 25, 1: 5}
+    assert lag("--offset-reset-policy", "latest") == {0: 1, 1: 5}
+    table = run_cli(["lag"], env, timeout=60)
+    assert table.returncode == 0 and "log starts at 18" in table.stdout, table.stdout
+    bad = run_cli(["lag", "--keda-version", "newest"], env, timeout=60)
+    assert bad.returncode == 2 and "2.21" in bad.stderr + bad.stdout

@@ -172,3 +172,12 @@ def test_lag_of_a_share_group_refuses_what_it_cannot_read_and_serve_is_for_share
     monkeypatch.setenv("EMBEDSTREAM_KAFKA__SASL_MECHANISM", "OAUTHBEARER")
     result = CliRunner().invoke(app, ["lag"])
     assert result.exit_code == 2 and "OAUTHBEARER" in result.output and "SCRAM" in result.output
+
+
+@pytest.mark.parametrize("argv", [["lag"], ["tail", "--max", "1"], ["produce", "-"], ["lag", "--keda-version", "2.x"]])
+def test_a_setting_to_fix_exits_2_from_every_command(monkeypatch, argv):
+    """As run and migrate do: a missing broker address (or a flag it cannot read) is a setting to fix."""
+    monkeypatch.delenv("EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    result = CliRunner().invoke(app, argv, input="")
+    assert result.exit_code == 2, result.output
+    assert ("EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS" if "--keda-version" not in argv else "2.21") in result.output

@@ -93,3 +93,43 @@ def test_the_operations_page_lists_the_acls_the_secured_broker_test_grants():
 
     page = (ROOT / "docs" / "operations.md").read_text()
     assert "\n".join(table()) in page, "docs/operations.md's ACL table differs from tools/acls.py: paste table()"
+
+
+def _cli_options() -> dict[tuple[str, ...], set[str]]:
+    """Each command's path (``("lag",)``, ``("dlq", "show")``) → the options it takes, from the CLI itself."""
+    import click
+    import typer
+
+    from worker.commands.cli import app
+
+    out: dict[tuple[str, ...], set[str]] = {}
+
+    def walk(cmd: click.Command, path: tuple[str, ...]) -> None:
+        out[path] = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")} | {"--help"}
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, (*path, name))
+
+    walk(typer.main.get_command(app), ())
+    return out
+
+
+#: ``embedstream`` and what follows on the same line of code (an inline span or a line of a block).
+COMMAND_LINE = re.compile(r"\bembedstream((?: +[\w.<>/=:'\"$-]+)+)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_flag_a_page_gives_a_command_is_one_it_takes(page: Path):
+    """``embedstream lag --group``: a flag no command has is a reader's failed first try."""
+    commands = _cli_options()
+    wrong = []
+    spans = re.findall(r"`([^`\n]+)`", _prose(page.read_text()))
+    blocks = [line for line in page.read_text().splitlines() if line.startswith(("embedstream ", "$ embedstream "))]
+    for text in [*spans, *blocks]:
+        for m in COMMAND_LINE.finditer(text):
+            words = m.group(1).split()
+            path: tuple[str, ...] = ()
+            while words and (*path, words[0]) in commands:
+                path, words = (*path, words[0]), words[1:]
+            flags = {w.split("=")[0] for w in words if re.fullmatch(r"--[a-z][a-z0-9-]*(=.*)?", w)}
+            wrong += [f"embedstream {' '.join(path)} {f}" for f in sorted(flags - commands[path])]
+    assert not wrong, f"flags the CLI does not take: {wrong}"

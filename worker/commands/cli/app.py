@@ -119,6 +119,14 @@ def say(message: str, level: int = logging.INFO, styled: str | None = None) -> N
         err.print(styled if styled is not None else shown(message), soft_wrap=True)
 
 
+def require_or_exit(s: Settings, *names: str) -> None:
+    """Exit 2 (a setting to fix, as every command) naming each setting of ``names`` that is unset."""
+    try:
+        s.require(*names)
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
+
+
 def fail(message: str, code: int = 1) -> typer.Exit:
     say(message, logging.ERROR, f"[red]error:[/] {shown(message)}")
     return typer.Exit(code)

@@ -45,7 +45,8 @@ def dev_up(
     The registry is a stand-in for a Confluent-compatible one (the REST calls confluent-kafka's client
     makes, BACKWARD compatibility checks); it is never part of the Helm chart.
 
-    Run eval "$(embedstream dev up)" (or export the lines) to point the other commands at it.
+    It prints KEY=VALUE lines: eval "$(embedstream dev up | sed 's/^/export /')" points the other
+    commands at it.
     A second up finds the running stack and prints the same lines.
     """
     _dev = tool("dev")

@@ -14,6 +14,7 @@ from worker.commands.cli.app import (
     app,
     console,
     fail,
+    require_or_exit,
     settings_or_exit,
 )
 
@@ -23,8 +24,11 @@ from worker.commands.cli.app import (
 def lag(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table")] = False,
     offset_reset_policy: Annotated[str, typer.Option(
-        help="How a partition without a committed offset counts, as in KEDA: latest → 1, earliest → its end "
-        "offset")] = "latest",
+        help="How a partition without a committed offset counts, as in KEDA: latest → 1, earliest → its "
+        "records (see --keda-version); the chart's keda.offsetResetPolicy is earliest")] = "earliest",
+    keda_version: Annotated[str, typer.Option(
+        help="Count as this KEDA version does: from 2.21 a partition without a commit under earliest counts "
+        "the records it still holds (end − log start); before 2.21, its end offset")] = "2.21",
     scale_to_zero_on_invalid_offset: Annotated[bool, typer.Option(
         help="Count partitions without a committed offset as 0 (KEDA's scaleToZeroOnInvalidOffset)")] = False,
     lag_threshold: Annotated[int | None, typer.Option(
@@ -41,19 +45,23 @@ def lag(
     offsets: its backlog, the records the broker says it has not finished (Apache Kafka 4.2+)."""
     from connectors.kafka import make_admin
     from connectors.lag import as_json as lag_json
-    from connectors.lag import desired_replicas, group_lag
+    from connectors.lag import desired_replicas, group_lag, keda_counts_retained
 
     if offset_reset_policy not in ("latest", "earliest"):
         raise fail("--offset-reset-policy must be latest or earliest", 2)
+    try:
+        retained_only = keda_counts_retained(keda_version)
+    except ValueError as exc:
+        raise fail(f"--keda-version: {exc}", 2) from None
     s = settings_or_exit(overrides)
+    require_or_exit(s, "kafka_bootstrap_servers")
     if s.group_type == "share":
         return share_backlog(s, as_json, lag_threshold, serve, interval)
     if serve is not None:
         raise fail("--serve is for share groups: KEDA's Kafka scaler reads a consumer group's lag itself", 2)
     try:
-        s.require("kafka_bootstrap_servers")
         lags = group_lag(make_admin(s.kafka_common()), s.group_id, s.input_topic, offset_reset_policy,
-                         scale_to_zero_on_invalid_offset)
+                         scale_to_zero_on_invalid_offset, retained_only=retained_only)
     except (ValueError, RuntimeError) as exc:
         raise fail(str(exc)) from None
     except Exception as exc:  # KafkaException from the admin futures
@@ -70,8 +78,9 @@ def print_lag_table(lags, s) -> None:
     table = Table("partition", "end offset", "committed", "lag", title=f"group [bold]{s.group_id}[/] on "
                   f"[bold]{s.input_topic}[/]", title_justify="left")
     for p in lags:
-        table.add_row(str(p.partition), f"{p.end_offset:,}", "—" if p.committed is None else f"{p.committed:,}",
-                      f"{p.lag:,}")
+        committed = (f"{p.committed:,}" if p.committed is not None else "—" if p.start_offset is None
+                     else f"— (log starts at {p.start_offset:,})")
+        table.add_row(str(p.partition), f"{p.end_offset:,}", committed, f"{p.lag:,}")
     table.add_section()
     table.add_row("total", "", "", f"[bold]{sum(p.lag for p in lags):,}[/]")
     console.print(table)
@@ -92,7 +101,6 @@ def share_backlog(s, as_json: bool, lag_threshold: int | None, serve: int | None
     from connectors.share_backlog import group_backlog
 
     try:
-        s.require("kafka_bootstrap_servers")
         props = s.kafka_common()
         check_supported(props)
     except Exception as exc:

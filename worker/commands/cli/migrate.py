@@ -53,7 +53,8 @@ def migrate(model: NewModel, dry_run: DryRun = False, min_overlap: MinOverlap = 
     their model going first) and migrate only waits, compares and switches. With --rollback, --model is
     the model to go back to: its collection catches up from the group that wrote it (what changed since
     the hand-over), is compared with the one in use, and the alias moves back. Exit 0: switched (or
-    nothing to do); 1: not switched.
+    nothing to do); 1: not switched, or the backfill failed (the line says why); 2: a setting to fix;
+    130: interrupted (a re-run resumes).
     """
     from worker.commands import migrate as mig
     from worker.commands.migrate_view import BackfillProgress, plan_table, shadow_table

@@ -14,6 +14,7 @@ from worker.commands.cli.app import (
     app,
     err,
     fail,
+    require_or_exit,
     settings_or_exit,
 )
 
@@ -53,10 +54,10 @@ def produce(file: File, formats: Formats = None, rate: Rate = None, skip_bad: Sk
     from worker.commands.wire import document_encoder
 
     s = settings_or_exit(overrides)
+    require_or_exit(s, "kafka_bootstrap_servers")
     spooled = None
     shown = "standard input" if str(file) == "-" else str(file)
     try:
-        s.require("kafka_bootstrap_servers")
         fmt, wire = split_formats(formats or [])
         file, fmt, spooled = _input(file, fmt)
         encode = document_encoder(wire, s, s.input_topic)

@@ -46,9 +46,12 @@ def run(stop_when_idle: StopWhenIdle = None, check: CheckOnly = False,
     any schema registry client property (credentials, TLS) as EMBEDSTREAM_SCHEMA_REGISTRY__<NAME>
     (e.g. EMBEDSTREAM_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO=user:secret).
 
-    Exit codes: 0 stopped or idle; 2 a setting to fix; 3 the DLQ breaker tripped; 4 fenced by another
-    worker with this one's identity (its static member id, or exactly-once's transactional.id); 5 the
-    broker refused a record for good (the line says which and what to set).
+    Exit codes: 0 stopped or idle; 1 the Kafka consumer stopped for good (the line says why); 2 a
+    setting to fix (or a check that failed, with --check); 3 the DLQ breaker tripped; 4 fenced by
+    another worker with this one's identity (its static member id, or exactly-once's
+    transactional.id); 5 the broker refused a record for good (the line says which and what to set).
+    With EMBEDSTREAM_PROCESSES > 1: the first failed child's code (128 + the signal if one killed it),
+    or 1 if a child stalled.
     """
     from confluent_kafka import KafkaException
 

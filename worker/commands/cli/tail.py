@@ -11,6 +11,7 @@ from worker.commands import options as opt
 from worker.commands.cli.app import (
     app,
     fail,
+    require_or_exit,
     settings_or_exit,
 )
 
@@ -39,8 +40,8 @@ def tail(
     from worker.commands.wire import embedding_decoder
 
     s = settings_or_exit(overrides)
+    require_or_exit(s, "kafka_bootstrap_servers")
     try:
-        s.require("kafka_bootstrap_servers")
         decode = embedding_decoder(output_format or s.output_format, s)
         for record in tail_records(s, from_beginning=from_beginning, max_records=max_records, timeout=timeout,
                                    decode=decode, read_committed=not read_uncommitted):
