@@ -133,3 +133,10 @@ def test_every_flag_a_page_gives_a_command_is_one_it_takes(page: Path):
             flags = {w.split("=")[0] for w in words if re.fullmatch(r"--[a-z][a-z0-9-]*(=.*)?", w)}
             wrong += [f"embedstream {' '.join(path)} {f}" for f in sorted(flags - commands[path])]
     assert not wrong, f"flags the CLI does not take: {wrong}"
+
+
+def test_the_data_page_names_every_dead_letter_reason():
+    from worker.steps.polling.dlq_limit import HINTS
+
+    page = (ROOT / "docs" / "data.md").read_text()
+    assert not [r for r in HINTS if f"`{r}`" not in page]
