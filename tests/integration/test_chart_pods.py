@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,8 +66,9 @@ def _values(s, **extra) -> dict:
 
 
 def _pod(obj: dict, secrets: dict[tuple[str, str], str], pod: str) -> tuple[list[str], dict[str, str]]:
-    """The first container's args and env, as the kubelet gives them to the pod ``pod``."""
-    [c] = obj["spec"]["template"]["spec"]["containers"]
+    """The first container's args and env, as the kubelet gives them to the pod ``pod`` (of a
+    Deployment's or a Job's template, or a Pod itself)."""
+    [c] = (obj["spec"]["template"]["spec"] if obj["kind"] != "Pod" else obj["spec"])["containers"]
 
     def value_from(e: dict) -> str:
         ref = e["valueFrom"]
@@ -185,3 +187,22 @@ def test_a_share_release_s_exporter_and_worker_run_as_their_pods_would(helm, sta
         for proc, log in ((worker, wlog), (exporter, elog)):
             if proc is not None and proc.poll() is None:
                 _stop(proc, log)
+
+
+def test_helm_test_s_pod_passes_on_a_working_release_and_names_what_is_wrong_on_a_broken_one(helm, stack, tmp_path):
+    """`helm test`: its pod's command, with the pod's env, exits 0 against the local stack; with a
+    broker address nobody listens on it exits 2 and says which part failed."""
+    s = fresh_settings(stack, partitions=2)
+    secrets = {("embedstream-redis", "url"): stack["EMBEDSTREAM_REDIS_URL"]}
+    args, env = _pod(_render(helm, _values(s))["Pod"], secrets, "es-embedstream-check")
+    assert args == ["run", "--check"]
+    log = tmp_path / "check.log"
+    check = _start(args, env, log)
+    assert check.wait(180) == 0, log.read_text()[-3000:]
+    table = log.read_text()
+    assert all(re.search(rf"{part}\W+ok", table) for part in ("kafka", "topics", "model", "milvus", "redis")), table
+    broken = _values(s, kafka={"bootstrapServers": f"127.0.0.1:{free_port()}"})
+    args, env = _pod(_render(helm, broken)["Pod"], secrets, "es-embedstream-check")
+    check = _start(args, {**env, "EMBEDSTREAM_KAFKA__SOCKET_CONNECTION_SETUP_TIMEOUT_MS": "3000"}, log)
+    assert check.wait(180) == 2, log.read_text()[-3000:]
+    assert re.search(r"kafka\W+fail", log.read_text()), log.read_text()[-3000:]

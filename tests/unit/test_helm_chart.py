@@ -931,3 +931,27 @@ def test_the_network_policy_lets_in_only_prometheus_the_kubelet_and_keda_on_the_
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}} in rule["from"]
     assert backlog["spec"]["podSelector"]["matchLabels"].items() <= \
         objs["Deployment/backlog"]["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_helm_test_runs_the_check_with_the_workers_settings_where_a_worker_runs():
+    """`helm test`'s pod: `run --check` with every setting the worker gets, off the worker's selector
+    (the PDB and the metrics Service), and on a GPU release placed as a worker with one GPU."""
+    objs = render(merge(BASE, VALUE_SETS["SASL + TLS"]))
+    pod = objs["Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    [check] = pod["spec"]["containers"]
+    worker = objs["Deployment"]["spec"]["template"]["spec"]
+    assert check["args"] == ["run", "--check"]
+    assert check["env"] == worker["containers"][0]["env"] and check["image"] == worker["containers"][0]["image"]
+    assert check["volumeMounts"] == worker["containers"][0]["volumeMounts"]
+    assert pod["spec"]["volumes"] == worker["volumes"]
+    selector = objs["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert not selector.items() <= pod["metadata"]["labels"].items()
+    gpu = render(merge(BASE, {"gpu": {"enabled": True, "count": 2}, "runtimeClassName": "nvidia",
+                              "keda": {"maxReplicaCount": 1, "partitions": 8},
+                              "nodeSelector": {"pool": "gpu"}}))["Pod"]["spec"]
+    assert gpu["runtimeClassName"] == "nvidia" and gpu["nodeSelector"] == {"pool": "gpu"}
+    assert gpu["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    notes = _engine.render(str(CHART), BASE, name="es", namespace="ml")
+    assert any("helm test es" in text for name, text in notes.items() if name.endswith("NOTES.txt"))
