@@ -1,3 +1,3 @@
 """embedstream: a Kafka-driven streaming embedding worker."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
