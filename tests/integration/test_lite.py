@@ -48,7 +48,14 @@ def test_the_model_without_torch_tokenizes_and_embeds_as_the_full_load(full):
     ours, theirs = lite.embed_prepared(lite.prepare(texts[:40]))[0], full.embed_prepared(full.prepare(texts[:40]))[0]
     assert np.abs(ours - theirs).max() < 1e-5
     assert np.allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
-    assert lite.int8_quality.min == pytest.approx(full.int8_quality.min)  # the check recorded at export
+    # the check on record (each full load writes what it measured: int8.record_check)
+    recorded = json.loads((int8.cache_root() / int8.model_key(full.model_path, "openvino")
+                           / "export.json").read_text())["check"]
+    assert (lite.int8_quality.mean, lite.int8_quality.min, lite.int8_quality.texts) == (
+        recorded["mean"], recorded["min"], recorded["texts"])
+    # and near what this process's full load measured again: OpenVINO's kernels for a shape depend on
+    # what the process compiled before (seen in a whole run: min 0.9780 on record, 0.9799 measured here)
+    assert lite.int8_quality.min == pytest.approx(full.int8_quality.min, abs=0.01) and full.int8_quality.passes
     short = lite_model(None, "int8", "cpu", truncate_dim=128)  # the first 128 dimensions, normalised again
     kept = theirs[:5, :128] / np.linalg.norm(theirs[:5, :128], axis=1, keepdims=True)
     assert short.dim == 128 and short.space_id != full.space_id
