@@ -51,12 +51,12 @@ def export_model() -> None:
     SentenceTransformerEmbedder()
 
 
-def sessions(extra: list[str]) -> list[tuple[str, list[str]]]:
-    """The two pytest command lines: (what it runs, argv)."""
-    base = [sys.executable, "-m", "pytest", "-q", *extra]
-    return [("one at a time", [*base, "-m", "not fast and alone", "--durations=25"]),
-            (f"{SHARED_WORKERS} at a time", [*base, "-m", "not fast and not alone", "-n", str(SHARED_WORKERS),
-                                             "--dist", "loadfile", "--durations=25"])]
+def sessions(extra: list[str], workers: int = SHARED_WORKERS) -> list[tuple[str, list[str]]]:
+    """The two pytest command lines: (what it runs, argv); ``workers``: the second's tests at once."""
+    base = [sys.executable, "-m", "pytest", "-q"]  # ``extra`` last: a --durations of its own overrides the 25
+    return [("one at a time", [*base, "-m", "not fast and alone", "--durations=25", *extra]),
+            (f"{workers} at a time", [*base, "-m", "not fast and not alone", "-n", str(workers),
+                                      "--dist", "loadfile", "--durations=25", *extra])]
 
 
 def start_stack(root: Path):
@@ -72,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-fast", action="store_true",
                     help="leave the fast tier out (it is left out too when tests are named after --)")
+    ap.add_argument("--shared-workers", type=int, default=SHARED_WORKERS, metavar="N",
+                    help=f"how many of the second session's tests run at once (default {SHARED_WORKERS})")
     ap.add_argument("pytest_args", nargs="*", help="more arguments for both stack sessions (after --)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="embedstream-suite-") as scratch:
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"the model's export failed (exit {rc}):\n{log.read_text(errors='replace')[-3000:]}")
             print(f"stack, model export and fast tier done {time.monotonic() - started:.0f} s from the start")
             env = {**os.environ, "SUITE_STACK_DIR": str(stack.state_dir), "SUITE_CACHE_DIR": str(cache)}
-            for name, command in sessions(args.pytest_args):
+            for name, command in sessions(args.pytest_args, args.shared_workers):
                 print(f"\n== the stack's tests, {name}: {' '.join(command[1:])}", flush=True)
                 t0 = time.monotonic()
                 rc = subprocess.run(command, cwd=REPO, env=env).returncode

@@ -6,6 +6,7 @@ the test's own (``unshare``), so the test needs no privileges the suite does not
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -32,16 +33,22 @@ _LOAD = textwrap.dedent("""
 
 
 def _in_read_only_cache(tmp_path, precision: str) -> subprocess.CompletedProcess:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    return _unshared(cache, f"mount -t tmpfs -o ro,size=1m tmpfs {cache}", _LOAD, precision)
+
+
+def _unshared(cache, mount: str, script: str, arg: str) -> subprocess.CompletedProcess:
+    """``script`` run by Python with ``arg``, ``XDG_CACHE_HOME`` at ``cache``, after ``mount`` in a
+    mount namespace of its own."""
     if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
         missing_tool("this host lets no unprivileged process mount a filesystem (`unshare -rm` fails), and a "
                      "real read-only filesystem is what this test writes to; it runs wherever that is allowed, "
                      "as on the project's CI host (util-linux's unshare)")
-    cache = tmp_path / "cache"
-    cache.mkdir()
     env = {**os.environ, "XDG_CACHE_HOME": str(cache), "HF_HUB_OFFLINE": "1"}
-    command = f"mount -t tmpfs -o ro,size=1m tmpfs {cache} && exec {sys.executable} -c \"$0\" {precision}"
-    return subprocess.run(["unshare", "-rm", "sh", "-c", command, _LOAD], env=env, capture_output=True, text=True,
-                          timeout=300)
+    command = f"{mount} && exec {sys.executable} -c \"$0\" \"$1\""
+    return subprocess.run(["unshare", "-rm", "sh", "-c", command, script, arg], env=env, capture_output=True,
+                          text=True, timeout=300)
 
 
 def test_int8_on_a_read_only_root_stops_at_start_saying_where_to_write(tmp_path):
@@ -55,3 +62,33 @@ def test_auto_on_a_read_only_root_runs_another_precision_and_says_why(tmp_path):
     done = _in_read_only_cache(tmp_path, "auto")
     assert "LOADED:" in done.stdout and "LOADED: int8" not in done.stdout, done.stdout + done.stderr[-2000:]
     assert "cannot write the exported model" in done.stderr  # the warning at start-up
+
+
+_LITE = textwrap.dedent("""
+    import json, sys
+    from worker.embedding.lite import lite_model
+    model = lite_model(None, "int8", "cpu")
+    print("VECTOR:", json.dumps(model.embed([sys.argv[1]])[0].tolist()))
+""")
+
+
+def test_a_read_only_cache_holding_the_export_compiles_it_at_start_and_embeds_the_same(tmp_path, model):
+    """The export made before (a cache volume filled by an earlier pod), then mounted read-only: the
+    start cannot keep OpenVINO's compiled copy there, so it compiles in memory, and its vectors are
+    those of a start that loads the kept copy."""
+    from worker.embedding import int8
+    from worker.embedding.lite import lite_model
+
+    here = lite_model(None, "int8", "cpu")
+    if here is None:
+        pytest.skip(f"this host runs the model at {model.precision}: the int8 path without torch is not taken")
+    export = int8.cache_root() / int8.model_key(here.model_path, "openvino")
+    cache = tmp_path / "cache"
+    shutil.copytree(export, cache / "embedstream" / "int8" / export.name,
+                    ignore=shutil.ignore_patterns(int8.COMPILED))
+    text = "A read-only volume still serves the export."
+    done = _unshared(cache, f"mount --bind {cache} {cache} && mount -o remount,ro,bind {cache}", _LITE, text)
+    assert "VECTOR:" in done.stdout, done.stdout + done.stderr[-2000:]
+    vector = json.loads(done.stdout.split("VECTOR:", 1)[1])
+    assert max(abs(a - b) for a, b in zip(vector, here.embed([text])[0].tolist())) < 1e-6
+    assert not (cache / "embedstream" / "int8" / export.name / int8.COMPILED).exists()

@@ -101,3 +101,24 @@ def test_what_it_cannot_run_takes_the_full_load(full, tmp_path):
     finally:
         meta.write_text(json.dumps(recorded))
     assert lite_model(None, "int8", "cpu") is not None
+
+
+
+def test_the_export_is_kept_compiled_and_loads_the_same_compiled_or_not(full, tmp_path):
+    """A start loads OpenVINO's copy compiled for this CPU, kept beside the export by the load
+    before, and embeds as a compile from the export does (tests/integration/test_int8_read_only.py:
+    a read-only cache compiles at each start)."""
+    lite = lite_model(None, "int8", "cpu")
+    export = int8.cache_root() / int8.model_key(lite.model_path, "openvino")
+    xml, names = export / int8.FILES["openvino"], json.loads((export / "export.json").read_text())["inputs"]
+    assert list((export / int8.COMPILED).glob("*.blob")), "no compiled copy kept beside the export"
+    plain = tmp_path / "export"  # the same export in a folder of its own: compiled now, kept there
+    plain.mkdir()
+    for f in (xml, xml.with_suffix(".bin")):
+        (plain / f.name).write_bytes(f.read_bytes())
+    fresh = int8.OpenVinoTransformer(plain / xml.name, names)
+    assert list((plain / int8.COMPILED).glob("*.blob"))
+    texts = workloads.mixed_texts(20) + workloads.short_texts(20)
+    ours = lite.embed(texts)
+    lite.int8_transformer = fresh
+    assert np.abs(lite.embed(texts) - ours).max() < 1e-6

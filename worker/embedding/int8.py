@@ -340,6 +340,26 @@ SHAPE_CACHE = 16
 #: (``worker.commands.cli.PRIMITIVE_CACHE``).
 
 
+#: The folder, beside an OpenVINO export, where OpenVINO keeps the export compiled for this CPU.
+COMPILED = "compiled"
+
+
+def compiled_cache(path: Path) -> dict[str, str]:
+    """OpenVINO's ``CACHE_DIR`` for the export at ``path`` where its folder can be written, else nothing.
+
+    Compiling the int8 MiniLM costs ~0.9 s of CPU at every start; loading it compiled costs ~0.1 s
+    and ~20 MB less resident memory, with the same outputs (measured on this project's 2-core host).
+    OpenVINO keys each compiled copy by the model, the device and the options, and compiles again
+    where a copy is missing or unreadable (a truncated one was seen recompiled and rewritten); a
+    read-only cache simply compiles at each start."""
+    folder = path.parent / COMPILED
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError:
+        return {}
+    return {"CACHE_DIR": str(folder)} if os.access(folder, os.W_OK) else {}
+
+
 class OpenVinoTransformer:
     """As :class:`OnnxTransformer`, for OpenVINO's int8 model: what it keeps in float runs in bf16
     on CPUs with bf16 instructions (measured here: 1.0-1.6x f32 there at the same cosine to fp32),
@@ -349,9 +369,9 @@ class OpenVinoTransformer:
         import openvino as ov
 
         hint = "bf16" if cpu.has_bf16() else "f32"
-        compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": hint,
-                                                              "PERFORMANCE_HINT": "LATENCY",
-                                                              "CPU_RUNTIME_CACHE_CAPACITY": SHAPE_CACHE})
+        config = {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY",
+                  "CPU_RUNTIME_CACHE_CAPACITY": SHAPE_CACHE, **compiled_cache(path)}
+        compiled = ov.Core().compile_model(str(path), "CPU", config)
         self.request = compiled.create_infer_request()
         self.input_names = input_names
 
