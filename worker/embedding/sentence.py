@@ -30,7 +30,7 @@ import numpy as np
 from schemas import sparse as sparse_modes
 from schemas.errors import ConfigError
 from schemas.sparse import SparseMode
-from worker.embedding import cpu
+from worker.embedding import cpu, cuda_driver
 from worker.embedding.base import Embedder, resolve_model_path, word_spans
 from worker.embedding.forward import ForwardPasses, pass_sizes
 from worker.embedding.sparse import Embedded, LearnedSparse, Sparse
@@ -47,13 +47,20 @@ def cpu_has_bf16() -> bool:
 
 
 def pick_device(device: str) -> str:
+    """``device``, or for ``auto`` cuda where torch sees a CUDA device, else cpu. Raises ConfigError
+    for ``cuda`` without one, naming the driver and CUDA versions where the driver is too old (a
+    warning for ``auto``, which then runs on the CPU)."""
     import torch
 
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("EMBEDSTREAM_DEVICE=cuda but torch sees no CUDA device: use auto or cpu")
-    return device
+    if torch.cuda.is_available():
+        return "cuda" if device == "auto" else device
+    old = cuda_driver.too_old(torch.version.cuda, cuda_driver.driver_version())
+    if device == "cuda":
+        raise ConfigError(f"EMBEDSTREAM_DEVICE=cuda but {old}" if old else
+                          "EMBEDSTREAM_DEVICE=cuda but torch sees no CUDA device: use auto or cpu")
+    if device == "auto" and old:
+        log.warning("running on the CPU: %s", old)
+    return "cpu" if device == "auto" else device
 
 
 def pick_precision(precision: str, device: str) -> str:
