@@ -198,6 +198,21 @@ def test_a_gpu_release_rolls_without_a_surge_pod_and_the_strategy_can_be_set():
     assert recreate["Deployment"]["spec"]["strategy"] == {"type": "Recreate"}
 
 
+def test_a_gpu_pods_requests_grow_with_its_processes_unless_given():
+    def resources(values: dict) -> dict:
+        return render(merge(BASE, values))["Deployment"]["spec"]["template"]["spec"]["containers"][0]["resources"]
+
+    two = {"gpu": {"enabled": True, "count": 2, "workersPerGpu": 4}, "keda": {"partitions": 24, "maxReplicaCount": 3}}
+    assert resources(two) == {"requests": {"cpu": "8", "memory": "20480Mi"},
+                              "limits": {"memory": "32768Mi", "nvidia.com/gpu": "2"}}  # 8 processes x perProcess
+    one = resources({"gpu": {"enabled": True, "workersPerGpu": 1, "perProcess": {"cpu": 0.5}}})
+    assert one == {"requests": {"cpu": "0.5", "memory": "2560Mi"},
+                   "limits": {"memory": "4096Mi", "nvidia.com/gpu": "1"}}
+    given = {"requests": {"cpu": "3", "memory": "9Gi"}, "limits": {"memory": "12Gi"}}
+    assert resources(merge(two, {"gpu": {"resources": given}})) == merge(given, {"limits": {"nvidia.com/gpu": "2"}})
+    assert resources({}) == yaml.safe_load((CHART / "values.yaml").read_text())["resources"]  # a CPU release
+
+
 def test_a_gpu_pod_runs_workers_per_gpu_processes_each_with_its_metrics_port():
     objs = render(merge(merge(BASE, VALUE_SETS["GPU"]), {"gpu": {"workersPerGpu": 3},
                                                         "metrics": {"serviceMonitor": {"enabled": True}}}))

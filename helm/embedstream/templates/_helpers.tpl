@@ -491,3 +491,19 @@ as an integer, anything else as it is.
   value: {{ . | quote }}
 {{- end }}
 {{- end -}}
+
+{{/* A GPU pod's requests and limits (less the GPU): gpu.resources where given, else gpu.perProcess
+times the pod's processes (embedstream.processes). */}}
+{{- define "embedstream.gpuResources" -}}
+{{- if .Values.gpu.resources -}}
+{{ toYaml .Values.gpu.resources }}
+{{- else -}}
+{{- $n := include "embedstream.processes" . | atoi -}}
+{{- $p := .Values.gpu.perProcess -}}
+requests:
+  cpu: {{ mulf $p.cpu $n | toString | quote }}
+  memory: {{ printf "%dMi" (mul (int $p.memoryMi) $n) }}
+limits:
+  memory: {{ printf "%dMi" (mul (int $p.memoryLimitMi) $n) }}
+{{- end -}}
+{{- end -}}
