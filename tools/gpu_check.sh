@@ -7,6 +7,8 @@
 # Writes under $OUT (default ./gpu-check), each step within what is left of $BUDGET_S (default 480 s):
 #   gpu.txt             the GPU (nvidia-smi -L) and the driver
 #   dmon.txt            SM and memory utilisation every second through the whole check (nvidia-smi dmon)
+#   rss.txt             each worker process's largest resident memory seen (MiB, sampled every 2 s): the
+#                       per-process figure behind the chart's gpu.perProcess
 #   test-gpu.txt        `pytest -m gpu tests/gpu`: fp16 against fp32, the worker end to end with the NVML
 #                       gauges read off /metrics, four processes sharing the GPU end to end
 #   processes/          `bench --processes 1,2,4,8`: R1_gpu for S1 and S2 at each K (SM %, tokens/s,
@@ -41,6 +43,10 @@ step() {  # step NAME MAX_SECONDS COMMAND...: run within min(MAX, what is left);
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } > "$OUT/gpu.txt" 2>&1
 nvidia-smi dmon -s um -d 1 > "$OUT/dmon.txt" 2>&1 &
 DMON=$!
+# Every 2 s, each embedstream process's resident MiB; rss.txt keeps each pid's largest, with its command.
+( while sleep 2; do ps -eo pid=,rss=,args= | awk '/embedstream|worker\.commands|multiprocessing/ && !/awk/'; done ) \
+  > /tmp/gpu-check-rss.txt 2>/dev/null &
+RSS=$!
 export EMBEDSTREAM_LOG_LEVEL=WARNING HF_HUB_OFFLINE=1
 
 step test-gpu 150 "$PY" -m pytest -q -s -m gpu tests/gpu
@@ -73,6 +79,9 @@ PY
   unset GPU_CHECK_SAMPLE
 fi
 
-kill "$DMON" 2>/dev/null
+kill "$DMON" "$RSS" 2>/dev/null
+awk '{ pid = $1; rss = $2; $1 = $2 = ""; if (rss > max[pid]) { max[pid] = rss; what[pid] = $0 } }
+     END { for (p in max) printf "%d MiB  pid %s %s\n", max[p] / 1024, p, what[p] }' /tmp/gpu-check-rss.txt \
+  | sort -rn > "$OUT/rss.txt" 2>/dev/null
 "$PY" -m tools.bench.gpu_summary "$OUT" > "$OUT/summary.md" 2>&1
 cat "$OUT/steps.txt" "$OUT/summary.md"
