@@ -36,11 +36,12 @@ def declared() -> list[tuple[str, str, tuple[str, ...], str]]:
     return sorted(out)
 
 
-def exporter_declared() -> list[tuple[str, str, tuple[str, ...], str]]:
-    """The metrics of ``embedstream lag --serve`` (``worker.process.backlog_server``), by name."""
-    from worker.process.backlog_server import BacklogExporter
+def exporter_declared(kind: str = "share") -> list[tuple[str, str, tuple[str, ...], str]]:
+    """The metrics of ``embedstream lag --serve`` (``worker.process.backlog_server``) for a group of
+    ``kind`` (share or consumer), by name."""
+    from worker.process.backlog_server import GROUP, SHARE, BacklogExporter
 
-    exporter = BacklogExporter(list, "group", "topic")
+    exporter = BacklogExporter(list, "group", "topic", kind=SHARE if kind == "share" else GROUP)
     return sorted(_row(v) for v in vars(exporter).values() if isinstance(v, MetricWrapperBase))
 
 
@@ -65,7 +66,14 @@ def page() -> str:
            "Served by `embedstream lag --serve PORT` (`worker/process/backlog_server.py`; the chart's "
            "`<release>-backlog` Deployment in share mode) at `/metrics`, beside `/backlog` (JSON, for KEDA's "
            "`metrics-api` trigger) and `/healthz` (the last read succeeded).", "",
-           *_table(exporter_declared())]
+           *_table(exporter_declared()), "",
+           "## A consumer group's lag, with no worker running", "",
+           "Served by `embedstream lag --serve PORT` for a consumer group (the chart's `<release>-backlog` "
+           "Deployment when `lagExporter.enabled`): the lag as KEDA's Kafka scaler counts it, read every "
+           "`--interval` seconds, so the lag alerts have a series while KEDA holds the workers at zero. "
+           "`/lag` answers it as JSON. Its names are not the workers' `embedstream_consumer_lag`: a sum over "
+           "the release's pods counts each record once.", "",
+           *_table(exporter_declared("consumer"))]
     return "\n".join(out) + "\n"
 
 

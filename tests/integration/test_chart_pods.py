@@ -7,8 +7,9 @@ cluster would add and this leaves out: the image (the checkout's worker runs), m
 these releases mounts one), the network namespace (each process gets a free port where the pod would
 have its own: the metrics port, the exporter's port), probes, KEDA and the scheduler.
 
-- The default release: its worker embeds what is produced into Milvus and the output topic, and stops
-  on SIGTERM with exit 0.
+- The default release: its lag exporter serves the group's lag before any worker runs (what the lag
+  alerts read at zero replicas), its worker embeds what is produced into Milvus and the output topic,
+  the exporter then reads 0, and both stop on SIGTERM with exit 0.
 - A share release: the backlog exporter answers ``/backlog`` with what was produced, the worker drains
   it, the exporter then reads 0.
 - The migration Job: `migrate --model <a new model>` runs to its end (exit 0) and moves the alias.
@@ -119,6 +120,27 @@ def _in_milvus(s) -> set[str]:
         return set()
 
 
+def _exporter(objs: dict, secrets: dict, log: Path) -> tuple[subprocess.Popen, int]:
+    """The rendered backlog exporter (``Deployment/backlog``) started, on a free port in place of the
+    pod's own; returns it and that port."""
+    args, env = _pod(objs["Deployment/backlog"], secrets, "es-embedstream-backlog-6f9d8-k2m4p")
+    port = free_port()
+    args = [str(port) if a == str(objs["Service/backlog"]["spec"]["ports"][0]["port"]) else a for a in args]
+    assert args[:2] == ["lag", "--serve"]
+    return _start(args, env, log), port
+
+
+def _served(port: int, path: str, key: str | None = None):
+    """``path`` of the exporter: its JSON's ``key``, or the text where no key is given; None while it
+    does not answer 200."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
+            body = reply.read().decode()
+    except OSError:
+        return None
+    return json.loads(body)[key] if key else body
+
+
 def _stop(proc: subprocess.Popen, log: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(90) == 0, log.read_text()[-3000:]
@@ -129,18 +151,29 @@ def test_the_default_release_s_worker_and_the_migration_job_run_as_their_pods_wo
 
     s = fresh_settings(stack, partitions=2, compacted_input=True)  # what `migrate` re-reads
     secrets = {("embedstream-redis", "url"): stack["EMBEDSTREAM_REDIS_URL"]}
-    objs = _render(helm, _values(s))
+    objs = _render(helm, _values(s, lagExporter={"interval": 2}))
     args, env = _pod(objs["Deployment"], secrets, "es-embedstream-5d8c7-abcde")
     assert args == ["run"] and env["EMBEDSTREAM_REDIS_URL"] == stack["EMBEDSTREAM_REDIS_URL"]
     ids = _produce(s, 12, "pod")
-    log = tmp_path / "worker.log"
-    worker = _start(args, env, log)
+    log, elog = tmp_path / "worker.log", tmp_path / "exporter.log"
+    exporter, port = _exporter(objs, secrets, elog)
+    worker = None
+    total = f'embedstream_group_topic_lag{{group="{s.group_id}",topic="{s.input_topic}"}}'
     try:
+        # no worker yet (a release at zero replicas): the group never committed, so under the chart's
+        # earliest every record produced is lag, and the alerts' series says so
+        _until(lambda: _served(port, "/lag", "total_lag") == len(ids), 120, "the exporter's lag to read what was "
+               "produced", exporter, elog)
+        assert f"{total} 12.0" in _served(port, "/metrics")
+        worker = _start(args, env, log)
         _until(lambda: _in_milvus(s) == ids, 180, "the documents in Milvus", worker, log)
         assert {m.key().decode() for m in read_topic(s, s.output_topic, expect=len(ids))} == ids
+        _until(lambda: _served(port, "/lag", "total_lag") == 0, 120, "the lag to drain to 0", exporter, elog)
+        assert f"{total} 0.0" in _served(port, "/metrics")
     finally:
-        if worker.poll() is None:
-            _stop(worker, log)
+        for proc, plog in ((worker, log), (exporter, elog)):
+            if proc is not None and proc.poll() is None:
+                _stop(proc, plog)
 
     before = MilvusAdmin(s.milvus_uri, s.milvus_collection, timeout=30).alias_target(s.milvus_collection)
     new_model = projected_model(tmp_path / "new-model", dim=128)
@@ -160,21 +193,13 @@ def test_a_share_release_s_exporter_and_worker_run_as_their_pods_would(helm, sta
     s = fresh_settings(stack, partitions=1)
     secrets = {("embedstream-redis", "url"): stack["EMBEDSTREAM_REDIS_URL"]}
     objs = _render(helm, _values(s, kafka={"groupType": "share"}))
-    args, env = _pod(objs["Deployment/backlog"], secrets, "es-embedstream-backlog-6f9d8-k2m4p")
-    port = free_port()  # the pod's own port, here one that is free
-    args = [str(port) if a == str(objs["Service/backlog"]["spec"]["ports"][0]["port"]) else a for a in args]
-    assert args[:2] == ["lag", "--serve"]
     ids = _produce(s, 10, "share")
     elog, wlog = tmp_path / "exporter.log", tmp_path / "worker.log"
-    exporter = _start(args, env, elog)
+    exporter, port = _exporter(objs, secrets, elog)
     worker = None
     try:
         def backlog() -> int | None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/backlog", timeout=5) as reply:
-                    return json.loads(reply.read())["backlog"]
-            except OSError:
-                return None
+            return _served(port, "/backlog", "backlog")
 
         _until(lambda: backlog() == len(ids), 120, "the exporter's backlog to read what was produced", exporter,
                elog)

@@ -163,10 +163,8 @@ def test_json_logs_carry_an_iso_8601_timestamp_with_its_zone():
     assert line["process"] == 0 and json.loads(JsonFormatter(process=3).format(record))["process"] == 3
 
 
-def test_lag_of_a_share_group_refuses_what_it_cannot_read_and_serve_is_for_share_groups(monkeypatch):
+def test_lag_of_a_share_group_refuses_what_it_cannot_read(monkeypatch):
     monkeypatch.setenv("EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
-    result = CliRunner().invoke(app, ["lag", "--serve", "9400"])
-    assert result.exit_code == 2 and "--serve is for share groups" in result.output
     monkeypatch.setenv("EMBEDSTREAM_GROUP_TYPE", "share")
     monkeypatch.setenv("EMBEDSTREAM_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
     monkeypatch.setenv("EMBEDSTREAM_KAFKA__SASL_MECHANISM", "OAUTHBEARER")

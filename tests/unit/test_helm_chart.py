@@ -310,7 +310,8 @@ def test_a_share_group_scales_on_the_backlog_the_exporter_serves():
         render(merge(BASE, merge(SHARE, {"keda": {"share": {"trigger": "prometheus"}}})))
     with pytest.raises(HelmError, match="OAUTHBEARER"):
         render(merge(BASE, merge(SHARE, VALUE_SETS["OAUTHBEARER (OIDC) and mutual TLS"])))
-    assert "Deployment/backlog" not in render(BASE)  # consumer mode: KEDA's Kafka scaler reads the lag
+    # consumer mode: KEDA's Kafka scaler reads the lag; the exporter is there for the alerts, and optional
+    assert "Deployment/backlog" not in render(merge(BASE, {"lagExporter": {"enabled": False}}))
 
 
 def test_schema_registry_settings_and_secrets_reach_the_worker():
@@ -524,10 +525,10 @@ def test_extra_env_volumes_and_the_cache_volume_reach_the_worker_and_the_migrati
 CONSUMER_ONLY = {"embedstream_consumer_lag", "embedstream_commit_seconds", "embedstream_commit_failures_total",
                  "embedstream_rebalances_total"}
 ALERTS = {"consumer": {"EmbedstreamLagGrowing", "EmbedstreamStalled", "EmbedstreamDeadLetters", "EmbedstreamFenced",
-                       "EmbedstreamRestarting", "EmbedstreamGpuIdle"},
+                       "EmbedstreamRestarting", "EmbedstreamGpuIdle", "EmbedstreamNoWorker"},
           "share": {"EmbedstreamBacklogGrowing", "EmbedstreamStalled", "EmbedstreamRedeliveries",
                     "EmbedstreamLockExpiries", "EmbedstreamDeadLetters", "EmbedstreamFenced", "EmbedstreamRestarting",
-                    "EmbedstreamGpuIdle"}}
+                    "EmbedstreamGpuIdle", "EmbedstreamNoWorker"}}
 MONITORED = {"prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
              "metrics": {"serviceMonitor": {"enabled": True}}}
 
@@ -541,7 +542,7 @@ def rendered_rules(mode: str, extra: dict | None = None) -> tuple[dict, dict[str
 
 def scraped_series(objs: dict, mode: str) -> set[str]:
     """Every series a target the chart has scraped serves in ``mode``: the workers' (their ServiceMonitor),
-    and in share mode the backlog exporter's (its own ServiceMonitor)."""
+    and the backlog exporter's for the mode's kind of group (its own ServiceMonitor)."""
     from tools.metrics_docs import declared, exporter_declared
 
     worker = {name for name, *_ in declared()}
@@ -550,7 +551,7 @@ def scraped_series(objs: dict, mode: str) -> set[str]:
     if "ServiceMonitor" in objs:
         out |= worker - CONSUMER_ONLY if mode == "share" else worker - share
     if "ServiceMonitor/backlog" in objs:
-        out |= {name for name, *_ in exporter_declared()}
+        out |= {name for name, *_ in exporter_declared(mode)}
     return out
 
 
@@ -589,8 +590,8 @@ def _promtool() -> str | None:
 
 WORKER_POD = 'namespace="ml", pod="es-embedstream-6d8f9-x2x7q"'
 BACKLOG_POD = 'namespace="ml", pod="es-embedstream-backlog-7c5d4-k9p2m"'
-#: What a mode's input waits on: a consumer group's lag (the workers'), a share group's backlog (the exporter's).
-WAITING = {"consumer": f'embedstream_consumer_lag{{{WORKER_POD}, topic="docs", partition="0"}}',
+#: What a mode's input waits on, as the backlog exporter serves it: a consumer group's lag, a share group's backlog.
+WAITING = {"consumer": f'embedstream_group_topic_lag{{{BACKLOG_POD}, group="embedstream", topic="documents"}}',
            "share": f'embedstream_share_topic_backlog{{{BACKLOG_POD}, group="emb", topic="docs"}}'}
 
 
@@ -600,7 +601,11 @@ def _waiting_cases(mode: str, growing: str, progress: str) -> list[tuple]:
     waiting = WAITING[mode]
     return [(growing, "25m", [(waiting, "100+50x40")], [(waiting, "100+0x40")]),
             ("EmbedstreamStalled", "20m", [(progress, "7+0x40"), (waiting, "100+0x40")],
-             [(progress, "7+30x40"), (waiting, "100+0x40")])]
+             [(progress, "7+30x40"), (waiting, "100+0x40")]),
+            # records wait and no worker answers a scrape: the exporter's up and a down worker's do not count
+            ("EmbedstreamNoWorker", "20m", [(waiting, "100+0x40"), (f"up{{{BACKLOG_POD}}}", "1x40"),
+                                            (f"up{{{WORKER_POD}}}", "0x40")],
+             [(waiting, "100+0x40"), (f"up{{{WORKER_POD}}}", "0x5 1x35")])]
 
 
 #: Each alert with a synthetic series that must make it fire and one that must not, as Prometheus' own
@@ -687,7 +692,13 @@ def test_the_backlog_exporter_is_scraped_and_gets_extra_volumes_and_only_what_it
     env = {e["name"] for e in c["env"]}
     assert env == {"EMBEDSTREAM_KAFKA_BOOTSTRAP_SERVERS", "EMBEDSTREAM_INPUT_TOPIC", "EMBEDSTREAM_GROUP_ID",
                    "EMBEDSTREAM_GROUP_TYPE", "EMBEDSTREAM_LOG_FORMAT"}, env
-    assert "ServiceMonitor/backlog" not in render(merge(BASE, MONITORED))  # consumer mode: no exporter
+    # a consumer group's: its lag, counted as KEDA is told to count it, scraped for the alerts; optional
+    consumer = render(merge(merge(BASE, MONITORED), {"keda": {"offsetResetPolicy": "latest"}}))
+    [c] = consumer["Deployment/backlog"]["spec"]["template"]["spec"]["containers"]
+    assert c["args"] == ["lag", "--serve", "9400", "--interval", "30", "--offset-reset-policy", "latest"]
+    assert {e["name"]: e.get("value") for e in c["env"]}["EMBEDSTREAM_GROUP_TYPE"] == "consumer"
+    assert "ServiceMonitor/backlog" in consumer and "ScaledObject" in consumer
+    assert "ServiceMonitor/backlog" not in render(merge(merge(BASE, MONITORED), {"lagExporter": {"enabled": False}}))
 
 
 def _object_paths(schema: dict, path: tuple = ()) -> list[tuple]:

@@ -132,6 +132,29 @@ def test_the_exporter_answers_503_until_a_read_succeeds_then_the_backlog_and_its
     assert exporter.answer("/healthz")[0] == 200 and exporter.answer("/nope")[0] == 404
 
 
+def test_a_consumer_groups_exporter_serves_its_lag_under_names_of_its_own():
+    """The same exporter for a consumer group (``lag --serve`` without a share group): its lag at
+    ``/lag`` and as ``embedstream_group_*``, never under the workers' ``embedstream_consumer_lag`` (the
+    alerts sum that over the release's pods, the exporter's among them)."""
+    from connectors.lag import PartitionLag
+    from worker.process.backlog_server import GROUP
+
+    lags = [PartitionLag("docs", 0, 120, 100, 20), PartitionLag("docs", 1, 40, None, 35, start_offset=5)]
+    exporter = BacklogExporter(lambda: lags, "emb", "docs", kind=GROUP)
+    assert exporter.answer("/lag")[0] == 503
+    exporter.refresh()
+    code, _, body = exporter.answer("/lag")
+    found = json.loads(body)
+    assert code == 200 and found["total_lag"] == 55 and (found["group"], found["topic"]) == ("emb", "docs")
+    assert [p["lag"] for p in found["partitions"]] == [20, 35]
+    metrics = exporter.answer("/metrics")[2].decode()
+    assert 'embedstream_group_lag{group="emb",partition="1",topic="docs"} 35.0' in metrics
+    assert 'embedstream_group_topic_lag{group="emb",topic="docs"} 55.0' in metrics
+    assert "embedstream_group_lag_read_failures_total 0.0" in metrics
+    assert "embedstream_consumer_lag" not in metrics and "share" not in metrics
+    assert exporter.answer("/backlog")[0] == 404 and b"/lag" in exporter.answer("/backlog")[2]
+
+
 def test_a_brokers_answers_are_bounded_as_input():
     """A length prefix of 2 GB is refused before anything is buffered; a SCRAM iteration count past
     Kafka's bounds (2^31 would hold the CPU for hours) or a first message that does not parse is a

@@ -160,7 +160,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 - name: EMBEDSTREAM_GROUP_ID
   value: {{ .Values.kafka.groupId | quote }}
 - name: EMBEDSTREAM_GROUP_TYPE
-  value: "share"
+  value: {{ .Values.kafka.groupType | default "consumer" | quote }}
 {{ include "embedstream.kafkaClientEnv" . }}
 - name: EMBEDSTREAM_LOG_FORMAT
   value: {{ .Values.logFormat | quote }}
@@ -440,6 +440,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* "true" when the workers join a share group (kafka.groupType=share). */}}
 {{- define "embedstream.shareGroup" -}}
 {{- eq (.Values.kafka.groupType | default "consumer") "share" -}}
+{{- end }}
+
+{{/* "true" when the chart runs the backlog exporter (backlog.yaml): a share group's under KEDA, which
+     scales on it; a consumer group's where lagExporter.enabled, so the lag alerts have a series while
+     no worker runs. */}}
+{{- define "embedstream.backlogExporter" -}}
+{{- if eq (include "embedstream.shareGroup" .) "true" }}{{ .Values.keda.enabled }}{{ else }}{{ .Values.lagExporter.enabled }}{{ end -}}
+{{- end }}
+
+{{/* The exporter's port, interval and resources: keda.share's for a share group, else lagExporter's. */}}
+{{- define "embedstream.backlogValues" -}}
+{{- if eq (include "embedstream.shareGroup" .) "true" }}{{ toYaml .Values.keda.share }}{{ else }}{{ toYaml .Values.lagExporter }}{{ end -}}
 {{- end }}
 
 {{/* The backlog exporter's labels: apart from the workers', so that no worker selector (Service,

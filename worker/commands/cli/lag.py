@@ -1,5 +1,5 @@
-"""``embedstream lag``: the group's lag, as KEDA computes it; for a share group its backlog, and
-``--serve`` to export that backlog for KEDA's metrics-api scaler."""
+"""``embedstream lag``: the group's lag, as KEDA computes it; for a share group its backlog; and
+``--serve`` to export either over HTTP (for KEDA's metrics-api scaler, Prometheus and the alerts)."""
 
 from __future__ import annotations
 
@@ -34,9 +34,10 @@ def lag(
     lag_threshold: Annotated[int | None, typer.Option(
         help="Also show the replicas KEDA would ask for at this lagThreshold", min=1)] = None,
     serve: Annotated[int | None, typer.Option(
-        help="Share groups: keep reading the backlog and serve it on this port (/backlog as JSON for KEDA's "
-        "metrics-api scaler, /metrics for Prometheus, /healthz) until stopped", min=1, max=65535)] = None,
-    interval: Annotated[float, typer.Option(help="With --serve: seconds between reads of the backlog",
+        help="Keep reading the lag and serve it on this port until stopped: /metrics for Prometheus and "
+        "/healthz; /lag as JSON for a consumer group, /backlog for a share group (KEDA's metrics-api scaler)",
+        min=1, max=65535)] = None,
+    interval: Annotated[float, typer.Option(help="With --serve: seconds between reads of the lag",
                                             min=1.0)] = 10.0,
     overrides: dict[str, object] | None = None,
 ) -> None:
@@ -57,11 +58,18 @@ def lag(
     require_or_exit(s, "kafka_bootstrap_servers")
     if s.group_type == "share":
         return share_backlog(s, as_json, lag_threshold, serve, interval)
+    admin = make_admin(s.kafka_common())
+
+    def read():
+        return group_lag(admin, s.group_id, s.input_topic, offset_reset_policy, scale_to_zero_on_invalid_offset,
+                         retained_only=retained_only)
+
     if serve is not None:
-        raise fail("--serve is for share groups: KEDA's Kafka scaler reads a consumer group's lag itself", 2)
+        from worker.process.backlog_server import GROUP
+
+        return serve_backlog(read, s.group_id, s.input_topic, serve, interval, s.metrics_host, GROUP)
     try:
-        lags = group_lag(make_admin(s.kafka_common()), s.group_id, s.input_topic, offset_reset_policy,
-                         scale_to_zero_on_invalid_offset, retained_only=retained_only)
+        lags = read()
     except (ValueError, RuntimeError) as exc:
         raise fail(str(exc)) from None
     except Exception as exc:  # KafkaException from the admin futures
@@ -133,18 +141,21 @@ def share_backlog(s, as_json: bool, lag_threshold: int | None, serve: int | None
         console.print(f"KEDA would ask for [bold]{replicas}[/] replica(s) at a target of {lag_threshold} a replica")
 
 
-def serve_backlog(read, group: str, topic: str, port: int, interval: float, host: str = "0.0.0.0") -> None:
-    """Serve the backlog on ``host:port`` until SIGTERM or Ctrl-C."""
+def serve_backlog(read, group: str, topic: str, port: int, interval: float, host: str = "0.0.0.0",
+                  kind=None) -> None:
+    """Serve the backlog on ``host:port`` until SIGTERM or Ctrl-C (``kind``: the exporter's
+    ``SHARE``, the default, or ``GROUP``)."""
     import signal
     import threading
 
-    from worker.process.backlog_server import BacklogExporter
+    from worker.process.backlog_server import SHARE, BacklogExporter
 
-    exporter = BacklogExporter(read, group, topic, interval)
+    kind = kind or SHARE
+    exporter = BacklogExporter(read, group, topic, interval, kind)
     server = exporter.serve(port, host)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    console.print(f"serving the backlog of share group [bold]{group}[/] on {host}:{port} (/backlog, /metrics, "
+    console.print(f"serving the backlog of {kind.group} [bold]{group}[/] on {host}:{port} ({kind.path}, /metrics, "
                   f"/healthz), read every {interval:g}s")
     try:
         while not done.wait(1.0):
