@@ -7,10 +7,14 @@
 # The default model (all-MiniLM-L6-v2) comes with the package; --build-arg MODEL=<hub name> bakes another
 # into /opt/model at build time (scale-from-zero pods start without a download). The CPU variant exports
 # the int8 model at build time.
-# Not built in this repository's CI: its machines have no Docker engine (docs/operations.md says what is
-# tested of this file, and what only a Docker build would show).
+# CI builds both variants with podman (make image-check, tools/image_check.py) and runs the CPU one's
+# container as the chart runs its pod.
 ARG BASE=python:3.11-slim
 FROM ${BASE} AS runtime
+# A CA bundle for the build's downloads where a proxy inspects TLS: mount it and name it, e.g.
+#   podman build -v "$PIP_CERT:/etc/build-ca.pem:ro" --build-arg PIP_CERT=/etc/build-ca.pem .
+# pip reads it from the environment during the build's RUN steps; it is never copied into the image.
+ARG PIP_CERT
 
 ARG VARIANT=gpu
 ARG MODEL=""

@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # torch pinned: PyPI's 2.13.0 (its CUDA build, ~2.6 GB with the nvidia-* wheels) runs on CPUs too.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup setup-dev constraints check-install docs test test-fast test-guarantees test-gpu gpu-check soak mutate demo bench bench-quick bench-cpu bench-gpu bench-gpu-processes bench-peer-env dev-up dev-down lint clean
+.PHONY: setup setup-dev constraints check-install image-check docs test test-fast test-guarantees test-gpu gpu-check soak mutate demo bench bench-quick bench-cpu bench-gpu bench-gpu-processes bench-peer-env dev-up dev-down lint clean
 
 # setup: what the worker, the demo and the tools need; setup-dev adds what only the tests use.
 setup: $(STAMP)
@@ -42,6 +42,11 @@ constraints: setup
 # install script into a prefix (tools/check_install.py; .ci/run runs it after make test). A few minutes.
 check-install: setup
 	$(BIN)/python -m tools.check_install
+
+# The Dockerfile's images built with podman on a Debian-made base, the CPU one run as the chart's pod on the
+# local stack (embeds, answers /readyz, exits 0 on SIGTERM), the GPU one checked for what it imports.
+image-check: setup-dev
+	$(BIN)/python -m tools.image_check
 
 # docs/configuration.md and docs/metrics.md from their declarations (tests/unit/test_config_docs.py and
 # tests/unit/test_metrics_docs.py check them).
