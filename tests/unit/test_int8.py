@@ -131,3 +131,25 @@ def test_the_command_line_bounds_onednns_kernel_cache_unless_the_environment_say
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
     process_defaults()
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
+
+
+def test_the_check_is_recorded_whole_and_a_read_only_cache_keeps_none(tmp_path, monkeypatch):
+    """``record_check`` adds the check to the export's ``export.json`` by a rename (no half-written file for
+    a start reading beside it), and leaves nothing behind where the folder cannot be written."""
+    import json as _json
+
+    from worker.embedding import int8 as _int8
+
+    folder = tmp_path / "key"
+    folder.mkdir()
+    (folder / "export.json").write_text(_json.dumps({"inputs": ["input_ids"]}))
+    monkeypatch.setattr(_int8, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(_int8, "model_key", lambda path, engine: "key")
+    _int8.record_check("m", _int8.Quality(0.995, 0.98, 40))
+    found = _json.loads((folder / "export.json").read_text())
+    assert found["inputs"] == ["input_ids"] and found["check"]["mean"] == 0.995 and found["check"]["passes"]
+    assert sorted(p.name for p in folder.iterdir()) == ["export.json"]
+    monkeypatch.setattr(_int8.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(30, "Read-only file system")))
+    _int8.record_check("m", _int8.Quality(0.5, 0.4, 40))  # refused: logged, never raised
+    assert _json.loads((folder / "export.json").read_text())["check"]["mean"] == 0.995
+    assert sorted(p.name for p in folder.iterdir()) == ["export.json"]

@@ -423,13 +423,19 @@ def load(st, model_path: str | Path, max_length: int) -> OnnxTransformer | OpenV
 def record_check(model_path: str | Path, quality: Quality) -> None:
     """Write the check of ``model_path``'s OpenVINO export into its ``export.json``, so a later start
     may load the export without the float32 model to check it against (``worker.embedding.lite``).
-    A read-only cache keeps no record: that start then checks again."""
+    A read-only cache keeps no record: that start then checks again. Written beside and renamed over
+    it, so a start reading it while another writes never reads half a file."""
     meta = cache_root() / model_key(model_path, "openvino") / "export.json"
     try:
         found = json.loads(meta.read_text())
         found["check"] = {"mean": quality.mean, "min": quality.min, "texts": quality.texts, "passes": quality.passes,
                           "gate": [MIN_MEAN_COSINE, MIN_COSINE]}
-        meta.write_text(json.dumps(found))
+        tmp = meta.with_name(f"{meta.name}.tmp-{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(found))
+            os.replace(tmp, meta)
+        finally:
+            tmp.unlink(missing_ok=True)
     except (OSError, ValueError) as exc:
         log.debug("int8 check not recorded in %s (%s)", meta, exc)
 
