@@ -519,3 +519,51 @@ limits:
   memory: {{ printf "%dMi" (mul (int $p.memoryLimitMi) $n) }}
 {{- end -}}
 {{- end -}}
+
+{{/* The pod-level fields of a pod that runs as a worker does, apart from the Deployment's: the
+     migration Job's and `helm test`'s pods (placement, security, pull secrets, init containers,
+     volumes), so that on a GPU release they run where the workers' GPUs are. */}}
+{{- define "embedstream.workerPodFields" -}}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- with .Values.runtimeClassName }}
+runtimeClassName: {{ . | quote }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.extraInitContainers }}
+initContainers:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+volumes:
+  {{- include "embedstream.volumes" . | nindent 2 }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* A worker-like pod's resources: .res, with one GPU on a GPU release (one process: `migrate`'s
+     backfill and shadow check, or `run --check`). Called with (dict "root" $ "res" ...). */}}
+{{- define "embedstream.oneGpuResources" -}}
+{{- $res := deepCopy .res }}
+{{- if .root.Values.gpu.enabled }}
+{{- $limits := default dict $res.limits }}
+{{- $_ := set $limits .root.Values.gpu.resourceName "1" }}
+{{- $_ := set $res "limits" $limits }}
+{{- end }}
+{{- toYaml $res }}
+{{- end -}}
