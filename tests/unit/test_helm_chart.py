@@ -981,3 +981,44 @@ def test_helm_test_runs_the_check_with_the_workers_settings_where_a_worker_runs(
     assert gpu["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     notes = _engine.render(str(CHART), BASE, name="es", namespace="ml")
     assert any("helm test es" in text for name, text in notes.items() if name.endswith("NOTES.txt"))
+
+
+def _values_path_exists(values: dict, path: str) -> bool:
+    cur = values
+    for part in path.split("."):
+        if part == "*" and isinstance(cur, dict):
+            return True
+        if not (isinstance(cur, dict) and part in cur):
+            return False
+        cur = cur[part]
+    return True
+
+
+def test_every_values_key_the_chart_s_comments_and_the_operations_table_name_is_one_the_chart_has():
+    """A comment in values.yaml that names another value (``keda.offsetResetPolicy``), and each key the
+    operations page's values table lists (``cache.enabled``, ``.existingClaim`` for its siblings), is a
+    key of values.yaml: a renamed or removed value leaves no text pointing at it."""
+    text = (CHART / "values.yaml").read_text()
+    values = yaml.safe_load(text)
+    named = re.compile(r"(?<![\w./-])([a-z][A-Za-z0-9]*(?:\.(?:[a-zA-Z][A-Za-z0-9]*|\*))+)(?![\w/])")
+    wrong = [(n, m.group(1)) for n, line in enumerate(text.splitlines(), 1) if "#" in line
+             for m in named.finditer(line[line.index("#"):])
+             if m.group(1).split(".")[0] in values and not _values_path_exists(values, m.group(1))]
+    assert not wrong, f"values.yaml's comments name values it does not have: {wrong}"
+    seen = 0
+    for line in (CHART.parents[1] / "docs" / "operations.md").read_text().splitlines():
+        if not line.startswith("| `"):
+            continue
+        full: list[str] = []  # the cell's full paths so far: a ".key" is a sibling of one of them
+        for token in re.findall(r"`([^`]+)`", line.split("|")[1]):
+            token = re.split(r"[:=]", token)[0].strip()
+            if token.startswith(".") and full:
+                near = [p.rsplit(".", i)[0] + token for p in reversed(full) for i in (1, 2) if p.count(".") >= i - 1]
+                token = next((t for t in near if _values_path_exists(values, t)), near[0])
+            elif token.split(".")[0] not in values:
+                continue
+            else:
+                full.append(token)
+            seen += 1
+            assert _values_path_exists(values, token), f"docs/operations.md lists {token!r}, not a value: {line[:120]}"
+    assert seen > 50  # the table was read
