@@ -6,7 +6,7 @@
 # runtime, so no CUDA base image is needed), the GPU gauges (gpu) or the int8 runtimes (cpu).
 # The default model (all-MiniLM-L6-v2) comes with the package; --build-arg MODEL=<hub name> bakes another
 # into /opt/model at build time (scale-from-zero pods start without a download). The CPU variant exports
-# the int8 model at build time.
+# the int8 model at build time, with OpenVINO's compiled copy beside it, readable by the worker's user.
 # CI builds both variants with podman (make image-check, tools/image_check.py) and runs the CPU one's
 # container as the chart runs its pod.
 ARG BASE=python:3.11-slim
@@ -35,7 +35,8 @@ S(sys.argv[1]).save('/opt/model')" "${MODEL}"; \
     fi \
  && if [ "${VARIANT}" = "cpu" ]; then \
       python -c "import sys; from worker.embedding.sentence import SentenceTransformerEmbedder as E; \
-E(sys.argv[1] or None, 'int8', 'cpu')" "${MODEL:+/opt/model}"; \
+E(sys.argv[1] or None, 'int8', 'cpu')" "${MODEL:+/opt/model}" \
+      && chmod -R a+rX /opt/cache; \
     fi
 # A baked model is the default; unset, the packaged one is.
 ENV EMBEDSTREAM_MODEL=${MODEL:+/opt/model}

@@ -167,6 +167,9 @@ def run_cpu_container(work: Path) -> dict:
         text = (work / "container.log").read_text(errors="replace")
         if code != 0:
             raise Failed(f"the container exited {code} on SIGTERM:\n{text[-3000:]}")
+        if "its compiled copy loaded" not in text:  # the copy the build baked, read by uid 10001
+            raise Failed(f"the container compiled the int8 model at start instead of loading the image's "
+                         f"compiled copy:\n{text[-3000:]}")
         lag = _group_lag(s)
         if lag != 0:
             raise Failed(f"the group's lag after the stop is {lag}, not 0:\n{text[-3000:]}")

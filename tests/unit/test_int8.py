@@ -153,3 +153,38 @@ def test_the_check_is_recorded_whole_and_a_read_only_cache_keeps_none(tmp_path, 
     _int8.record_check("m", _int8.Quality(0.5, 0.4, 40))  # refused: logged, never raised
     assert _json.loads((folder / "export.json").read_text())["check"]["mean"] == 0.995
     assert sorted(p.name for p in folder.iterdir()) == ["export.json"]
+
+
+def test_a_compiled_copy_that_cannot_be_loaded_is_compiled_at_this_start(tmp_path, monkeypatch, caplog):
+    """The CPU image's case run as another user: OpenVINO finds the copy but cannot read it, and on a
+    read-only root cannot remove it either, so its compile raises. The start compiles without the copy
+    and says so, instead of failing."""
+    import logging
+    import sys
+    import types
+
+    from worker.embedding import int8 as _int8
+
+    calls: list[dict] = []
+
+    class Compiled:
+        def get_property(self, name):
+            return False
+
+        def create_infer_request(self):
+            return None
+
+    class Core:
+        def compile_model(self, path, device, config):
+            calls.append(dict(config))
+            if "CACHE_DIR" in config:
+                raise RuntimeError("Exception from src/inference/src/cpp/core.cpp:132:\n"
+                                   "filesystem error: cannot remove: Read-only file system [x.blob]")
+            return Compiled()
+
+    monkeypatch.setitem(sys.modules, "openvino", types.SimpleNamespace(Core=Core))
+    (tmp_path / "compiled").mkdir()
+    with caplog.at_level(logging.WARNING):
+        t = _int8.OpenVinoTransformer(tmp_path / "model-int8.xml", ["input_ids"])
+    assert [("CACHE_DIR" in c) for c in calls] == [True, False] and not t.from_cache
+    assert "compiled copy" in caplog.text and "Read-only file system" in caplog.text

@@ -374,7 +374,17 @@ class OpenVinoTransformer:
         hint = "bf16" if cpu.has_bf16() else "f32"
         config = {"INFERENCE_PRECISION_HINT": hint, "PERFORMANCE_HINT": "LATENCY",
                   "CPU_RUNTIME_CACHE_CAPACITY": SHAPE_CACHE, **compiled_cache(path)}
-        compiled = ov.Core().compile_model(str(path), "CPU", config)
+        try:
+            compiled = ov.Core().compile_model(str(path), "CPU", config)
+        except RuntimeError as exc:
+            if "CACHE_DIR" not in config:
+                raise
+            # A copy it cannot read, on a folder where it cannot remove it (OpenVINO writes its copies
+            # readable by their owner's group only: another user's, on a read-only root): compiled here.
+            log.warning("int8 model's compiled copy in %s not loaded (%s): compiling it at this start",
+                        config["CACHE_DIR"], str(exc).strip().splitlines()[-1][:200])
+            config.pop("CACHE_DIR")
+            compiled = ov.Core().compile_model(str(path), "CPU", config)
         #: Whether OpenVINO loaded a compiled copy (:func:`compiled_cache`) rather than compiling now.
         self.from_cache = bool(compiled.get_property("LOADED_FROM_CACHE"))
         self.request = compiled.create_infer_request()

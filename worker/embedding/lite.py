@@ -200,6 +200,7 @@ def lite_model(model: str | None, precision: str = "auto", device: str = "auto",
     emb.sparse = mode
     emb.int8_quality = int8.Quality(checked["mean"], checked["min"], checked["texts"])
     log.info("model %s loaded without torch: dim=%d precision=int8 device=cpu sparse=%s (its int8 export checked "
-             "against float32 when it was made: cosine mean %.4f, min %.4f)", model_id, emb.dim, mode,
-             checked["mean"], checked["min"])
+             "against float32 when it was made: cosine mean %.4f, min %.4f; %s)", model_id, emb.dim, mode,
+             checked["mean"], checked["min"],
+             "its compiled copy loaded" if emb.int8_transformer.from_cache else "compiled at this start")
     return emb
