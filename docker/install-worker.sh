@@ -23,4 +23,9 @@ esac
 # torch first, alone: the largest download, and the one other wheels must agree with
 "$PREFIX/bin/python" -m pip install --quiet -c "$SOURCE/constraints.txt" torch
 "$PREFIX/bin/python" -m pip install --quiet -c "$SOURCE/constraints.txt" "$SOURCE[$EXTRAS]"
+# The CPU variant keeps torch's CUDA libraries (PyPI's torch imports them even on a CPU: without them
+# `import torch` fails) but not Triton, the compiler of GPU kernels, which nothing on a CPU loads (0.7 GB).
+if [ "$VARIANT" = cpu ]; then
+  "$PREFIX/bin/python" -m pip uninstall --quiet --yes triton
+fi
 "$PREFIX/bin/embedstream" --version
