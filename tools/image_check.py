@@ -203,7 +203,8 @@ def _group_lag(s) -> int:
     from connectors.kafka import make_admin
     from connectors.lag import group_lag
 
-    return sum(p.lag for p in group_lag(make_admin(s.kafka_common()), s.group_id, s.input_topic, "earliest"))
+    return sum(p.lag for p in group_lag(make_admin(s.kafka_common()), s.group_id, s.input_topic, "earliest",
+                                        props=s.kafka_common()))
 
 
 def _until(check, seconds: float, proc: subprocess.Popen, work: Path, what: str) -> bool:

@@ -131,7 +131,7 @@ def backfill_lag(settings: Settings, group: str, ends: Mapping[int, int] | None 
     batch's base offset + 1). Only when ``ends`` covers every partition is the answer certain: a 0
     while the backfill is still reading some partition must not be taken for done."""
     admin = admin or make_admin(settings.kafka_common())
-    lags = group_lag(admin, group, settings.input_topic, "earliest")
+    lags = group_lag(admin, group, settings.input_topic, "earliest", props=settings.kafka_common())
     # The first offsets only where the group never committed (once it has, polls cost no second request).
     never = {TopicPartition(settings.input_topic, p.partition): OffsetSpec.earliest()
              for p in lags if p.committed is None}

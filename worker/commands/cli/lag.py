@@ -62,7 +62,7 @@ def lag(
 
     def read():
         return group_lag(admin, s.group_id, s.input_topic, offset_reset_policy, scale_to_zero_on_invalid_offset,
-                         retained_only=retained_only)
+                         retained_only=retained_only, props=s.kafka_common())
 
     if serve is not None:
         from worker.process.backlog_server import GROUP
