@@ -232,6 +232,7 @@ def gpu_imports() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variants", default="cpu,gpu", help="which images to build (default cpu,gpu)")
+    ap.add_argument("--keep", action="store_true", help="keep the images built (by default they are removed)")
     args = ap.parse_args(argv)
     missing = tools_missing()
     if missing:
@@ -257,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         except (Failed, subprocess.TimeoutExpired, AssertionError) as exc:
             print(f"image-check failed: {exc}", file=sys.stderr)
             return 1
+        finally:
+            if not args.keep:  # 6 GB an image: none left behind run after run (the base is kept)
+                subprocess.run(["podman", "rmi", "--force", *IMAGES.values()], capture_output=True)
+                subprocess.run(["podman", "image", "prune", "--force"], capture_output=True)
     return 0
 
 
