@@ -44,9 +44,8 @@ def lag(
     """Per-partition and total lag of the worker's group, computed as KEDA's Kafka scaler computes it
     (end offset − committed offset). For a share group (EMBEDSTREAM_GROUP_TYPE=share), which commits no
     offsets: its backlog, the records the broker says it has not finished (Apache Kafka 4.2+)."""
-    from connectors.kafka import make_admin
     from connectors.lag import as_json as lag_json
-    from connectors.lag import desired_replicas, group_lag, keda_counts_retained
+    from connectors.lag import desired_replicas, keda_counts_retained
 
     if offset_reset_policy not in ("latest", "earliest"):
         raise fail("--offset-reset-policy must be latest or earliest", 2)
@@ -58,12 +57,7 @@ def lag(
     require_or_exit(s, "kafka_bootstrap_servers")
     if s.group_type == "share":
         return share_backlog(s, as_json, lag_threshold, serve, interval)
-    admin = make_admin(s.kafka_common())
-
-    def read():
-        return group_lag(admin, s.group_id, s.input_topic, offset_reset_policy, scale_to_zero_on_invalid_offset,
-                         retained_only=retained_only, props=s.kafka_common())
-
+    read = group_reader(s, offset_reset_policy, scale_to_zero_on_invalid_offset, retained_only)
     if serve is not None:
         from worker.process.backlog_server import GROUP
 
@@ -80,6 +74,16 @@ def lag(
     print_lag_table(lags, s)
     if replicas is not None:
         console.print(f"KEDA would ask for [bold]{replicas}[/] replica(s) at lagThreshold {lag_threshold}")
+
+
+def group_reader(s, offset_reset_policy: str, scale_to_zero: bool, retained_only: bool):
+    """A function reading the consumer group's lag, with one admin client for every read."""
+    from connectors.kafka import make_admin
+    from connectors.lag import group_lag
+
+    admin = make_admin(s.kafka_common())
+    return lambda: group_lag(admin, s.group_id, s.input_topic, offset_reset_policy, scale_to_zero,
+                             retained_only=retained_only, props=s.kafka_common())
 
 
 def print_lag_table(lags, s) -> None:
