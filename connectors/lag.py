@@ -15,7 +15,6 @@ Note: the local Tansu broker answers ListOffsets(latest) with the last batch's b
 
 from __future__ import annotations
 
-import concurrent.futures
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -62,45 +61,57 @@ def partition_lag(end: int, committed: int | None, offset_reset_policy: str = "l
     return end - committed
 
 
-def committed_offsets(props: Mapping[str, object], group: str, tps: list[TopicPartition],
-                      timeout: float = 10.0) -> dict[int, int | None]:
-    """``group``'s committed offset of each of ``tps`` (None where it has none), read by a consumer of
-    the group that never joins it (OffsetFetch through the group's coordinator, as KEDA reads them).
+class GroupOffsets:
+    """A consumer group's committed offsets, read by a consumer of the group that never joins it
+    (OffsetFetch through the group's coordinator, as KEDA reads them); one consumer for every read,
+    closed by :meth:`close` (a reader polled twice a second, as ``migrate`` does, reconnects never).
 
     Not the admin client's ``list_consumer_group_offsets``: librdkafka crashes the process (SIGSEGV,
     librdkafka issue 5040, open) when that request's answer says the coordinator moved or is loading,
     which a long-running ``lag --serve`` meets on a young group or a broker restart; seen here on
     Apache Kafka 4.2 in two of three fresh starts of the exporter. A consumer has the group
     machinery that answer needs."""
-    consumer = Consumer({**props, "group.id": group, "enable.auto.commit": False})
-    try:
-        found = consumer.committed(tps, timeout=timeout)
-    finally:
-        consumer.close()
-    return {tp.partition: tp.offset if tp.offset >= 0 else None for tp in found}
+
+    def __init__(self, props: Mapping[str, object], group: str) -> None:
+        self.group = group
+        self.consumer = Consumer({**props, "group.id": group, "enable.auto.commit": False})
+
+    def committed(self, tps: list[TopicPartition], timeout: float = 10.0) -> dict[int, int | None]:
+        """The committed offset of each of ``tps`` (None where the group has none)."""
+        return {tp.partition: tp.offset if tp.offset >= 0 else None
+                for tp in self.consumer.committed(tps, timeout=timeout)}
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def __enter__(self) -> GroupOffsets:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def group_lag(admin: AdminClient, group: str, topic: str, offset_reset_policy: str = "latest",
+def group_lag(admin: AdminClient, offsets: GroupOffsets, topic: str, offset_reset_policy: str = "latest",
               scale_to_zero_on_invalid_offset: bool = False, timeout: float = 10.0,
-              retained_only: bool = True, *, props: Mapping[str, object]) -> list[PartitionLag]:
-    """Lag of ``group`` on every partition of ``topic`` (``retained_only``: :func:`partition_lag`):
-    the end offsets from ``admin``, the committed ones by :func:`committed_offsets` with the client
-    properties ``props``. Raises ``RuntimeError`` for a missing topic."""
+              retained_only: bool = True) -> list[PartitionLag]:
+    """Lag of ``offsets.group`` on every partition of ``topic`` (``retained_only``: :func:`partition_lag`):
+    the end offsets from ``admin``, the committed ones from ``offsets``. Raises ``RuntimeError`` for a
+    missing topic."""
     if offset_reset_policy not in ("latest", "earliest"):
         raise ValueError("offset_reset_policy must be 'latest' or 'earliest'")
     meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
     if meta is None or meta.error is not None or not meta.partitions:
         raise RuntimeError(f"topic {topic!r} does not exist")
     tps = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
-    ends = {tp.partition: r.offset for tp, r in _results(
-        admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout), timeout).items()}
-    committed = {p: c for p, c in committed_offsets(props, group, tps, timeout).items() if c is not None}
+    ends = {tp.partition: f.result(timeout).offset for tp, f in
+            admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, request_timeout=timeout).items()}
+    committed = {p: c for p, c in offsets.committed(tps, timeout).items() if c is not None}
     missing = [tp for tp in tps if tp.partition not in committed]
     starts: dict[int, int] = {}
     if missing and offset_reset_policy == "earliest" and retained_only and not scale_to_zero_on_invalid_offset:
         # as KEDA 2.21 does: the log's start is asked for only where a missing commit counts from it
-        earliest = admin.list_offsets({tp: OffsetSpec.earliest() for tp in missing}, request_timeout=timeout)
-        starts = {tp.partition: r.offset for tp, r in _results(earliest, timeout).items()}
+        starts = {tp.partition: f.result(timeout).offset for tp, f in
+                  admin.list_offsets({tp: OffsetSpec.earliest() for tp in missing}, request_timeout=timeout).items()}
     out = []
     for tp in tps:
         c, start = committed.get(tp.partition), starts.get(tp.partition)
@@ -108,15 +119,6 @@ def group_lag(admin: AdminClient, group: str, topic: str, offset_reset_policy: s
                             start or 0, retained_only)
         out.append(PartitionLag(topic, tp.partition, ends[tp.partition], c, lag, start))
     return out
-
-
-def _results(futures: dict, timeout: float) -> dict:
-    """Each admin future's result, by key, once every one of them has finished (or ``timeout`` has
-    passed); then the first failure is raised. A future left unfinished when an earlier one raised
-    was seen to crash the process (SIGSEGV) when librdkafka answered it later, on a young topic whose
-    leaders were still moving (NOT_LEADER_FOR_PARTITION) under ``lag --serve``'s repeated reads."""
-    concurrent.futures.wait(list(futures.values()), timeout)
-    return {key: f.result(0) for key, f in futures.items()}
 
 
 def desired_replicas(lags: list[PartitionLag], lag_threshold: int, limit_to_partitions_with_lag: bool = False,

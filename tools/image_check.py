@@ -93,31 +93,22 @@ def build(variant: str) -> tuple[float, int]:
     return took, size
 
 
-def rendered_worker(stack_env: dict[str, str], s) -> tuple[dict, dict[str, str]]:
-    """The default release's worker container (Helm's engine), for the local stack: (container, env)."""
-    from tests.unit.helm_engine import Engine, container_env, objects
+def rendered_worker(stack_env: dict[str, str], s) -> tuple[dict, list[str], dict[str, str]]:
+    """The default release's worker (Helm's engine), for the local stack: its container, args and env."""
+    from tests.unit.helm_engine import Engine, objects, pod_command, release_values
 
-    values = {"kafka": {"bootstrapServers": s.kafka_bootstrap_servers, "inputTopic": s.input_topic,
-                        "outputTopic": s.output_topic, "dlqTopic": s.dlq_topic, "groupId": s.group_id},
-              "milvus": {"uri": s.milvus_uri, "collection": s.milvus_collection},
-              "redis": {"enabled": True, "existingSecret": "embedstream-redis"}, "keda": {"checkCRDs": False}}
     engine = Engine()
     try:
-        objs = objects(engine.render(str(REPO / "helm" / "embedstream"), values, name="es", namespace="ml"))
+        objs = objects(engine.render(str(REPO / "helm" / "embedstream"), release_values(s), name="es",
+                                     namespace="ml"))
     finally:
         engine.close()
-    pod = objs["Deployment"]["spec"]["template"]["spec"]
-    [c] = pod["containers"]
+    deployment = objs["Deployment"]
     secrets = {("embedstream-redis", "url"): stack_env["EMBEDSTREAM_REDIS_URL"]}
-
-    def value_from(e: dict) -> str:
-        ref = e["valueFrom"]
-        if "secretKeyRef" in ref:
-            return secrets[(ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])]
-        return "es-embedstream-5d8c7-image"  # the pod's name (fieldRef metadata.name)
-
-    return {**c, "podSecurityContext": pod.get("securityContext", {}), "volumes": pod.get("volumes", [])}, \
-        container_env(c, value_from)
+    args, env = pod_command(deployment, secrets, "es-embedstream-5d8c7-image")
+    pod = deployment["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    return {**c, "podSecurityContext": pod.get("securityContext", {})}, args, env
 
 
 def _answers(url: str) -> bool:
@@ -137,7 +128,7 @@ def run_cpu_container(work: Path) -> dict:
     stack.up(partitions=2)
     try:
         s = fresh_settings(stack.env(), partitions=2)
-        container, env = rendered_worker(stack.env(), s)
+        container, args, env = rendered_worker(stack.env(), s)
         sec = container.get("securityContext", {})
         user = container["podSecurityContext"].get("runAsUser", 10001)
         assert sec.get("readOnlyRootFilesystem") and sec.get("capabilities", {}).get("drop") == ["ALL"], sec
@@ -146,11 +137,11 @@ def run_cpu_container(work: Path) -> dict:
         ids = _produce(s, DOCS)
         flags = [f"--user={user}", "--read-only", "--cap-drop=ALL", "--security-opt=no-new-privileges",
                  "--network=host", "--tmpfs=/tmp:rw,size=256m"]
-        args = ["run", "--rm", "--name", "embedstream-image-check", *flags,
-                *[x for k, v in env.items() for x in ("-e", f"{k}={v}")], IMAGES["cpu"], *container.get("args", [])]
+        command = ["run", "--rm", "--name", "embedstream-image-check", *flags,
+                *[x for k, v in env.items() for x in ("-e", f"{k}={v}")], IMAGES["cpu"], *args]
         log = (work / "container.log").open("w")
         t0 = time.monotonic()
-        proc = subprocess.Popen(["podman", "--runtime", "runc", *args], stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(["podman", "--runtime", "runc", *command], stdout=log, stderr=subprocess.STDOUT)
         try:
             ready = _until(lambda: _answers(f"http://127.0.0.1:{port}/readyz"), 180, proc, work, "/readyz")
             ready_s = time.monotonic() - t0
@@ -201,10 +192,10 @@ def _in_milvus(s, read) -> dict:
 
 def _group_lag(s) -> int:
     from connectors.kafka import make_admin
-    from connectors.lag import group_lag
+    from connectors.lag import GroupOffsets, group_lag
 
-    return sum(p.lag for p in group_lag(make_admin(s.kafka_common()), s.group_id, s.input_topic, "earliest",
-                                        props=s.kafka_common()))
+    with GroupOffsets(s.kafka_common(), s.group_id) as offsets:
+        return sum(p.lag for p in group_lag(make_admin(s.kafka_common()), offsets, s.input_topic, "earliest"))
 
 
 def _until(check, seconds: float, proc: subprocess.Popen, work: Path, what: str) -> bool:

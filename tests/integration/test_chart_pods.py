@@ -33,7 +33,7 @@ from connectors.kafka import make_producer
 from connectors.milvus import MilvusAdmin
 from schemas.codec import Document, encode_document
 from tests.helpers import REPO, documents_in_milvus, fresh_settings, missing_tool, read_topic
-from tests.unit.helm_engine import Engine, available, container_env, objects
+from tests.unit.helm_engine import Engine, available, objects, pod_command, release_values
 from tools.dev import free_port
 
 pytestmark = pytest.mark.integration
@@ -54,31 +54,6 @@ def helm():
 
 def _render(helm, values: dict) -> dict[str, dict]:
     return objects(helm.render(str(CHART), values, name="es", namespace="ml"))
-
-
-def _values(s, **extra) -> dict:
-    values = {"kafka": {"bootstrapServers": s.kafka_bootstrap_servers, "inputTopic": s.input_topic,
-                        "outputTopic": s.output_topic, "dlqTopic": s.dlq_topic, "groupId": s.group_id},
-              "milvus": {"uri": s.milvus_uri, "collection": s.milvus_collection},
-              "redis": {"enabled": True, "existingSecret": "embedstream-redis"}, "keda": {"checkCRDs": False}}
-    for key, more in extra.items():
-        values[key] = {**values.get(key, {}), **more}
-    return values
-
-
-def _pod(obj: dict, secrets: dict[tuple[str, str], str], pod: str) -> tuple[list[str], dict[str, str]]:
-    """The first container's args and env, as the kubelet gives them to the pod ``pod`` (of a
-    Deployment's or a Job's template, or a Pod itself)."""
-    [c] = (obj["spec"]["template"]["spec"] if obj["kind"] != "Pod" else obj["spec"])["containers"]
-
-    def value_from(e: dict) -> str:
-        ref = e["valueFrom"]
-        if "secretKeyRef" in ref:
-            return secrets[(ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])]
-        assert ref["fieldRef"]["fieldPath"] == "metadata.name", ref
-        return pod
-
-    return list(c.get("args", [])), container_env(c, value_from)
 
 
 def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -123,7 +98,7 @@ def _in_milvus(s) -> set[str]:
 def _exporter(objs: dict, secrets: dict, log: Path) -> tuple[subprocess.Popen, int]:
     """The rendered backlog exporter (``Deployment/backlog``) started, on a free port in place of the
     pod's own; returns it and that port."""
-    args, env = _pod(objs["Deployment/backlog"], secrets, "es-embedstream-backlog-6f9d8-k2m4p")
+    args, env = pod_command(objs["Deployment/backlog"], secrets, "es-embedstream-backlog-6f9d8-k2m4p")
     port = free_port()
     args = [str(port) if a == str(objs["Service/backlog"]["spec"]["ports"][0]["port"]) else a for a in args]
     assert args[:2] == ["lag", "--serve"]
@@ -151,8 +126,8 @@ def test_the_default_release_s_worker_and_the_migration_job_run_as_their_pods_wo
 
     s = fresh_settings(stack, partitions=2, compacted_input=True)  # what `migrate` re-reads
     secrets = {("embedstream-redis", "url"): stack["EMBEDSTREAM_REDIS_URL"]}
-    objs = _render(helm, _values(s, lagExporter={"interval": 2}))
-    args, env = _pod(objs["Deployment"], secrets, "es-embedstream-5d8c7-abcde")
+    objs = _render(helm, release_values(s, lagExporter={"interval": 2}))
+    args, env = pod_command(objs["Deployment"], secrets, "es-embedstream-5d8c7-abcde")
     assert args == ["run"] and env["EMBEDSTREAM_REDIS_URL"] == stack["EMBEDSTREAM_REDIS_URL"]
     ids = _produce(s, 12, "pod")
     log, elog = tmp_path / "worker.log", tmp_path / "exporter.log"
@@ -177,9 +152,9 @@ def test_the_default_release_s_worker_and_the_migration_job_run_as_their_pods_wo
 
     before = MilvusAdmin(s.milvus_uri, s.milvus_collection, timeout=30).alias_target(s.milvus_collection)
     new_model = projected_model(tmp_path / "new-model", dim=128)
-    objs = _render(helm, _values(s, migration={"model": str(new_model)}))
+    objs = _render(helm, release_values(s, migration={"model": str(new_model)}))
     [job] = [obj for kind, obj in objs.items() if kind.startswith("Job")]
-    args, env = _pod(job, secrets, "es-embedstream-migrate-0a1b2c3d-xyz12")
+    args, env = pod_command(job, secrets, "es-embedstream-migrate-0a1b2c3d-xyz12")
     assert args[:3] == ["migrate", "--model", str(new_model)]
     log = tmp_path / "migrate.log"
     migrate = _start(args, env, log)
@@ -192,7 +167,7 @@ def test_the_default_release_s_worker_and_the_migration_job_run_as_their_pods_wo
 def test_a_share_release_s_exporter_and_worker_run_as_their_pods_would(helm, stack, tmp_path):
     s = fresh_settings(stack, partitions=1)
     secrets = {("embedstream-redis", "url"): stack["EMBEDSTREAM_REDIS_URL"]}
-    objs = _render(helm, _values(s, kafka={"groupType": "share"}))
+    objs = _render(helm, release_values(s, kafka={"groupType": "share"}))
     ids = _produce(s, 10, "share")
     elog, wlog = tmp_path / "exporter.log", tmp_path / "worker.log"
     exporter, port = _exporter(objs, secrets, elog)
@@ -203,7 +178,7 @@ def test_a_share_release_s_exporter_and_worker_run_as_their_pods_would(helm, sta
 
         _until(lambda: backlog() == len(ids), 120, "the exporter's backlog to read what was produced", exporter,
                elog)
-        wargs, wenv = _pod(objs["Deployment"], secrets, "es-embedstream-7b6c5-q8r9s")
+        wargs, wenv = pod_command(objs["Deployment"], secrets, "es-embedstream-7b6c5-q8r9s")
         assert wenv["EMBEDSTREAM_GROUP_TYPE"] == "share"
         worker = _start(wargs, wenv, wlog)
         _until(lambda: _in_milvus(s) == ids, 180, "the documents in Milvus", worker, wlog)
@@ -219,15 +194,15 @@ def test_helm_test_s_pod_passes_on_a_working_release_and_names_what_is_wrong_on_
     broker address nobody listens on it exits 2 and says which part failed."""
     s = fresh_settings(stack, partitions=2)
     secrets = {("embedstream-redis", "url"): stack["EMBEDSTREAM_REDIS_URL"]}
-    args, env = _pod(_render(helm, _values(s))["Pod"], secrets, "es-embedstream-check")
+    args, env = pod_command(_render(helm, release_values(s))["Pod"], secrets, "es-embedstream-check")
     assert args == ["run", "--check"]
     log = tmp_path / "check.log"
     check = _start(args, env, log)
     assert check.wait(180) == 0, log.read_text()[-3000:]
     table = log.read_text()
     assert all(re.search(rf"{part}\W+ok", table) for part in ("kafka", "topics", "model", "milvus", "redis")), table
-    broken = _values(s, kafka={"bootstrapServers": f"127.0.0.1:{free_port()}"})
-    args, env = _pod(_render(helm, broken)["Pod"], secrets, "es-embedstream-check")
+    broken = release_values(s, kafka={"bootstrapServers": f"127.0.0.1:{free_port()}"})
+    args, env = pod_command(_render(helm, broken)["Pod"], secrets, "es-embedstream-check")
     check = _start(args, {**env, "EMBEDSTREAM_KAFKA__SOCKET_CONNECTION_SETUP_TIMEOUT_MS": "3000"}, log)
     assert check.wait(180) == 2, log.read_text()[-3000:]
     assert re.search(r"kafka\W+fail", log.read_text()), log.read_text()[-3000:]

@@ -111,3 +111,31 @@ def container_env(c: dict, value_from: Callable[[dict], str]) -> dict[str, str]:
             value = value_from(e)
         env[e["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), ""), str(value))
     return env
+
+
+def release_values(s, **extra) -> dict:
+    """The chart's values for a release on the stack of the settings ``s`` (its broker, topics, group,
+    Milvus, and Redis through a Secret ``embedstream-redis``); ``extra``: more keys of each top-level
+    value (``lagExporter={"interval": 2}``)."""
+    values = {"kafka": {"bootstrapServers": s.kafka_bootstrap_servers, "inputTopic": s.input_topic,
+                        "outputTopic": s.output_topic, "dlqTopic": s.dlq_topic, "groupId": s.group_id},
+              "milvus": {"uri": s.milvus_uri, "collection": s.milvus_collection},
+              "redis": {"enabled": True, "existingSecret": "embedstream-redis"}, "keda": {"checkCRDs": False}}
+    for key, more in extra.items():
+        values[key] = {**values.get(key, {}), **more}
+    return values
+
+
+def pod_command(obj: dict, secrets: dict[tuple[str, str], str], pod: str) -> tuple[list[str], dict[str, str]]:
+    """The first container's args and env, as the kubelet gives them to the pod ``pod`` (of a
+    Deployment's or a Job's template, or a Pod itself): ``secrets`` by (Secret, key)."""
+    [c] = (obj["spec"]["template"]["spec"] if obj["kind"] != "Pod" else obj["spec"])["containers"]
+
+    def value_from(e: dict) -> str:
+        ref = e["valueFrom"]
+        if "secretKeyRef" in ref:
+            return secrets[(ref["secretKeyRef"]["name"], ref["secretKeyRef"]["key"])]
+        assert ref["fieldRef"]["fieldPath"] == "metadata.name", ref
+        return pod
+
+    return list(c.get("args", [])), container_env(c, value_from)

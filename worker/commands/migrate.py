@@ -39,7 +39,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import ConfigResource, OffsetSpec
 
 from connectors.kafka import make_admin
-from connectors.lag import group_lag
+from connectors.lag import GroupOffsets, group_lag
 from connectors.milvus import MilvusAdmin, MilvusReader
 from schemas import sparse as sparse_modes
 from schemas.errors import ConfigError, TransientError
@@ -123,15 +123,20 @@ class BackfillLag(NamedTuple):
 
 
 def backfill_lag(settings: Settings, group: str, ends: Mapping[int, int] | None = None,
-                 admin=None) -> BackfillLag:
+                 admin=None, offsets=None) -> BackfillLag:
     """The backfill group's records still to embed: end offset − committed offset summed over the
     partitions (one it never committed counts from its first offset, as KEDA's ``earliest``).
     ``ends`` (partition → end offset, for the partitions the backfill's consumer is at the end of
     now) raise the end offsets the broker reports: Tansu's ListOffsets answers short (the last
     batch's base offset + 1). Only when ``ends`` covers every partition is the answer certain: a 0
-    while the backfill is still reading some partition must not be taken for done."""
+    while the backfill is still reading some partition must not be taken for done. ``admin`` and
+    ``offsets`` (a ``connectors.lag.GroupOffsets`` of ``group``): a caller's, kept across polls."""
     admin = admin or make_admin(settings.kafka_common())
-    lags = group_lag(admin, group, settings.input_topic, "earliest", props=settings.kafka_common())
+    if offsets is None:
+        with GroupOffsets(settings.kafka_common(), group) as once:
+            lags = group_lag(admin, once, settings.input_topic, "earliest")
+    else:
+        lags = group_lag(admin, offsets, settings.input_topic, "earliest")
     # The first offsets only where the group never committed (once it has, polls cost no second request).
     never = {TopicPartition(settings.input_topic, p.partition): OffsetSpec.earliest()
              for p in lags if p.committed is None}
@@ -488,11 +493,12 @@ def run(m: Migration, *, sample: int = 50, min_overlap: float | None = None, dro
         else:
             backfill = Backfill(m.backfill_settings)
             backfill.start()
+        admin = make_admin(m.settings.kafka_common())
+        offsets = GroupOffsets(m.backfill_settings.kafka_common(), p.group)  # polled until the switch
         try:
-            admin = make_admin(m.settings.kafka_common())
 
             def lag() -> BackfillLag:
-                now = backfill_lag(m.backfill_settings, p.group, backfill.ends(), admin)
+                now = backfill_lag(m.backfill_settings, p.group, backfill.ends(), admin, offsets)
                 return lane_lag(now) if lane else now
 
             wait_caught_up(lag, backfill, lambda v: on_lag(v, backfill))
@@ -508,6 +514,7 @@ def run(m: Migration, *, sample: int = 50, min_overlap: float | None = None, dro
             m.admin.point_alias(p.alias)
             say(f"switched: alias {p.alias!r} → {p.new_collection!r} (was {p.old_collection!r})")
         finally:
+            offsets.close()
             backfill.stop()
     if drop:
         dropped = drop_old(m.admin, p)

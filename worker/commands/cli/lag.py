@@ -77,13 +77,14 @@ def lag(
 
 
 def group_reader(s, offset_reset_policy: str, scale_to_zero: bool, retained_only: bool):
-    """A function reading the consumer group's lag, with one admin client for every read."""
+    """A function reading the consumer group's lag, with one admin client and one offsets reader for
+    every read (the process's life)."""
     from connectors.kafka import make_admin
-    from connectors.lag import group_lag
+    from connectors.lag import GroupOffsets, group_lag
 
-    admin = make_admin(s.kafka_common())
-    return lambda: group_lag(admin, s.group_id, s.input_topic, offset_reset_policy, scale_to_zero,
-                             retained_only=retained_only, props=s.kafka_common())
+    admin, offsets = make_admin(s.kafka_common()), GroupOffsets(s.kafka_common(), s.group_id)
+    return lambda: group_lag(admin, offsets, s.input_topic, offset_reset_policy, scale_to_zero,
+                             retained_only=retained_only)
 
 
 def print_lag_table(lags, s) -> None:
