@@ -46,9 +46,10 @@ def test_the_export_is_cached_gated_and_close_to_fp32(int8_model, fp32_model, ca
     engine = int8.engine()
     folder = cache_home / "embedstream" / "int8" / int8.model_key(packaged_model_path(), engine)
     exported = [folder / int8.FILES[engine]]
-    files = {"openvino": ["export.json", "model-int8.bin", "model-int8.xml", "model.onnx"],
+    # one model, one export, and OpenVINO's compiled copy of it beside them
+    files = {"openvino": ["compiled", "export.json", "model-int8.bin", "model-int8.xml", "model.onnx"],
              "onnxruntime": ["export.json", "model-int8.onnx", "model.onnx"]}[engine]
-    assert sorted(p.name for p in folder.iterdir()) == files  # one model, one export
+    assert sorted(p.name for p in folder.iterdir()) == files
     assert not list(folder.parent.glob(f"{folder.name}.tmp-*"))  # no half-written export left
     assert int8_model.int8_quality.passes
     assert int8_model.cache_id.endswith("+int8") and not fp32_model.cache_id.endswith("+int8")
