@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any
 
+from connectors.milvus.claims import claims_schema
 from connectors.milvus.connection import MilvusConnection, transient
 from connectors.milvus.legacy import adopt as adopt_legacy
 from connectors.milvus.schema import add_indexes, check_shape, collection_schema, tombstone_schema
@@ -58,6 +59,15 @@ class MilvusAdmin(MilvusConnection):
         marker.add_index(field_name="marker", index_type="AUTOINDEX", metric_type="L2")
         if not self._create(self.tombstones, tombstone_schema(), marker):
             c.load_collection(self.tombstones, timeout=self.timeout)
+
+    def ensure_claims(self) -> None:
+        """Create the companion of claims (``connectors.milvus.claims``) if missing: a share group's
+        members need it; a consumer group's never touch it."""
+        c = self._client
+        marker = c.prepare_index_params()
+        marker.add_index(field_name="marker", index_type="AUTOINDEX", metric_type="L2")
+        if not self._create(self.claims_collection, claims_schema(), marker):
+            c.load_collection(self.claims_collection, timeout=self.timeout)
 
     def _create(self, name: str, schema: Any, index: Any) -> bool:
         """Create collection ``name`` (loaded) unless it exists; True when this call created it. A
@@ -160,11 +170,11 @@ class MilvusAdmin(MilvusConnection):
             raise transient(exc) from None
 
     def drop(self) -> None:
-        """Drop the collection and its companion of deletes; opened on an alias, the alias and the
-        collection it points to."""
+        """Drop the collection and its companions (deletes, claims); opened on an alias, the alias and
+        the collection it points to."""
         target = self.alias_target(self.collection)
         if target is not None:
             self._client.drop_alias(self.collection, timeout=self.timeout)
         name = target or self.collection
-        for n in (name, f"{name}_deleted"):
+        for n in (name, f"{name}_deleted", f"{name}_claims"):
             self.drop_collection(n)

@@ -158,14 +158,16 @@ logging.getLogger("pymilvus.decorators").addFilter(_QuietProbes())
 
 
 class MilvusConnection:
-    """A client on ``collection`` (chunk rows) and its companion ``<collection>_deleted`` (the
-    version of each document id's last delete)."""
+    """A client on ``collection`` (chunk rows), its companion ``<collection>_deleted`` (the version
+    of each document id's last delete) and, in a share group, ``<collection>_claims``."""
 
     def __init__(self, uri: str, collection: str, token: str | None = None, timeout: float = 10.0, *,
                  client: Any = None, options: Mapping[str, Any] | None = None) -> None:
         self.uri = uri
         self.collection = collection
         self.tombstones = f"{collection}_deleted"
+        #: A share group's claims on the versions its members write (``connectors.milvus.claims``).
+        self.claims_collection = f"{collection}_claims"
         self.timeout = timeout
         self._client = client if client is not None else connect(uri, token, timeout, options)
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from prometheus_client import Counter
 
+from connectors.milvus.claims import ClaimCalls
 from connectors.milvus.connection import CollectionGone, MilvusConnection, failure
 from connectors.milvus.expressions import field_in
 from connectors.milvus.schema import VERSION_FIELDS, ChunkRows, chunk_id, row_dicts, upsert_request
@@ -30,12 +31,13 @@ def _newer(a: Version | None, b: Version) -> Version:
     return a if a[1] > b[1] else b
 
 
-class MilvusStore(MilvusConnection):
+class MilvusStore(MilvusConnection, ClaimCalls):
     """Writes of one collection of chunk rows (COSINE metric) and its companion of deletes, so that a
-    delete has a version to compare with too. A failure raises ``Refused`` where Milvus will never take
-    the call as it is (``connection.refused``: the caller finds the rows that cause it), else
-    ``TransientError`` (an outage: the caller retries). Ids reach Milvus only as string literals
-    (``connectors.milvus.expressions``), never as expression text."""
+    delete has a version to compare with too; a share group's members also claim the versions they
+    write in the companion of claims (``connectors.milvus.claims``). A failure raises ``Refused``
+    where Milvus will never take the call as it is (``connection.refused``: the caller finds the rows
+    that cause it), else ``TransientError`` (an outage: the caller retries). Ids reach Milvus only as
+    string literals (``connectors.milvus.expressions``), never as expression text."""
 
     #: Set once pymilvus' private columnar call has failed as a moved API fails (:meth:`_lose_columnar`).
     _columnar_lost = False
@@ -95,10 +97,19 @@ class MilvusStore(MilvusConnection):
     def versions(self, doc_ids: list[str]) -> tuple[dict[str, Version], dict[str, int]]:
         """For the documents among ``doc_ids`` that Milvus knows, read at Strong consistency: the
         version each holds (its rows', or its last delete's where that is newer) and how many
-        chunks its rows say it has (documents with rows only). Chunk 0 speaks for the document:
-        every version has one, and its rows are written together."""
+        chunks its rows say it has (documents with rows only)."""
+        deleted, rows, counts = self.version_parts(doc_ids)
+        versions = dict(deleted)
+        for doc, version in rows.items():
+            versions[doc] = _newer(versions.get(doc), version)
+        return versions, counts
+
+    def version_parts(self, doc_ids: list[str]) -> tuple[dict[str, Version], dict[str, Version], dict[str, int]]:
+        """``versions`` in its parts, read at Strong consistency: the version of each document's last
+        delete, its rows' version and their chunk count. Chunk 0 speaks for the document: every
+        version has one, and its rows are written together."""
         if not doc_ids:
-            return {}, {}
+            return {}, {}, {}
         try:
             rows = self._client.query(self.collection, filter=field_in("id", [chunk_id(d, 0) for d in doc_ids]),
                                       output_fields=["doc_id", "chunk_count", *VERSION_FIELDS],
@@ -108,13 +119,9 @@ class MilvusStore(MilvusConnection):
                                          consistency_level="Strong")
         except Exception as exc:
             raise self._failure(exc) from None
-        versions: dict[str, Version] = {r["id"]: (r.get("source"), r.get("source_offset")) for r in deleted}
-        counts: dict[str, int] = {}
-        for r in rows:
-            doc = r["doc_id"]
-            versions[doc] = _newer(versions.get(doc), (r.get("source"), r.get("source_offset")))
-            counts[doc] = int(r["chunk_count"])
-        return versions, counts
+        return ({r["id"]: (r.get("source"), r.get("source_offset")) for r in deleted},
+                {r["doc_id"]: (r.get("source"), r.get("source_offset")) for r in rows},
+                {r["doc_id"]: int(r["chunk_count"]) for r in rows})
 
     def content_hashes(self, ids: list[str]) -> set[str]:
         """The ``content_hash`` of each row among the chunk ids ``ids`` (at Strong consistency): what a

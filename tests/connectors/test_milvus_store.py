@@ -149,6 +149,60 @@ HOSTILE_IDS = ["o'brien", "back\\slash", 'quote"double', "new\nline", "cr\rret",
                "ünïcødé 文字 😀", "a'] or id not in ['", 'a"] or id not in ["', "\\", '"', "x\\\"y", "$meta"]
 
 
+def test_claims_of_versions_are_rows_of_their_own_read_by_document_and_removed_by_key(kind, stack_env):
+    """A share member's claims (``connectors.milvus.claims``): two versions of one document are two
+    rows, read back by the document's exact id (hostile ones too), marked written, and removed by
+    key without touching another's; ``version_parts`` gives a delete's and the rows' versions apart."""
+    from connectors.milvus.claims import Claim
+
+    store = _store(kind, stack_env)
+    if kind == "real":
+        MilvusAdmin.sharing(store).ensure_claims()
+        MilvusAdmin.sharing(store).ensure_claims()  # a second start finds it made
+    docs = ["a", *HOSTILE_IDS]
+    claims = [Claim(d, "T:0", o, 1000 + o) for d in docs for o in (1, 2)]
+    store.claim(claims)
+    assert set(store.claims(docs)) == set(claims)  # each read back whole
+    assert {(c.doc, c.offset) for c in store.claims(["a"])} == {("a", 1), ("a", 2)}
+    store.claim([Claim("a", "T:0", 1, 5000, written=True)])  # the same version again: the same row
+    assert {(c.offset, c.at_ms, c.written) for c in store.claims(["a"])} == {(1, 5000, True), (2, 1002, False)}
+    store.unclaim([Claim("a", "T:0", 1).id, *(Claim(d, "T:0", 2).id for d in HOSTILE_IDS)])
+    assert {(c.doc, c.offset) for c in store.claims(docs)} == {("a", 2), *((d, 1) for d in HOSTILE_IDS)}
+    store.unclaim([c.id for c in store.claims(docs)])
+    assert store.claims(docs) == [] and store.claims([]) == []
+
+    store.upsert_chunks(_rows([("a", 0, 3)], np.eye(4, dtype=np.float32)[:1]), "m", 1000)
+    store.record_deletes(["a", "b"], (["T:0", "T:0"], [5, 6]), 2000)  # a's delete landed before its rows went
+    assert store.version_parts(["a", "b", "zz"]) == ({"a": ("T:0", 5), "b": ("T:0", 6)}, {"a": ("T:0", 3)}, {"a": 1})
+    assert store.versions(["a", "b"]) == ({"a": ("T:0", 5), "b": ("T:0", 6)}, {"a": 1})
+    if kind == "real":
+        MilvusAdmin.sharing(store).drop()
+        assert not store.has(store.claims_collection)
+    store.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("newer_deletes", [False, True], ids=["newer upsert", "newer delete"])
+def test_an_older_version_landing_last_on_milvus_is_written_over_by_the_newer_member(stack, newer_deletes):
+    """``tests/unit/test_share_order.py``'s interleaving on the real server: two share members, the
+    older version planned first and written while the newer member waits (Strong reads see each write)."""
+    from tests.unit.test_share_order import Clock, held, member, older_lands_last, share_item
+    from worker.core.records import Delete, Source
+
+    store = _store("real", stack)
+    MilvusAdmin.sharing(store).ensure_claims()
+    clock = Clock()
+    older, newer = member(store, clock), member(store, clock)
+    older_lands_last(older, newer, share_item("d", 1, 3),
+                     Delete(Source("docs", 0, 2), "d") if newer_deletes else share_item("d", 2, 1))
+    assert held(newer, "d") == ((None, 2) if newer_deletes else (2, None))
+    reader = MilvusReader.sharing(store)
+    assert [r["id"] for r in reader.query_ids(("id",))] == ([] if newer_deletes else ["d#0"])  # no older chunk
+    assert store.claims(["d"]) == []
+    MilvusAdmin.sharing(store).drop()
+    store.close()
+
+
 def test_ids_a_producer_chooses_are_data_never_part_of_an_expression(kind, stack_env):
     """Every odd id is written, read back and deleted as exactly itself; the tombstone keyed as an
     expression deletes its own rows and nothing else."""

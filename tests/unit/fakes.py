@@ -49,13 +49,13 @@ def rows_of(request) -> list[dict]:
     return [dict(zip(columns, values)) for values in zip(*columns.values())]
 
 
-def ids_named(expression: str) -> list[str]:
-    """The ids of ``id in [<string>, …]``, read by milvus-lite's own tokenizer (a Milvus filter parser
-    of its own, not this project's code): anything else in the expression fails the test."""
+def ids_named(expression: str, field: str = "id") -> list[str]:
+    """The values of ``<field> in [<string>, …]``, read by milvus-lite's own tokenizer (a Milvus filter
+    parser of its own, not this project's code): anything else in the expression fails the test."""
     from milvus_lite.search.filter.tokens import TokenKind, tokenize
 
     tokens = [t for t in tokenize(expression) if t.kind is not TokenKind.EOF]
-    assert [t.kind.name for t in tokens[:3]] == ["IDENT", "IN", "LBRACKET"] and tokens[0].text == "id", expression
+    assert [t.kind.name for t in tokens[:3]] == ["IDENT", "IN", "LBRACKET"] and tokens[0].text == field, expression
     assert tokens[-1].kind.name == "RBRACKET", expression
     body = tokens[3:-1]
     assert all(t.kind is (TokenKind.STRING if k % 2 == 0 else TokenKind.COMMA) for k, t in enumerate(body)), expression
@@ -73,6 +73,8 @@ class RecordingMilvusClient:
         self.rows: dict[str, dict] = {}
         #: the companion collection of deletes (``<collection>_deleted``)
         self.deleted: dict[str, dict] = {}
+        #: the companion collection of a share group's claims (``<collection>_claims``)
+        self.claims: dict[str, dict] = {}
         self.fail_upserts = fail_upserts  # the first N upserts time out, as a frozen server's would
         #: ``refuse(row) -> bool``: an upsert holding such a row is refused whole, as Milvus refuses an
         #: invalid parameter (nothing of it written)
@@ -94,6 +96,10 @@ class RecordingMilvusClient:
     def upsert(self, collection, data, upsert_param=None, schema=None, timeout=None, context=None):
         assert timeout is not None, "every Milvus call needs a timeout"
         rows = rows_of(upsert_param) if upsert_param is not None else data
+        if collection.endswith("_claims"):
+            self.calls.append(("claim", rows))
+            self.claims.update({r["id"]: dict(r) for r in rows})
+            return
         if collection.endswith("_deleted"):
             self.calls.append(("tombstones", rows))
             self.deleted.update({r["id"]: r for r in rows})
@@ -114,6 +120,10 @@ class RecordingMilvusClient:
 
     def query(self, collection, filter, output_fields, timeout=None, consistency_level=None, limit=None):
         assert timeout is not None and consistency_level == "Strong"
+        if collection.endswith("_claims"):
+            docs = ids_named(filter, "doc_id")
+            self.calls.append(("claims", docs))
+            return [{f: r[f] for f in output_fields} for r in self.claims.values() if r["doc_id"] in docs]
         table = self._table(collection)
         ids = ids_named(filter)
         if self.refuse_reads is not None and any(self.refuse_reads(i) for i in ids):
@@ -125,6 +135,11 @@ class RecordingMilvusClient:
     def delete(self, collection, filter, timeout=None):
         assert timeout is not None
         ids = ids_named(filter)
+        if collection.endswith("_claims"):
+            self.calls.append(("unclaim", ids))
+            for i in ids:
+                self.claims.pop(i, None)
+            return
         self.calls.append(("delete", ids))
         for i in ids:
             self.rows.pop(i, None)

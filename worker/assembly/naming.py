@@ -14,7 +14,8 @@
   backfill and a worker's backfill lane, and on every run, so either resumes the other's progress.
   ``<group>`` is the fleet's first group, never a backfill group's name again (:func:`fleet_group`):
   the second migration's group is as long as the first's.
-- **The companion** of a collection, ``<collection>_deleted`` (``connectors.milvus``).
+- **The companions** of a collection: ``<collection>_deleted`` (each delete's version) and, in a
+  share group, ``<collection>_claims`` (the versions being written) (``connectors.milvus``).
 """
 
 from __future__ import annotations

@@ -349,7 +349,7 @@ def wait_caught_up(lag: Callable[[], BackfillLag], backfill: Backfill | LaneWatc
 
 def drop_old(admin: MilvusAdmin, plan: Plan) -> list[str]:
     """Drop the collections of the alias's family other than the new one (and their companions)."""
-    keep = {plan.new_collection, f"{plan.new_collection}_deleted"}
+    keep = {plan.new_collection, f"{plan.new_collection}_deleted", f"{plan.new_collection}_claims"}
     dropped = []
     for name in admin.collections(family_prefix(plan.new_collection)):
         if name not in keep:
