@@ -47,6 +47,7 @@ from worker.steps.polling.dlq_limit import DlqLimit
 from worker.steps.polling.intake import Intake
 from worker.steps.polling.validate import Validator
 from worker.steps.writing.fit import TopicLimits
+from worker.steps.writing.ordering import ShareOrder
 from worker.steps.writing.output import output_format
 from worker.steps.writing.sink import NO_OUTPUT, SinkStep
 from worker.steps.writing.targets import ModelTarget
@@ -106,7 +107,7 @@ def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
                 topic_ids: Mapping[str, str], registry: SchemaRegistry | None = None,
                 limits: TopicLimits | None = None, dead_letters: bool = True,
                 lookup_ids: Callable[[], Mapping[str, str]] | None = None, max_deliveries: int | None = None,
-                model_gate: Callable[[Step], Step] | None = None) -> Chain:
+                model_gate: Callable[[Step], Step] | None = None, claim_expiry_s: float | None = None) -> Chain:
     """Every step, in the order a record meets it (the pipeline is built first only because intake
     hands its batches to it), each given its own section of the settings. ``models``, ``caches`` and
     ``stores`` are by model name; ``delivery`` makes the sink's groups and their offsets durable
@@ -117,7 +118,9 @@ def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
     again when a record looks superseded; ``max_deliveries``: a share group's bound on a record's
     deliveries (None: a consumer group's records carry no count); ``model_gate``: this lane's way through
     the model gate of a worker with a backfill lane (``worker.core.lanes.ModelGate.live_step`` or
-    ``backfill_step``), around the embed stage's step (None: one lane, no gate)."""
+    ``backfill_step``), around the embed stage's step (None: one lane, no gate); ``claim_expiry_s``: a
+    share member's claims on the versions it writes, live that long (``worker.steps.writing.ordering``;
+    None: a consumer group's, which claims nothing)."""
     handles = models.handles
     limits = limits or TopicLimits()
     topics, records, durable = s.section(KafkaSettings), s.section(RecordSettings), s.section(DeliverySettings)
@@ -125,7 +128,9 @@ def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
     # The breaker (3) counts the dead letters the chunk and sink steps make too (late ones).
     breaker = DlqLimit(durable.dlq_max_consecutive, durable.dlq_max_ratio, durable.dlq_ratio_window)
     targets = {n: ModelTarget(stores[n], m.model_id, m.dim, caches[n], m.sparse) for n, m in handles.items()}
-    sink = SinkStep(targets, delivery, fence=fence, guard=VersionGuard(topic_ids, lookup_ids),
+    guard = VersionGuard(topic_ids, lookup_ids)
+    order = None if claim_expiry_s is None else ShareOrder(guard.source, claim_expiry_s)
+    sink = SinkStep(targets, delivery, fence=fence, guard=guard, order=order,
                     output_topic=topics.output_topic, dlq_topic=topics.dlq_topic,
                     delivery_timeout_s=topics.kafka_timeout_seconds,
                     output=(output_format(records.output_format, topics.output_topic, registry)

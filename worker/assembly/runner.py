@@ -41,6 +41,7 @@ from worker.process.gpu_metrics import register_gpu_metrics
 from worker.process.startup import StartClock
 from worker.settings import Settings
 from worker.steps.writing.fit import DEFAULT_MESSAGE_MAX_BYTES, TopicLimits
+from worker.steps.writing.ordering import claim_expiry
 from worker.steps.writing.sink import NO_OUTPUT
 
 log = logging.getLogger(__name__)
@@ -255,6 +256,8 @@ def open_stores(s: Settings, models: ModelSet, store_factory: Callable[[Settings
 
             def prepare(admin: MilvusAdmin = admin, alias: str = alias_of(s, name), model: Embedder = model) -> None:
                 admin.prepare(alias, model.model_id, model.dim, model.sparse.kind)
+                if s.group_type == "share":
+                    admin.ensure_claims()  # its members claim the versions they write (writing.ordering)
                 check_canary(admin, model)  # before a row is written: the model makes what the collection holds
 
             prepare()
@@ -344,7 +347,9 @@ def _assemble_on(s: Settings, side: groups.Side, models: ModelSet, stores: dict[
         chain = build_chain(s, delivery, models, caches, stores, fence, input_topic_ids(s), open_registry(s),
                             topic_limits(s), dead_letters=dead_letters,
                             lookup_ids=lambda: topic_ids(s.kafka_common(), [s.input_topic]),
-                            max_deliveries=side.max_deliveries, model_gate=model_gate)
+                            max_deliveries=side.max_deliveries, model_gate=model_gate,
+                            claim_expiry_s=(claim_expiry(side.lock_s, s.milvus_timeout_seconds)
+                                            if isinstance(side, groups.ShareGroup) else None))
     except BaseException:
         delivery.close()
         raise

@@ -2,7 +2,8 @@
 
 The fence says which partitions are still this member's; documents whose output record would be over
 the output topic's limit become dead letters; the version guard drops what something newer already
-superseded (``worker.steps.writing.versions``); and each model's collection gets the final operation
+superseded (``worker.steps.writing.versions``; in a share group, with the claims of
+``worker.steps.writing.ordering``); and each model's collection gets the final operation
 per document of the group, with the chunk counts it holds for them (what a shrunk or deleted
 document leaves to delete). The result is a :class:`~worker.core.delivery.Planned` value, which a
 retry of the same group carries over when its topics were already written.
@@ -18,6 +19,7 @@ from worker.core.delivery import Planned
 from worker.core.fence import Fence
 from worker.core.records import Batch, DeadLetter, Delete, Entry, Item, TopicPartitionKey, headers_size
 from worker.steps.writing.fit import TopicLimits, output_room, record_size
+from worker.steps.writing.ordering import ShareOrder
 from worker.steps.writing.output import OutputFormat
 from worker.steps.writing.refusals import MILVUS_REJECTED, dead_letter, isolate
 from worker.steps.writing.targets import ModelTarget, Plan
@@ -30,11 +32,14 @@ Headers = dict[str, dict[bool, list[tuple[str, bytes]]]]
 class Planner:
     """``plan(group)``: the group's :class:`Planned` writes, with each batch's ``fenced`` partitions.
     Sink thread. Marks each superseded entry; turns an oversized document into a dead letter in its
-    batch, in place (``dead_lettered`` is told of each)."""
+    batch, in place (``dead_lettered`` is told of each). ``order``: a share member's claims on the
+    versions it writes (``worker.steps.writing.ordering``; None in a consumer group)."""
 
     def __init__(self, targets: dict[str, ModelTarget], fence: Fence, guard: VersionGuard, output: OutputFormat,
-                 limits: TopicLimits, headers: Headers, dead_lettered: Callable[[str, str], None]) -> None:
+                 limits: TopicLimits, headers: Headers, dead_lettered: Callable[[str, str], None],
+                 order: ShareOrder | None = None) -> None:
         self.targets = targets
+        self.order = order
         self.fence = fence
         self.guard = guard
         self.output = output
@@ -119,12 +124,16 @@ class Planner:
             p.deletes = {i: e for i, e in p.deletes.items() if not self.guard.superseded(e, p.stored)}
         return fenced, [e for e in mine if not getattr(e, "superseded", False)], list(plans.values())
 
-    @staticmethod
-    def _read_versions(plan: Plan, docs: list[str]) -> None:
-        """Read into ``plan`` the versions and chunk counts its collection holds for ``docs``."""
+    def _read_versions(self, plan: Plan, docs: list[str]) -> None:
+        """Read into ``plan`` the versions and chunk counts its collection holds for ``docs``; in a
+        share group, claim their versions first and count live claims on newer ones as held."""
+        if self.order is not None:
+            self.order.claim(plan, docs)
         stored, counts = plan.target.store.versions(docs)
         plan.stored.update(stored)
         plan.counts.update(counts)
+        if self.order is not None:
+            self.order.judge(plan, docs)
 
     def _mark_superseded(self, mine: list[Entry], plans: dict[str, Plan]) -> bool:
         """Set each item's and tombstone's ``superseded`` (a tombstone: in every collection); True if any is."""

@@ -28,6 +28,7 @@ from worker.core.fence import Fence
 from worker.core.records import Batch, Delete, Fresh, Item, Written
 from worker.process import metrics
 from worker.steps.writing.fit import TopicLimits, dead_letter_record
+from worker.steps.writing.ordering import ShareOrder
 from worker.steps.writing.output import OutputFormat
 from worker.steps.writing.planning import Planner
 from worker.steps.writing.refusals import Refusals, isolate
@@ -59,7 +60,7 @@ class SinkStep:
                  guard: VersionGuard, output_topic: str, dlq_topic: str, delivery_timeout_s: float,
                  limits: TopicLimits | None = None, output: OutputFormat | None = None,
                  dead_lettered: Callable[[str, str], None] = lambda reason, message: None,
-                 dead_letters: bool = True) -> None:
+                 dead_letters: bool = True, order: ShareOrder | None = None) -> None:
         self.targets = targets
         #: Whether dead letters are written to the DLQ topic (a migration's backfill re-reads records
         #: the live worker dead-lettered already: it skips them, writing them nowhere).
@@ -85,7 +86,10 @@ class SinkStep:
                          for name, t in targets.items()}
         #: What a group writes (``worker.steps.writing.planning``); ``dead_lettered`` is told of each
         #: dead letter it makes (``DlqLimit.record_late``: the breaker counts it).
-        self.planner = Planner(targets, fence, guard, self.output, self.limits, self._headers, dead_lettered)
+        self.planner = Planner(targets, fence, guard, self.output, self.limits, self._headers, dead_lettered,
+                               order)
+        #: A share member's claims on the versions it writes (None in a consumer group).
+        self.order = order
         self._milvus = ThreadPoolExecutor(1, thread_name_prefix="milvus-write")
         #: What becomes of records Milvus or the output topic refuse for good (``refusals``).
         self.refusals = Refusals(dead_lettered)
@@ -110,7 +114,7 @@ class SinkStep:
             assert planned is not None and planned.group is group and attempt.committed is not None
             return planned.written(attempt.committed)
         planned = self._planned = attempt.carried or self.plan(group)
-        write = self._milvus.submit(self._write_milvus, planned.plans, planned.now)
+        write = self._milvus.submit(self._write_milvus, planned)
         t0 = time.perf_counter()
         try:
             producer = attempt.begin()
@@ -149,20 +153,32 @@ class SinkStep:
         """The group's writes (``Planner.plan``)."""
         return self.planner.plan(group)
 
-    def _write_milvus(self, plans: list[Plan], now: int) -> tuple[float, dict[int, str]]:
-        """Each model's collection, in turn (``targets.write_collection``). Returns the seconds, and the
-        entries whose documents Milvus refused for good (by ``id()``, with Milvus' answer): found by
-        halves (``worker.steps.writing.refusals``), every other document written."""
+    def _write_milvus(self, planned: Planned) -> tuple[float, dict[int, str]]:
+        """Each model's collection, in turn (``targets.write_collection``); in a share group, each
+        then settled with the other members' claims (``ordering.ShareOrder.settle``). Returns the
+        seconds, and the entries whose documents Milvus refused for good (by ``id()``, with Milvus'
+        answer): found by halves (``worker.steps.writing.refusals``), every other document written."""
         t0 = time.perf_counter()
         refused: dict[int, str] = {}
         source = self.planner.guard.source
-        for plan in plans:
-            def write(docs: list[str], plan: Plan = plan) -> None:
-                write_collection(plan.only(docs), source, now)
 
-            found = isolate(plan.documents, write)
+        def write(plan: Plan) -> None:
+            write_collection(plan, source, planned.now)
+
+        for plan in planned.plans:
+            def write_some(docs: list[str], plan: Plan = plan) -> None:
+                write(plan.only(docs))
+
+            found = isolate(plan.documents, write_some)
             refused.update({id(plan.entry(d)): message for d, message in found.items()})
+            if self.order is not None:
+                self.order.settle(plan, set(plan.documents) - set(found), write, lambda: self._still_locked(planned))
         return time.perf_counter() - t0, refused
+
+    def _still_locked(self, planned: Planned) -> bool:
+        """No batch of ``planned`` has lost a partition since it was planned (a share member's: its
+        records' lock has not run out)."""
+        return not any(self.fence.stale(batch) - fenced for batch, fenced in zip(planned.group, planned.fenced))
 
     def produce(self, planned: Planned, producer: Producer, fresh: list[Fresh | None] | None = None) -> DeliveryBatch:
         """Hand every output and dead-letter record of the group to ``producer`` (not yet confirmed),

@@ -103,6 +103,8 @@ class Plan:
     #: the last operation): removed from the cache with the stored rows' (``write_collection``), and
     #: never filled (``SinkStep``).
     erased: set[str] = field(default_factory=set)
+    #: In a share group, the version it claimed of each document (``worker.steps.writing.ordering``).
+    claimed: dict = field(default_factory=dict)
 
     @property
     def documents(self) -> list[str]:
