@@ -82,12 +82,11 @@ class ShareOrder:
         plan.claimed.update({c.doc: c for c in claims})
 
     def judge(self, plan: Plan, docs: list[str]) -> None:
-        """After the versions of ``docs`` are read into ``plan.stored``: a live claim on a newer version
-        counts as what Milvus holds, so the guard supersedes the entry."""
+        """After the versions of ``docs`` are read: each of them with a live claim on a newer version
+        goes into ``plan.newer_claimed`` (the planner supersedes its entry)."""
         for c in self._others(plan, plan.target.store.claims(docs)):
-            mine = plan.claimed[c.doc]
-            if c.offset > mine.offset and self._live(c) and not _newer_than(plan.stored.get(c.doc), c):
-                plan.stored[c.doc] = (c.source, c.offset)
+            if c.offset > plan.claimed[c.doc].offset and self._live(c):
+                plan.newer_claimed.add(c.doc)
 
     def settle(self, plan: Plan, written: set[str], write: Callable[[Plan], None],
                may_write: Callable[[], bool]) -> None:

@@ -115,13 +115,14 @@ class Planner:
         # the broker once, and judge the group again under the new id (worker.steps.writing.versions).
         if self._mark_superseded(mine, plans) and self.guard.refresh():
             self._mark_superseded(mine, plans)
-        for e in mine:
-            if isinstance(e, (Item, Delete)) and e.superseded:
+        for e in mine:  # (a newer version being written by another share member is not worth a warning)
+            if isinstance(e, (Item, Delete)) and e.superseded and not any(e.id in p.newer_claimed
+                                                                          for p in plans.values()):
                 held = [p.stored[e.id][1] for p in plans.values() if e.id in p.stored]
                 self.guard.tell(e.source, max((o for o in held if o is not None), default=None))
         for p in plans.values():
             p.upserts = {i: e for i, e in p.upserts.items() if not e.superseded}
-            p.deletes = {i: e for i, e in p.deletes.items() if not self.guard.superseded(e, p.stored)}
+            p.deletes = {i: e for i, e in p.deletes.items() if not self._superseded_in(e, p)}
         return fenced, [e for e in mine if not getattr(e, "superseded", False)], list(plans.values())
 
     def _read_versions(self, plan: Plan, docs: list[str]) -> None:
@@ -136,12 +137,22 @@ class Planner:
             self.order.judge(plan, docs)
 
     def _mark_superseded(self, mine: list[Entry], plans: dict[str, Plan]) -> bool:
-        """Set each item's and tombstone's ``superseded`` (a tombstone: in every collection); True if any is."""
+        """Set each item's and tombstone's ``superseded`` (a tombstone: in every collection), by what
+        Milvus holds or by a share member's live claim on a newer version; True if any is superseded
+        by what Milvus holds (a claim is never a re-created topic's sign)."""
         found = False
         for e in mine:
             if isinstance(e, Item):
-                e.superseded = self.guard.superseded(e, plans[e.model].stored)
+                by_rows = self.guard.superseded(e, plans[e.model].stored)
+                e.superseded = by_rows or self._superseded_in(e, plans[e.model])
             elif isinstance(e, Delete):
-                e.superseded = all(self.guard.superseded(e, p.stored) for p in plans.values())
-            found = found or getattr(e, "superseded", False)
+                by_rows = all(self.guard.superseded(e, p.stored) for p in plans.values())
+                e.superseded = all(self._superseded_in(e, p) for p in plans.values())
+            else:
+                continue
+            found = found or by_rows
         return found
+
+    def _superseded_in(self, e: Item | Delete, plan: Plan) -> bool:
+        """``e`` is superseded in ``plan``'s collection: by what it holds, or by a claim on a newer version."""
+        return e.id in plan.newer_claimed or self.guard.superseded(e, plan.stored)

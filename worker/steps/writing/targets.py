@@ -103,8 +103,10 @@ class Plan:
     #: the last operation): removed from the cache with the stored rows' (``write_collection``), and
     #: never filled (``SinkStep``).
     erased: set[str] = field(default_factory=set)
-    #: In a share group, the version it claimed of each document (``worker.steps.writing.ordering``).
+    #: In a share group, the version it claimed of each document (``worker.steps.writing.ordering``),
+    #: and the documents of which another member claims a newer version (they supersede this one's).
     claimed: dict = field(default_factory=dict)
+    newer_claimed: set[str] = field(default_factory=set)
 
     @property
     def documents(self) -> list[str]:
