@@ -111,6 +111,47 @@ def test_trickling_clients_never_lock_out_a_probe():
     assert len(trickle.probes) >= 30 and set(trickle.probes) == {200}, trickle.probes
 
 
+def test_a_burst_of_connections_never_pushes_out_a_probe_whose_request_is_a_moment_behind_its_connect():
+    """At the bound, a connection accepted just before a burst is not closed to make room for it: it has
+    ``grace`` to send its request (here it sends 0.2 s after connecting, inside a 1 s grace), and the
+    burst waits in the listen backlog meanwhile. The server is held inside an answer while the probe and
+    the burst connect, so all of them are accepted in one turn."""
+    import socket
+    import threading
+    import time
+
+    from worker.process.answer_server import serve_answers
+
+    held, release = threading.Event(), threading.Event()
+
+    def answer(path):
+        if path == "/hold":
+            held.set()
+            release.wait(10)
+        return 200, "text/plain", b"ok\n"
+
+    server = serve_answers(0, answer, "127.0.0.1", deadline=5.0, limit=8, grace=1.0)
+    port = server.server_address[1]
+    socks = []
+    try:
+        holder = socket.create_connection(("127.0.0.1", port), timeout=5)
+        holder.sendall(b"GET /hold HTTP/1.0\r\n\r\n")
+        assert held.wait(5)
+        probe = socket.create_connection(("127.0.0.1", port), timeout=5)
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(24)]
+        release.set()
+        time.sleep(0.2)  # the probe's request travels late; the server has taken the burst by now
+        probe.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+        reply = b""
+        while chunk := probe.recv(4096):
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+    finally:
+        for s in socks:
+            s.close()
+        server.shutdown()
+
+
 def test_a_connection_is_closed_at_its_deadline_whatever_it_sends():
     import socket
     import time

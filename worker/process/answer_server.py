@@ -7,9 +7,13 @@ every thread. This one runs one thread with a selector, and holds three bounds:
 
 - **a deadline per connection, for the whole exchange** (``deadline`` seconds from accept to the last
   byte of the answer), however the client paces its bytes;
-- **a bound on connections**; at the bound, a new connection is never refused: the oldest connection
-  still sending its request is closed to make room (a probe sends its whole request at once, a
-  trickling client is always the oldest);
+- **a bound on connections**; at the bound, the oldest connection still sending its request is
+  closed to make room (a probe sends its whole request at once, a trickling client is always the
+  oldest), after one last read of what it sent. A connection younger than ``grace`` is never closed
+  this way: its request may be a round trip behind its connect, and a burst of new connections must
+  not push out a probe accepted just before them. When only such young ones (or answers being
+  written) hold the slots, the server stops accepting until the oldest comes of age; new
+  connections wait in the listen backlog rather than being closed;
 - **a bound on a request's size** (its line and headers, 8 KiB; a body is never read).
 
 One request per connection, answered with ``Connection: close`` (HTTP/1.0 semantics, which every
@@ -35,6 +39,8 @@ REQUEST_DEADLINE_S = 5.0
 MAX_CONNECTIONS = 64
 #: Bytes of request line and headers read at most.
 MAX_REQUEST_BYTES = 8192
+#: Seconds a new connection has to send its request before it may be closed to make room.
+GRACE_S = 0.1
 
 Answer = Callable[[str], tuple[int, str, bytes]]
 
@@ -52,8 +58,10 @@ class AnswerServer:
 
     def __init__(self, host: str, port: int, answer: Answer, *, name: str = "metrics",
                  deadline: float = REQUEST_DEADLINE_S, limit: int = MAX_CONNECTIONS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 grace: float = GRACE_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.answer, self.deadline, self.limit, self._clock = answer, deadline, limit, clock
+        self.grace = min(grace, deadline)
+        self._resume_at: float | None = None  # set while accepting is paused
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -85,21 +93,25 @@ class AnswerServer:
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
-                for key, events in self._selector.select(timeout=0.2):
+                for key, events in self._selector.select(timeout=self._wait()):
                     if key.fileobj is self._listener:
                         self._accept()
                     else:
                         self._step(key.fileobj.fileno(), events)  # type: ignore[union-attr]
                 self._expire()
+                self._resume()
         finally:
             for fd in list(self._conns):
                 self._close(fd)
-            self._selector.unregister(self._listener)
+            if self._resume_at is None:
+                self._selector.unregister(self._listener)
             self._listener.close()
             self._selector.close()
 
     def _accept(self) -> None:
         for _ in range(64):  # a burst of connections: take what is there, then serve
+            if len(self._conns) >= self.limit and not self._make_room():
+                return  # paused: the rest wait in the listen backlog
             try:
                 sock, _addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -107,22 +119,45 @@ class AnswerServer:
             except OSError as exc:  # out of descriptors, say: the next turn tries again
                 log.debug("accept failed: %s", exc)
                 return
-            if len(self._conns) >= self.limit and not self._evict():
-                sock.close()  # every slot is writing an answer: they end within the deadline
-                continue
             sock.setblocking(False)
             fd = sock.fileno()
             self._conns[fd] = _Conn(sock, self._clock())
             self._selector.register(sock, selectors.EVENT_READ)
             self._step(fd, selectors.EVENT_READ)  # a prober's request is usually there already
 
-    def _evict(self) -> bool:
-        """Close the oldest connection that has not sent its whole request; whether there was one."""
-        for fd, conn in self._conns.items():
+    def _make_room(self) -> bool:
+        """Close the oldest connection past its grace that has still not sent its whole request (read
+        once more first: it may just have); whether a slot is free. When none is, pause accepting
+        until the oldest young connection comes of age (or ``grace`` from now)."""
+        now = self._clock()
+        for fd, conn in list(self._conns.items()):  # oldest first
+            if now - conn.started < self.grace:
+                break
             if conn.outbox is None:
-                self._close(fd)
+                self._step(fd, selectors.EVENT_READ)
+                if fd in self._conns and self._conns[fd].outbox is None:
+                    self._close(fd)
+            if len(self._conns) < self.limit:
                 return True
+        young = [c.started for c in self._conns.values() if c.outbox is None]
+        self._pause(min(young) + self.grace if young else now + self.grace)
         return False
+
+    def _pause(self, until: float) -> None:
+        if self._resume_at is None:
+            self._selector.unregister(self._listener)
+        self._resume_at = until
+
+    def _resume(self) -> None:
+        if self._resume_at is not None and (self._clock() >= self._resume_at or len(self._conns) < self.limit):
+            self._resume_at = None
+            self._selector.register(self._listener, selectors.EVENT_READ)
+
+    def _wait(self) -> float:
+        """The select timeout: a turn at least every 0.2 s, sooner when accepting resumes."""
+        if self._resume_at is None:
+            return 0.2
+        return max(0.0, min(0.2, self._resume_at - self._clock()))
 
     def _expire(self) -> None:
         now = self._clock()
@@ -208,7 +243,8 @@ class AnswerServer:
 
 
 def serve_answers(port: int, answer: Answer, host: str = "0.0.0.0", name: str = "metrics",
-                  deadline: float = REQUEST_DEADLINE_S, limit: int = MAX_CONNECTIONS) -> AnswerServer:
+                  deadline: float = REQUEST_DEADLINE_S, limit: int = MAX_CONNECTIONS,
+                  grace: float = GRACE_S) -> AnswerServer:
     """Serve GETs on ``host:port``, each answered by ``answer(path)`` as ``(status, content type,
     body)``; returns the running server (the worker's and the backlog exporter's)."""
-    return AnswerServer(host, port, answer, name=name, deadline=deadline, limit=limit)
+    return AnswerServer(host, port, answer, name=name, deadline=deadline, limit=limit, grace=grace)
