@@ -67,3 +67,13 @@ def test_registered_only_on_cuda_and_only_where_nvml_answers(monkeypatch):
     assert "embedstream_gpu_utilization_ratio" in _scrape(registry)
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
     assert register_gpu_metrics("cuda", CollectorRegistry()) is None
+
+
+def test_a_second_member_of_the_process_registers_nothing_more_each_family_shows_once(monkeypatch):
+    registry = CollectorRegistry()
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    first = register_gpu_metrics("cuda", registry)  # the live lane
+    assert register_gpu_metrics("cuda", registry) is first  # the backfill lane, on the same device
+    text = _scrape(registry)
+    for name in ("embedstream_gpu_utilization_ratio", "embedstream_gpu_memory_used_bytes"):
+        assert text.count(f"# TYPE {name} gauge") == 1, text

@@ -14,6 +14,7 @@ A device that stops answering (an NVML error at a scrape) is left out of that sc
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 from prometheus_client import REGISTRY
@@ -53,10 +54,19 @@ class GpuCollector:
         return [util, used, total]
 
 
+#: The collector registered in each registry: once a process, however many members it hosts (a live
+#: lane and a backfill lane each build theirs on one device).
+_REGISTERED: weakref.WeakKeyDictionary[Any, GpuCollector] = weakref.WeakKeyDictionary()
+
+
 def register_gpu_metrics(device: str, registry=REGISTRY) -> GpuCollector | None:
-    """Register the GPU gauges when ``device`` is ``cuda`` and NVML answers; None otherwise."""
+    """Register the GPU gauges when ``device`` is ``cuda`` and NVML answers; None otherwise. Called
+    again (a second member of the process), the collector already registered: each family once on
+    ``/metrics``."""
     if device != "cuda":
         return None
+    if registry in _REGISTERED:
+        return _REGISTERED[registry]
     try:
         import pynvml
 
@@ -66,5 +76,6 @@ def register_gpu_metrics(device: str, registry=REGISTRY) -> GpuCollector | None:
         log.warning("GPU gauges off: NVML is not available (%s); `pip install nvidia-ml-py` for them", exc)
         return None
     registry.register(collector)
+    _REGISTERED[registry] = collector
     log.info("GPU gauges on for %d devices", len(collector.handles))
     return collector
