@@ -35,15 +35,15 @@ def test_a_live_group_waiting_goes_before_a_backfill_group_waiting():
     assert order == ["backfill", "live", "backfill"]  # the live group waited for one backfill group only
 
 
-def test_a_backfill_group_waits_while_the_live_chain_has_batches_before_the_model():
+def test_a_backfill_turn_waits_while_the_live_chain_has_batches_in_its_stages():
     waiting = [2]
     gate, order = ModelGate(lambda: waiting[0]), []
     backfill = _enter(gate, "backfill", order)
     time.sleep(0.1)
-    assert order == []  # the model is free, but two live batches are on their way to it
+    assert order == []  # the model is free, but two live batches are in the live lane's stages
     waiting[0] = 0
     backfill.join(5)
-    assert order == ["backfill"] and gate.backfill_batches == 1 and gate.backfill_waited_s >= 0.1
+    assert order == ["backfill"] and gate.backfill_waited_s >= 0.1
 
 
 def test_a_live_group_never_waits_for_the_live_chain_and_holds_the_model_alone():
@@ -92,6 +92,71 @@ def test_a_backfill_group_takes_the_model_a_batch_at_a_time_so_a_live_group_wait
     backfill.join(5)
     assert order == [("backfill", [1]), ("live", [9]), ("backfill", [2]), ("backfill", [3]), ("result", [2, 4, 6])]
     assert gate.backfill_batches == 3
+
+
+def test_a_backfill_step_of_any_stage_waits_while_the_live_lane_has_a_batch_in_any_stage():
+    live_batches = [1]  # one live batch in its sink: the backfill's prepare and sink wait too
+    gate, order = ModelGate(lambda: live_batches[0]), []
+    steps = {stage: gate.backfill_stage(stage, lambda group, handed, stage=stage: order.append(stage) or handed)
+             for stage in ("prepare", "sink")}
+    threads = [threading.Thread(target=step, args=([Batch()], [1])) for step in steps.values()]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)
+    assert order == []
+    live_batches[0] = 0
+    for t in threads:
+        t.join(5)
+    assert sorted(order) == ["prepare", "sink"]
+
+
+def test_the_backfill_s_stages_take_their_turns_one_at_a_time_and_a_live_group_waits_for_one_step():
+    gate, inside, most, order = ModelGate(lambda: 0), [0], [0], []
+    lock = threading.Lock()
+
+    def step(stage):
+        def run(group, handed):
+            with lock:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            order.append(stage)
+            time.sleep(0.05)
+            with lock:
+                inside[0] -= 1
+            return handed
+        return run
+
+    backfill = [threading.Thread(target=gate.backfill_stage(stage, step(stage)), args=([Batch(), Batch()], [1, 2]))
+                for stage in ("prepare", "embed", "sink")]
+    for t in backfill:
+        t.start()
+    time.sleep(0.02)  # one backfill step is running, two wait for their turn
+    gate.live_stage("embed", step("live"))([Batch()], [9])
+    for t in backfill:
+        t.join(5)
+    assert most[0] == 1  # never two backfill steps at once, nor one beside the live group
+    assert order.index("live") == 1  # the live group waited for the one step already running
+
+
+def test_the_live_lane_s_stages_other_than_the_model_never_wait_for_the_gate():
+    gate = ModelGate(lambda: 0)
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold(group, handed):
+        held.set()
+        release.wait(5)
+        return handed
+
+    backfill = threading.Thread(target=gate.backfill_stage("sink", hold), args=([Batch()], [1]))
+    backfill.start()
+    held.wait(5)
+    try:  # the backfill holds its turn: a live prepare and sink step run all the same
+        assert gate.live_stage("prepare", lambda g, h: h)([Batch()], [3]) == [3]
+        assert gate.live_stage("sink", lambda g, h: h)([Batch()], [4]) == [4]
+    finally:
+        release.set()
+        backfill.join(5)
 
 
 # -- the metrics of the live lane ------------------------------------------------------------------
@@ -217,7 +282,8 @@ def _nice_of(tid: int) -> int:
     return os.getpriority(os.PRIO_PROCESS, tid)
 
 
-def test_the_backfill_s_polling_prepare_and_sink_threads_run_at_the_lowest_priority_and_its_embed_thread_not():
+def test_the_backfill_s_polling_thread_runs_at_the_lowest_priority_and_its_stage_threads_not():
+    """A stage thread holds a turn the live lane waits for: at nice 19 it would stretch that wait."""
     from types import SimpleNamespace
 
     from worker.assembly.lanes import BACKFILL_NICE
@@ -241,5 +307,5 @@ def test_the_backfill_s_polling_prepare_and_sink_threads_run_at_the_lowest_prior
     for stage in stages:
         stage.put(None)
     assert polling == [BACKFILL_NICE]
-    assert nice == {"prepare": BACKFILL_NICE, "embed": before, "sink": BACKFILL_NICE}
+    assert nice == {"prepare": before, "embed": before, "sink": before}
     assert _nice_of(threading.get_native_id()) == before  # the live lane's thread (this one) unchanged

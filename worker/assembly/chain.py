@@ -26,6 +26,7 @@ from connectors.registry import SchemaRegistry
 from schemas.errors import ConfigError
 from worker.core.delivery import Delivery
 from worker.core.fence import Fence
+from worker.core.lanes import MODEL_STAGE, LaneGate
 from worker.core.member import Chain
 from worker.core.pipeline import Pipeline, Stage, Step
 from worker.core.records import Batch, Share, split_by_model
@@ -102,12 +103,17 @@ def chunk_then_prepare(chunker: Chunker, step: EmbedStep) -> ModelStep:
     return run
 
 
+def _no_gate(stage: str, step: Step) -> Step:
+    """One lane: every stage's step as it is."""
+    return step
+
+
 def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
                 caches: dict[str, RedisCache | None], stores: dict[str, MilvusStore], fence: Fence,
                 topic_ids: Mapping[str, str], registry: SchemaRegistry | None = None,
                 limits: TopicLimits | None = None, dead_letters: bool = True,
                 lookup_ids: Callable[[], Mapping[str, str]] | None = None, max_deliveries: int | None = None,
-                model_gate: Callable[[Step], Step] | None = None, claim_expiry_s: float | None = None) -> Chain:
+                model_gate: LaneGate | None = None, claim_expiry_s: float | None = None) -> Chain:
     """Every step, in the order a record meets it (the pipeline is built first only because intake
     hands its batches to it), each given its own section of the settings. ``models``, ``caches`` and
     ``stores`` are by model name; ``delivery`` makes the sink's groups and their offsets durable
@@ -117,8 +123,8 @@ def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
     ``topic_ids`` names the input topic's partitions for the version guard, ``lookup_ids`` reads them
     again when a record looks superseded; ``max_deliveries``: a share group's bound on a record's
     deliveries (None: a consumer group's records carry no count); ``model_gate``: this lane's way through
-    the model gate of a worker with a backfill lane (``worker.core.lanes.ModelGate.live_step`` or
-    ``backfill_step``), around the embed stage's step (None: one lane, no gate); ``claim_expiry_s``: a
+    the gate of a worker with a backfill lane (``worker.core.lanes.ModelGate.live_stage`` or
+    ``backfill_stage``), around every stage's step (None: one lane, no gate); ``claim_expiry_s``: a
     share member's claims on the versions it writes, live that long (``worker.steps.writing.ordering``;
     None: a consumer group's, which claims nothing)."""
     handles = models.handles
@@ -141,11 +147,12 @@ def build_chain(s: Settings, delivery: Delivery, models: ModelSet,
     # Past this many characters a text may make too many chunks for some model: its record is kept.
     safe_chars = min(c.safe_chars for c in chunkers.values())
     steps = {n: EmbedStep(m, caches[n], model=n) for n, m in handles.items()}
-    prepare = Stage("prepare", by_model({n: chunk_then_prepare(chunkers[n], steps[n])  # 5 per model: chunk,
-                                         for n in handles}, models.loaded))            #   cache, token ids
-    passes = by_model({n: steps[n].embed for n in handles}, models.loaded)
-    embed = Stage("embed", model_gate(passes) if model_gate else passes)            # 6 the passes
-    pipeline = Pipeline([prepare, embed, Stage("sink", sink.process)],              # 7 Milvus + topics
+    gate = model_gate or _no_gate
+    prepare = Stage("prepare", gate("prepare", by_model({n: chunk_then_prepare(chunkers[n], steps[n])  # 5 per
+                                                         for n in handles}, models.loaded)))  # model: chunk,
+    passes = by_model({n: steps[n].embed for n in handles}, models.loaded)             #   cache, token ids
+    embed = Stage(MODEL_STAGE, gate(MODEL_STAGE, passes))                              # 6 the passes
+    pipeline = Pipeline([prepare, embed, Stage("sink", gate("sink", sink.process))],  # 7 Milvus + topics
                         backoff_max=s.section(OperationsSettings).retry_backoff_max_seconds, release=sink.close)
     intake = Intake(
         Validator(records.max_text_bytes, models.resolve,                            # 1 Item | Delete | DeadLetter

@@ -5,18 +5,18 @@ of a Job of its own: a second member, in the backfill group (``<group>.migrate.<
 ``worker.assembly.naming.backfill_group``, so ``migrate --lane`` watches its lag and a Job would
 resume where it stopped), reads the input topic from its start into the new model's collection.
 
-- **Live first.** The two lanes' embed stages pass through one :class:`~worker.core.lanes.ModelGate`:
-  a live group takes the model as soon as it is free; a backfill batch only when no live batch waits.
+- **Live first.** Every stage of both lanes passes through one :class:`~worker.core.lanes.ModelGate`:
+  a live group takes the model as soon as it is free; the backfill takes a turn (a batch into the
+  model, a group through its prepare or its sink) only when the live lane has nothing in any stage.
 - **A bounded share.** The backfill member holds ``EMBEDSTREAM_BACKFILL_SHARE`` of the live lane's
   batches in flight (``EMBEDSTREAM_MAX_INFLIGHT_BATCHES``), at least one, each at most that share of
   a live batch's size (``EMBEDSTREAM_MAX_BATCH_SIZE`` and ``_TOKENS``): its memory stays a fraction of
   the live lane's.
-- **A short wait.** A live group waits for one backfill batch at most, and the gate keeps the
-  backfill's batches to about the live lane's batch deadline (``EMBEDSTREAM_MAX_BATCH_WAIT_MS``) of
-  model time, at the pace it measures: the wait a live record already accepts.
-- **Live first on the CPU too.** The backfill's polling, prepare and sink threads run at the lowest CPU
-  priority (nice 19, :data:`LOWERED_STAGES`): its decoding, chunking, tokenizing, cache and writes take
-  the cores only when the live lane's threads leave them. Not the thread that holds the model gate.
+- **A short wait.** A live group waits for one backfill step at most, and the gate keeps the
+  backfill's model batches to about :data:`BACKFILL_HOLD_S` of model time, at the pace it measures.
+- **Live first on the CPU too.** The backfill's polling thread (consuming and decoding, outside the
+  turns) runs at the lowest CPU priority (nice 19). Its stage threads keep theirs: each holds a turn
+  while it works, and the live lane waits for it to let go (a starved holder would keep it waiting).
 - **No dead letters twice.** The live lane dead-letters the records that cannot succeed; the backfill
   skips them (as migrate's does).
 - **The live lane's metrics.** The backfill's polling thread writes none of the member's series
@@ -50,19 +50,15 @@ log = logging.getLogger(__name__)
 
 #: How long a stopped backfill lane may take to finish its batches in flight and commit.
 BACKFILL_STOP_S = 120.0
-#: How long one backfill batch holds the model when the live lane closes batches at once
-#: (EMBEDSTREAM_MAX_BATCH_WAIT_MS=0); otherwise that deadline.
-BACKFILL_HOLD_S = 0.05
+#: How long one backfill batch should hold the model: the longest a live batch that arrives meanwhile
+#: waits for it (a tenth to a quarter of a short live record's p99 alone on the 2-core host).
+BACKFILL_HOLD_S = 0.025
 #: The smallest token budget of a backfill batch, whatever the model's pace; and the first one's, before
 #: the gate has measured the pace.
 MIN_BATCH_TOKENS, FIRST_BATCH_TOKENS = 64, 512
 
-#: The nice value of the backfill lane's threads that do not hold the model: the lowest CPU priority.
+#: The nice value of the backfill's polling thread (it holds no turn): the lowest CPU priority.
 BACKFILL_NICE = 19
-#: The backfill's stages that run at :data:`BACKFILL_NICE`. Not its embed stage: that one holds the
-#: model gate, and the live lane waits for it to let go: starved by the live lane's own threads, it
-#: would keep the live lane waiting (priority inversion). Its model's threads keep their priority too.
-LOWERED_STAGES = ("prepare", "sink")
 
 
 def check_supported(s: Settings) -> None:
@@ -136,9 +132,6 @@ class Lanes:
     def _run_backfill(self, stop_when_idle: float | None) -> None:
         metrics.quiet_this_thread()
         lower_thread(threading.get_native_id())  # its polling thread
-        for stage in self.backfill.chain.pipeline.stages:
-            if stage.name in LOWERED_STAGES and stage.thread_id is not None:
-                lower_thread(stage.thread_id)
         try:
             self.backfill.run(stop_when_idle=stop_when_idle)
         except BaseException as exc:  # the live lane goes on: the module doc
@@ -165,18 +158,18 @@ def build_lanes(s: Settings, startup: StartClock | None = None, embedder: Embedd
     from worker.assembly.runner import build_worker, load_embedder
 
     check_supported(s)
-    gate = ModelGate(lambda: 0, backfill_hold_s=s.max_batch_wait_ms / 1000 or BACKFILL_HOLD_S)
+    gate = ModelGate(lambda: 0, backfill_hold_s=BACKFILL_HOLD_S)
     live = build_worker(s, embedder=embedder, startup=startup, store_factory=store_factory,
-                        model_gate=gate.live_step)
+                        model_gate=gate.live_stage)
     try:
         new = load_embedder(s.model_copy(update={"model": s.backfill_model}))
         bs = backfill_settings(s, new)
         backfill = build_worker(bs, embedder=new, dead_letters=False, store_factory=store_factory,
-                                model_gate=gate.backfill_step)
+                                model_gate=gate.backfill_stage)
     except BaseException:
         live.consumer.close()  # leave the live group at once: the process stops here
         raise
-    gate.live_waiting = lambda: not live.chain.model_free()
+    gate.live_busy = lambda: any(stage.backlog for stage in live.chain.pipeline.stages)
     batcher = backfill.chain.intake.batcher
     # Read by the backfill's polling thread as it closes batches; written by its embed thread. Small
     # until the gate has measured the model's pace: a first batch of the full size could hold it long.

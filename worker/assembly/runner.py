@@ -31,8 +31,8 @@ from worker.assembly.milvus import open_milvus
 from worker.assembly.naming import alias_of, collection_of
 from worker.assembly.upgrade import collection_to_write
 from worker.core.fence import Fence, lease_seconds
+from worker.core.lanes import LaneGate
 from worker.core.member import Member
-from worker.core.pipeline import Step
 from worker.core.stats import RunStats
 from worker.embedding.base import Embedder
 from worker.embedding.models import ModelSet, ModelSpec, describe, parse_models
@@ -272,14 +272,14 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
                  on_progress: Callable[[RunStats], None] | None = None,
                  store_factory: Callable[[Settings, str], MilvusStore] | None = None,
                  dead_letters: bool = True, stats: RunStats | None = None, startup: StartClock | None = None,
-                 model_gate: Callable[[Step], Step] | None = None) -> Member:
+                 model_gate: LaneGate | None = None) -> Member:
     """Check the settings against the real systems, open them, and assemble the worker around the
     chain of ``worker.assembly.chain.build_chain``. ``store_factory(settings, collection)`` stands in for
     Milvus (the bench's instant sink); ``dead_letters=False``: the records the live worker dead-letters
     alike are skipped (a migration's backfill), those only its own model or collection refuse are not;
     ``stats``: the run's counters (the bench's also read the CPU clock); ``startup``: the process's
     start-up clock (``embedstream run``), read out at the first assignment; ``model_gate``: the lane's
-    way through the model gate of a worker with a backfill lane (``worker.assembly.lanes``). Raises
+    way through the gate of a worker with a backfill lane, every stage's (``worker.assembly.lanes``). Raises
     ConfigError."""
     s, clock = settings, startup or StartClock()  # a caller's clock is read out at the first assignment
     clock.mark("python, imports and settings")
@@ -302,7 +302,7 @@ def build_worker(settings: Settings, embedder: Embedder | None = None,
 def assemble(s: Settings, clock: StartClock, side: groups.Side, embedder: Embedder | None,
              store_factory: Callable[[Settings, str], MilvusStore] | None, dead_letters: bool, *,
              health: metrics.Health, startup: StartClock | None, on_progress: Callable[[RunStats], None] | None,
-             stats: RunStats | None, model_gate: Callable[[Step], Step] | None = None) -> Member:
+             stats: RunStats | None, model_gate: LaneGate | None = None) -> Member:
     """``build_worker`` past the checks: the models, the stores, the delivery and the chain, around
     the group's ``side`` (``worker.assembly.groups``), with the member's health, start-up clock,
     progress call, counters and way through the model gate."""
@@ -326,7 +326,7 @@ def assemble(s: Settings, clock: StartClock, side: groups.Side, embedder: Embedd
 def _assemble_on(s: Settings, side: groups.Side, models: ModelSet, stores: dict[str, MilvusStore],
                  caches: dict[str, RedisCache | None], dead_letters: bool, *, health: metrics.Health,
                  startup: StartClock | None, on_progress: Callable[[RunStats], None] | None, stats: RunStats | None,
-                 model_gate: Callable[[Step], Step] | None) -> Member:
+                 model_gate: LaneGate | None) -> Member:
     """``assemble`` once the models and stores are open: the metrics server, the fence, the delivery
     (closed again when what follows fails) and the chain."""
     heap.settle()  # the models' objects out of the collector's walks (worker.process.heap)

@@ -1,19 +1,22 @@
-"""Two lanes on one device: the live lane first, a backfill in what the live lane leaves.
+"""Two lanes on one host: the live lane first, a backfill in what the live lane leaves.
 
 A worker may serve two members: its live group, and a backfill (a migration's group reading the input
-topic again, from its start, into the new model's collection). Both chains' embed stages pass through
-one :class:`ModelGate` around their forward passes:
+topic again, from its start, into the new model's collection). Every stage of both chains passes its
+steps through one :class:`ModelGate` (``live_stage`` and ``backfill_stage``, given to
+``worker.assembly.chain.build_chain``):
 
-- a live group goes to the model as soon as the model is free;
-- a backfill batch goes to the model only when the model is free *and* no live batch waits for it:
-  none queued at the gate, and none in the live chain's stages before or in the model
-  (``live_waiting``); it takes the model for one batch, then asks again.
+- a live group goes to the model as soon as the model is free; the live lane's other stages never wait;
+- a backfill step (a batch into the model, a group through its prepare or sink stage) runs only in a
+  *turn*: when the model is free *and* the live lane has nothing to do: none of its batches queued at
+  the gate or in any of its stages (``live_busy``). One backfill step at a time, across all its stages,
+  and it asks again for the next.
 
-The backfill takes the model one batch at a time (:meth:`ModelGate.backfill_step`), so a live group waits
-at most for the one backfill batch already in the model; and the gate sizes the backfill's batches to
-hold it about ``backfill_hold_s`` (the live lane's batch deadline), at the pace it measures. How many
-batches the backfill holds in flight is bounded where its member is built (``worker.assembly.lanes``):
-the gate orders the model's time, it does not count batches.
+So the backfill's work on the cores (its tokenizing, its forward passes, its writes and the
+Milvus work they cause) runs only while the live lane is idle, never beside it, and a live batch that
+arrives meanwhile waits for one backfill step at most. The gate sizes the backfill's model batches to
+hold the model about ``backfill_hold_s`` at the pace it measures: that is the live lane's longest
+wait. How many batches the backfill holds in flight is bounded where its member is built
+(``worker.assembly.lanes``): the gate orders the host's time, it does not count batches.
 """
 
 from __future__ import annotations
@@ -27,19 +30,23 @@ from typing import Any
 from worker.core.pipeline import Step
 from worker.core.records import Batch
 
-#: How often a waiting backfill batch looks again at the live chain's stages (they are counted by
+#: How often a waiting backfill step looks again at the live chain's stages (they are counted by
 #: other threads, outside the gate's lock).
 LOOK_AGAIN_S = 0.005
+#: The stage whose step is the model's forward passes (``worker.assembly.chain``).
+MODEL_STAGE = "embed"
+#: A lane's way through the gate: its stage's name and step → the step the stage runs.
+LaneGate = Callable[[str, Step], Step]
 
 
 class ModelGate:
-    """The model's time between a live lane and a backfill lane (the module doc). ``live_waiting()``:
-    whether live batches are in the live chain's stages before or in the model (any truthy value; read
-    from the backfill's embed thread)."""
+    """The host's time between a live lane and a backfill lane (the module doc). ``live_busy()``:
+    whether the live chain has batches in any of its stages (any truthy value; read from the
+    backfill's stage threads)."""
 
-    def __init__(self, live_waiting: Callable[[], object], clock: Callable[[], float] = time.monotonic,
+    def __init__(self, live_busy: Callable[[], object], clock: Callable[[], float] = time.monotonic,
                  backfill_hold_s: float = 0.1, resize: Callable[[int], None] = lambda tokens: None) -> None:
-        self.live_waiting = live_waiting
+        self.live_busy = live_busy
         self._clock = clock
         #: How long one backfill batch should hold the model; ``resize(tokens)`` is told the backfill
         #: batch's token budget that holds it about that long, at the model's pace measured so far.
@@ -49,8 +56,8 @@ class ModelGate:
         self._cond = threading.Condition()
         self._busy = False
         self._live_queued = 0
-        #: Seconds the backfill lane waited at the gate, and the batches it took through: how much the
-        #: live lane held it back.
+        #: Seconds the backfill lane waited at the gate, and the batches it took through the model: how
+        #: much the live lane held it back.
         self.backfill_waited_s = 0.0
         self.backfill_batches = 0
 
@@ -72,18 +79,35 @@ class ModelGate:
 
     @contextmanager
     def backfill(self) -> Iterator[None]:
-        """Hold the model for one backfill batch: once it is free and no live batch waits."""
+        """A turn of the backfill (one step of one stage): once the model is free and the live lane has
+        nothing to do; the model is held meanwhile, so a live group waits for this one step."""
         start = self._clock()
         with self._cond:
-            while self._busy or self._live_queued or self.live_waiting():
+            while self._busy or self._live_queued or self.live_busy():
                 self._cond.wait(LOOK_AGAIN_S)
             self._busy = True
         self.backfill_waited_s += self._clock() - start
-        self.backfill_batches += 1
         try:
             yield
         finally:
             self._free()
+
+    def live_stage(self, stage: str, step: Step) -> Step:
+        """The live lane's ``stage`` step through the gate (a :data:`LaneGate`): its model calls hold the
+        model (:meth:`live_step`); its other stages run as they are."""
+        return self.live_step(step) if stage == MODEL_STAGE else step
+
+    def backfill_stage(self, stage: str, step: Step) -> Step:
+        """The backfill lane's ``stage`` step through the gate (a :data:`LaneGate`): its model calls a
+        batch a turn (:meth:`backfill_step`), its other stages a group a turn (the group is as
+        small as the backfill's batches in flight: ``worker.assembly.lanes``)."""
+        if stage == MODEL_STAGE:
+            return self.backfill_step(step)
+
+        def run(group: list[Batch], handed: list[Any]) -> list[Any]:
+            with self.backfill():
+                return step(group, handed)
+        return run
 
     def live_step(self, step: Step) -> Step:
         """``step`` (the live lane's embed stage's) run holding the model for its whole group."""
@@ -100,6 +124,7 @@ class ModelGate:
             out: list[Any] = []
             for batch, value in zip(group, handed):
                 with self.backfill():
+                    self.backfill_batches += 1
                     start = self._clock()
                     out.extend(step([batch], [value]))
                     self._paced(batch.tokens, self._clock() - start)
