@@ -202,6 +202,24 @@ def fresh_topics(base: Settings, partitions: int = 6, **overrides) -> Settings:
     return s
 
 
+def commit_at_end(s: Settings) -> None:
+    """``s.group_id``'s offsets at the end of every partition of the input topic, as a group's that has
+    consumed what is there: a worker of that group waits for new records (a backfill beside it reads
+    the topic from its start)."""
+    from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
+
+    c = Consumer({**s.kafka_common(), "group.id": f"end-offsets-{uuid.uuid4().hex[:6]}"})
+    try:
+        partitions = c.list_topics(s.input_topic, timeout=10).topics[s.input_topic].partitions
+        ends = [TopicPartition(s.input_topic, p, c.get_watermark_offsets(TopicPartition(s.input_topic, p), 10)[1])
+                for p in partitions]
+    finally:
+        c.close()
+    admin = make_admin(s.kafka_common())
+    for future in admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(s.group_id, ends)]).values():
+        future.result(30)
+
+
 def produce_texts(s: Settings, texts: list[str], prefix: str,
                   encode: Callable[[Document], bytes] = encode_document, models: list[str] | None = None) -> None:
     """Produce ``texts`` as documents ``<prefix>-<i>``, stamped with the time they were produced

@@ -33,9 +33,10 @@ Processes = Annotated[str | None, typer.Option(
     "Redis), with tokens/s and the GPU's utilisation (--docs: documents a run, default 20,000). Writes "
     "processes.json")]
 Lanes = Annotated[bool, typer.Option(
-    "--lanes", help="Only the backfill lane's row: the live lane's p99 at 50 % of capacity alone and with a backfill "
-    "lane beside it, and the backfill's docs/s against the capacity left (--docs: the capacity run's documents, "
-    "--latency-seconds: each stream's length)")]
+    "--lanes", help="Only the backfill lane's rows: on S1 and S2, the live lane's p99 at 25, 50 and 75 % of "
+    "capacity, alone and with a backfill lane beside it, and the backfill's docs/s against the capacity left "
+    "(--docs: the capacity run's documents, default 2,000; --latency-seconds: each measured stream's length, "
+    "default 20, after 5 s of warm-up). Writes lanes.json")]
 Brokers = Annotated[str | None, typer.Option(
     "--brokers", help="Only the broker rows, on each of these local brokers in turn, e.g. tansu,kafka: R1, Rio, "
     "Reos and Rdup90, and how long partitions stand still while a second worker joins and leaves, under each "
