@@ -110,32 +110,54 @@ def test_a_backfill_step_of_any_stage_waits_while_the_live_lane_has_a_batch_in_a
     assert sorted(order) == ["prepare", "sink"]
 
 
-def test_the_backfill_s_stages_take_their_turns_one_at_a_time_and_a_live_group_waits_for_one_step():
+def test_a_backfill_batch_holds_the_model_and_a_live_group_waits_for_one_batch_at_most():
     gate, inside, most, order = ModelGate(lambda: 0), [0], [0], []
     lock = threading.Lock()
 
-    def step(stage):
+    def step(name):
         def run(group, handed):
             with lock:
                 inside[0] += 1
                 most[0] = max(most[0], inside[0])
-            order.append(stage)
+            order.append(name)
             time.sleep(0.05)
             with lock:
                 inside[0] -= 1
             return handed
         return run
 
-    backfill = [threading.Thread(target=gate.backfill_stage(stage, step(stage)), args=([Batch(), Batch()], [1, 2]))
-                for stage in ("prepare", "embed", "sink")]
-    for t in backfill:
-        t.start()
-    time.sleep(0.02)  # one backfill step is running, two wait for their turn
+    embed = gate.backfill_stage("embed", step("backfill"))
+    backfill = threading.Thread(target=embed, args=([Batch(), Batch()], [1, 2]))
+    backfill.start()
+    time.sleep(0.02)  # the backfill's first batch is in the model, its second waits for the next turn
     gate.live_stage("embed", step("live"))([Batch()], [9])
-    for t in backfill:
-        t.join(5)
-    assert most[0] == 1  # never two backfill steps at once, nor one beside the live group
-    assert order.index("live") == 1  # the live group waited for the one step already running
+    backfill.join(5)
+    assert most[0] == 1  # never two model calls at once
+    assert order == ["backfill", "live", "backfill"]  # the live group waited for the one batch running
+
+
+def test_a_backfill_group_in_prepare_or_sink_holds_nothing_a_live_group_goes_to_the_model_beside_it():
+    gate = ModelGate(lambda: 0)
+    release = threading.Event()
+    running = threading.Event()
+
+    def blocked(group, handed):
+        running.set()
+        release.wait(5)
+        return handed
+
+    for stage in ("prepare", "sink"):
+        running.clear()
+        release.clear()
+        backfill = threading.Thread(target=gate.backfill_stage(stage, blocked), args=([Batch()], [1]))
+        backfill.start()
+        assert running.wait(5)
+        done = threading.Thread(target=gate.live_stage("embed", lambda group, handed: handed), args=([Batch()], [9]))
+        done.start()
+        done.join(1)
+        assert not done.is_alive(), f"the live group waited for the backfill's {stage} step"
+        release.set()
+        backfill.join(5)
 
 
 def test_the_live_lane_s_stages_other_than_the_model_never_wait_for_the_gate():

@@ -7,16 +7,18 @@ resume where it stopped), reads the input topic from its start into the new mode
 
 - **Live first.** Every stage of both lanes passes through one :class:`~worker.core.lanes.ModelGate`:
   a live group takes the model as soon as it is free; the backfill takes a turn (a batch into the
-  model, a group through its prepare or its sink) only when the live lane has nothing in any stage.
+  model, a group through its prepare or its sink) only when no live batch is on its way to the model
+  (none in the live lane's prepare or embed stage). Only its model batches hold the model.
 - **A bounded share.** The backfill member holds ``EMBEDSTREAM_BACKFILL_SHARE`` of the live lane's
   batches in flight (``EMBEDSTREAM_MAX_INFLIGHT_BATCHES``), at least one, each at most that share of
   a live batch's size (``EMBEDSTREAM_MAX_BATCH_SIZE`` and ``_TOKENS``): its memory stays a fraction of
   the live lane's.
-- **A short wait.** A live group waits for one backfill step at most, and the gate keeps the
+- **A short wait.** A live group waits for one backfill batch at most, and the gate keeps the
   backfill's model batches to about :data:`BACKFILL_HOLD_S` of model time, at the pace it measures.
 - **Live first on the CPU too.** The backfill's polling thread (consuming and decoding, outside the
-  turns) runs at the lowest CPU priority (nice 19). Its stage threads keep theirs: each holds a turn
-  while it works, and the live lane waits for it to let go (a starved holder would keep it waiting).
+  turns) runs at the lowest CPU priority (nice 19). Its stage threads keep theirs: the embed thread
+  holds the model while it works, and the live lane waits for it to let go (a starved holder would
+  keep it waiting).
 - **No dead letters twice.** The live lane dead-letters the records that cannot succeed; the backfill
   skips them (as migrate's does).
 - **The live lane's metrics.** The backfill's polling thread writes none of the member's series
@@ -169,7 +171,7 @@ def build_lanes(s: Settings, startup: StartClock | None = None, embedder: Embedd
     except BaseException:
         live.consumer.close()  # leave the live group at once: the process stops here
         raise
-    gate.live_busy = lambda: any(stage.backlog for stage in live.chain.pipeline.stages)
+    gate.live_busy = lambda: not live.chain.model_free()
     batcher = backfill.chain.intake.batcher
     # Read by the backfill's polling thread as it closes batches; written by its embed thread. Small
     # until the gate has measured the model's pace: a first batch of the full size could hold it long.

@@ -6,17 +6,18 @@ steps through one :class:`ModelGate` (``live_stage`` and ``backfill_stage``, giv
 ``worker.assembly.chain.build_chain``):
 
 - a live group goes to the model as soon as the model is free; the live lane's other stages never wait;
-- a backfill step (a batch into the model, a group through its prepare or sink stage) runs only in a
-  *turn*: when the model is free *and* the live lane has nothing to do: none of its batches queued at
-  the gate or in any of its stages (``live_busy``). One backfill step at a time, across all its stages,
-  and it asks again for the next.
+- a backfill step (a batch into the model, a group through its prepare or sink stage) starts only in a
+  *turn*: when the model is free *and* no live batch is on its way to it: none queued at the gate, none
+  in the live lane's prepare or embed stage (``live_busy``). A backfill batch holds the model while it
+  runs; a backfill group in prepare or sink holds nothing, so a live batch that arrives meanwhile goes
+  to the model at once.
 
-So the backfill's work on the cores (its tokenizing, its forward passes, its writes and the
-Milvus work they cause) runs only while the live lane is idle, never beside it, and a live batch that
-arrives meanwhile waits for one backfill step at most. The gate sizes the backfill's model batches to
-hold the model about ``backfill_hold_s`` at the pace it measures: that is the live lane's longest
-wait. How many batches the backfill holds in flight is bounded where its member is built
-(``worker.assembly.lanes``): the gate orders the host's time, it does not count batches.
+So the backfill's forward passes never run beside the live lane's, and its tokenizing and writes start
+only while no live batch wants the model; the live lane's writes (its sink) go on beside them. A live
+batch waits for one backfill batch at most: the gate sizes the backfill's model batches to hold the
+model about ``backfill_hold_s`` at the pace it measures. How many batches the backfill holds in flight
+is bounded where its member is built (``worker.assembly.lanes``): the gate orders the host's time, it
+does not count batches.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ LaneGate = Callable[[str, Step], Step]
 
 class ModelGate:
     """The host's time between a live lane and a backfill lane (the module doc). ``live_busy()``:
-    whether the live chain has batches in any of its stages (any truthy value; read from the
-    backfill's stage threads)."""
+    whether the live chain has batches on their way to the model (in its prepare or embed stage; any
+    truthy value; read from the backfill's stage threads)."""
 
     def __init__(self, live_busy: Callable[[], object], clock: Callable[[], float] = time.monotonic,
                  backfill_hold_s: float = 0.1, resize: Callable[[int], None] = lambda tokens: None) -> None:
@@ -78,19 +79,21 @@ class ModelGate:
             self._free()
 
     @contextmanager
-    def backfill(self) -> Iterator[None]:
-        """A turn of the backfill (one step of one stage): once the model is free and the live lane has
-        nothing to do; the model is held meanwhile, so a live group waits for this one step."""
+    def backfill(self, hold: bool = True) -> Iterator[None]:
+        """A turn of the backfill (one step of one stage): once the model is free and no live batch is
+        on its way to it. With ``hold``, the model is held meanwhile (a live group waits for this one
+        step); without, the step runs beside whatever live batch comes next."""
         start = self._clock()
         with self._cond:
             while self._busy or self._live_queued or self.live_busy():
                 self._cond.wait(LOOK_AGAIN_S)
-            self._busy = True
+            self._busy = hold
         self.backfill_waited_s += self._clock() - start
         try:
             yield
         finally:
-            self._free()
+            if hold:
+                self._free()
 
     def live_stage(self, stage: str, step: Step) -> Step:
         """The live lane's ``stage`` step through the gate (a :data:`LaneGate`): its model calls hold the
@@ -99,13 +102,14 @@ class ModelGate:
 
     def backfill_stage(self, stage: str, step: Step) -> Step:
         """The backfill lane's ``stage`` step through the gate (a :data:`LaneGate`): its model calls a
-        batch a turn (:meth:`backfill_step`), its other stages a group a turn (the group is as
-        small as the backfill's batches in flight: ``worker.assembly.lanes``)."""
+        batch a turn, holding the model (:meth:`backfill_step`); its other stages a group a turn,
+        holding nothing (the group is as small as the backfill's batches in flight:
+        ``worker.assembly.lanes``)."""
         if stage == MODEL_STAGE:
             return self.backfill_step(step)
 
         def run(group: list[Batch], handed: list[Any]) -> list[Any]:
-            with self.backfill():
+            with self.backfill(hold=False):
                 return step(group, handed)
         return run
 
