@@ -136,49 +136,27 @@ def test_a_backfill_batch_holds_the_model_and_a_live_group_waits_for_one_batch_a
     assert order == ["backfill", "live", "backfill"]  # the live group waited for the one batch running
 
 
-def test_a_backfill_group_in_prepare_or_sink_holds_nothing_a_live_group_goes_to_the_model_beside_it():
+def test_a_backfill_group_in_prepare_or_sink_holds_nothing_every_live_stage_runs_beside_it():
     gate = ModelGate(lambda: 0)
-    release = threading.Event()
-    running = threading.Event()
-
-    def blocked(group, handed):
-        running.set()
-        release.wait(5)
-        return handed
 
     for stage in ("prepare", "sink"):
-        running.clear()
-        release.clear()
-        backfill = threading.Thread(target=gate.backfill_stage(stage, blocked), args=([Batch()], [1]))
+        held, release = threading.Event(), threading.Event()
+
+        def hold(group, handed, held=held, release=release):
+            held.set()
+            release.wait(5)
+            return handed
+
+        backfill = threading.Thread(target=gate.backfill_stage(stage, hold), args=([Batch()], [1]))
         backfill.start()
-        assert running.wait(5)
-        done = threading.Thread(target=gate.live_stage("embed", lambda group, handed: handed), args=([Batch()], [9]))
-        done.start()
-        done.join(1)
-        assert not done.is_alive(), f"the live group waited for the backfill's {stage} step"
-        release.set()
-        backfill.join(5)
-
-
-def test_the_live_lane_s_stages_other_than_the_model_never_wait_for_the_gate():
-    gate = ModelGate(lambda: 0)
-    held = threading.Event()
-    release = threading.Event()
-
-    def hold(group, handed):
-        held.set()
-        release.wait(5)
-        return handed
-
-    backfill = threading.Thread(target=gate.backfill_stage("sink", hold), args=([Batch()], [1]))
-    backfill.start()
-    held.wait(5)
-    try:  # the backfill holds its turn: a live prepare and sink step run all the same
-        assert gate.live_stage("prepare", lambda g, h: h)([Batch()], [3]) == [3]
-        assert gate.live_stage("sink", lambda g, h: h)([Batch()], [4]) == [4]
-    finally:
-        release.set()
-        backfill.join(5)
+        assert held.wait(5)
+        try:  # the backfill's step is running: a live group goes through each stage, the model's too
+            assert gate.live_stage("prepare", lambda g, h: h)([Batch()], [3]) == [3]
+            assert gate.live_stage("embed", lambda g, h: h)([Batch()], [5]) == [5]
+            assert gate.live_stage("sink", lambda g, h: h)([Batch()], [4]) == [4]
+        finally:
+            release.set()
+            backfill.join(5)
 
 
 # -- the metrics of the live lane ------------------------------------------------------------------
