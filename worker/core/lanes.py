@@ -88,7 +88,8 @@ class ModelGate:
             while self._busy or self._live_queued or self.live_busy():
                 self._cond.wait(LOOK_AGAIN_S)
             self._busy = hold
-        self.backfill_waited_s += self._clock() - start
+            # Under the lock: the backfill's three stage threads may take their turns at once.
+            self.backfill_waited_s += self._clock() - start
         try:
             yield
         finally:
